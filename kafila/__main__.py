@@ -1,0 +1,5 @@
+import sys
+
+from kafila.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: `kafila bench NAME` runs one and writes a report."""

@@ -1,0 +1,97 @@
+"""Command-line boundary: parses arguments, dispatches to kafila.commands, turns errors into messages."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from kafila import __version__
+from kafila.errors import KafilaError
+
+# Command name -> module under kafila.commands. Modules must stay cheap to import
+# (heavy imports such as llama_cpp go inside run()), so `kafila --help` starts fast.
+COMMANDS: dict[str, str] = {
+    "inspect": "inspect_model",
+    "generate": "generate",
+    "probe": "probe",
+    "plan": "plan",
+    "rendezvous": "rendezvous",
+    "bench": "bench",
+    "host": "host",
+    "join": "join",
+    "chat": "chat",
+    "demo": "demo",
+    "tui": "tui",
+}
+
+log = logging.getLogger("kafila")
+
+
+def version_text() -> str:
+    """The version line, with the llama.cpp build identity members compare before admission."""
+    try:
+        from kafila.engine.build import build_identity
+
+        return f"kafila {__version__} ({build_identity().describe()})"
+    except ImportError:
+        return f"kafila {__version__}"
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and llama.cpp build, then exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def _load(module_name: str) -> object | None:
+    """Import a command module; a command whose module is not written yet is left out."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, one sub-command per module in kafila.commands."""
+    parser = argparse.ArgumentParser(prog="kafila", description="Pool a trusted group's machines into one LLM ring.")
+    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = _load(f"kafila.commands.{module_name}")
+        if module is None:
+            continue
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.configure(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; KafilaError becomes a one-line message and exit status 1."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KafilaError as exc:
+        print(f"kafila: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("kafila: interrupted", file=sys.stderr)
+        return 130

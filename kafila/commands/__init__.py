@@ -1,0 +1,1 @@
+"""One module per CLI command: each has HELP, configure(parser) and run(args) -> int."""

@@ -1,0 +1,35 @@
+"""`kafila bench NAME`: run one benchmark and write its report."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from kafila.cli import _load
+
+HELP = "run a benchmark (engine, planner, nat, ring) and write a report"
+
+# Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
+BENCHES: dict[str, str] = {
+    "engine": "engine",
+    "planner": "planner",
+    "nat": "nat",
+    "ring": "ring",
+}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="NAME", required=True)
+    for name, module_name in BENCHES.items():
+        module = _load(f"kafila.bench.{module_name}")
+        if module is None:
+            continue
+        bp = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        bp.add_argument("--json", action="store_true", help="print the report as JSON")
+        bp.add_argument("--out", default=None, help="also write the report to this file")
+        module.configure(bp)
+        bp.set_defaults(_bench_run=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args._bench_run(args) or 0)

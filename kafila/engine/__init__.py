@@ -1,0 +1,1 @@
+"""Running a stage (a contiguous block range) on llama.cpp."""

@@ -1,0 +1,1 @@
+"""Reading GGUF files, describing models, and cutting stage files."""

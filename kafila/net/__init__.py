@@ -1,0 +1,1 @@
+"""Networking: NAT probing, QUIC on one UDP socket, hole punching, relay client, wire framing."""

@@ -1,0 +1,1 @@
+"""Sessions: host, member, ring scheduling."""

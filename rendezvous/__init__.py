@@ -1,0 +1,1 @@
+"""The rendezvous role: session registry, NAT probe responder, signalling, blind relay."""
