@@ -1,0 +1,41 @@
+"""Embedding rows for token ids, dequantised from the model's own `token_embd` tensor.
+
+The head turns tokens into rows itself (the first stage of the chain never sees token ids);
+`gguf.quants.dequantize` computes exactly what llama.cpp's get_rows on that tensor computes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from kafila.errors import EngineError, ModelError
+from kafila.model.gguf_file import open_gguf
+
+
+class Embedder:
+    """Looks up embedding rows of one GGUF's `token_embd.weight` (memory-mapped, dequantised per call)."""
+
+    def __init__(self, path: str | Path) -> None:
+        reader = open_gguf(path)
+        tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        if tensor is None:
+            raise ModelError(f"{Path(path).name} has no token_embd.weight")
+        self._data = tensor.data
+        self._type = GGMLQuantizationType(tensor.tensor_type)
+        self.n_vocab = int(tensor.shape[-1])
+        self.n_embd = int(tensor.shape[0])
+
+    def rows(self, tokens: np.ndarray | list[int]) -> np.ndarray:
+        """float32 (len(tokens), n_embd) embedding rows."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
+            raise EngineError(f"token id out of range 0..{self.n_vocab - 1}: {ids.min()}..{ids.max()}")
+        raw = self._data[ids]
+        if self._type == GGMLQuantizationType.F32:
+            return np.ascontiguousarray(raw, dtype=np.float32)
+        out = dequantize(raw, self._type).astype(np.float32, copy=False)
+        return np.ascontiguousarray(out.reshape(len(ids), self.n_embd))

@@ -1,0 +1,172 @@
+"""One llama.cpp context over a stage file: hidden states in, hidden states (body) or logits (head) out.
+
+Input rows go in through `llama_batch.embd`. A body stage's output is read from its last layer's
+residual (`l_out-{n_layer-1}`) with the context's eval callback; every row is marked as an
+output, because llama.cpp computes the last layer only for output rows. Splitting a model into
+such stages adds no numerical difference of its own (tests compare against one context on the
+whole file with `np.array_equal`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kafila.engine.llama_lib import GGML_TYPE_F32, ggml, llama, tensor_type_and_shape
+from kafila.errors import EngineError
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """llama.cpp context settings; every stage of a ring and any reference must use the same ones."""
+
+    n_ctx_per_seq: int = 2048
+    n_seq_max: int = 4
+    n_batch: int = 512  # most rows one call may carry; prefill is chunked to this
+    n_threads: int = 0  # 0: all cores
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A batch of rows for one stage call: row i belongs to sequence seq[i] at position pos[i]."""
+
+    seq: np.ndarray  # int32 (n,)
+    pos: np.ndarray  # int32 (n,)
+    want: np.ndarray  # bool (n,): rows whose logits the head must return (body stages: ignored)
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+def make_context_params(config: ContextConfig) -> object:
+    """Context params shared by stages and by the single-context reference."""
+    lc = llama()
+    params = lc.llama_context_default_params()
+    params.n_ctx = config.n_ctx_per_seq * config.n_seq_max
+    params.n_batch = config.n_batch
+    params.n_ubatch = config.n_batch  # one ubatch per call keeps rows in batch order
+    params.n_seq_max = config.n_seq_max
+    params.n_threads = config.threads
+    params.n_threads_batch = config.threads
+    # One KV stream for all sequences: llama.cpp then splits batches in order ("split_simple").
+    params.kv_unified = True
+    params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.no_perf = True
+    return params
+
+
+def load_model(path: Path) -> object:
+    """Load a GGUF into llama.cpp (CPU, mmap); a refusal becomes an EngineError."""
+    lc = llama()
+    mparams = lc.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise EngineError(f"llama.cpp could not load {Path(path).name} (see -vv for its log)")
+    return model
+
+
+class StageEngine:
+    """A loaded stage. `final=True` for the head's range (logits out), else hidden states out."""
+
+    def __init__(self, path: str | Path, config: ContextConfig, final: bool) -> None:
+        lc = llama()
+        self.path = Path(path)
+        self.config = config
+        self.final = final
+        self._model = load_model(self.path)
+        self.n_embd = int(lc.llama_model_n_embd(self._model))
+        self.n_layer = int(lc.llama_model_n_layer(self._model))
+        self.vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self._target = f"l_out-{self.n_layer - 1}".encode()
+        self._captured: list[np.ndarray] = []
+        self._capture_error = ""
+        params = make_context_params(config)
+        if not final:
+            # Kept on self: llama.cpp holds the raw pointer for the context's lifetime.
+            self._callback = lc.ggml_backend_sched_eval_callback(self._on_tensor)
+            params.cb_eval = self._callback
+        self._ctx = lc.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            raise EngineError(f"llama.cpp could not create a context for {self.path.name}")
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(config.n_batch, self.n_embd, 1)
+
+    # eval callback: ask=True asks whether we want tensor t; ask=False hands us its data.
+    def _on_tensor(self, tensor: int, ask: bool, _user: object) -> bool:
+        lib = ggml()
+        if lib.ggml_get_name(tensor) != self._target:
+            return not ask  # not ours: don't observe it, keep computing
+        if ask:
+            return True
+        ttype, ne = tensor_type_and_shape(tensor)
+        if ttype != GGML_TYPE_F32 or ne[0] != self.n_embd or ne[2] != 1 or ne[3] != 1:
+            # An exception cannot cross the C frame: note it and abort the graph instead.
+            self._capture_error = f"unexpected layer output tensor: type {ttype}, shape {ne}"
+            return False
+        out = np.empty((ne[1], ne[0]), np.float32)
+        lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+        self._captured.append(out)
+        return True
+
+    def run(self, embd: np.ndarray, rows: Rows) -> np.ndarray:
+        """Run the stage on `embd` (n, n_embd); hidden states (n, n_embd), or logits (wanted rows, n_vocab)."""
+        lc = llama()
+        n = len(rows)
+        if embd.shape != (n, self.n_embd) or embd.dtype != np.float32:
+            raise EngineError(f"stage expects float32 rows of width {self.n_embd}, got {embd.dtype} {embd.shape}")
+        if not 0 < n <= self.config.n_batch:
+            raise EngineError(f"a stage call carries 1..{self.config.n_batch} rows, got {n}")
+        b = self._batch
+        b.n_tokens = n
+        ctypes.memmove(b.embd, np.ascontiguousarray(embd).ctypes.data, embd.nbytes)
+        want = rows.want if self.final else np.ones(n, bool)
+        for i in range(n):
+            b.pos[i] = int(rows.pos[i])
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = int(rows.seq[i])
+            b.logits[i] = int(want[i])
+        self._captured.clear()
+        self._capture_error = ""
+        rc = lc.llama_decode(self._ctx, b)
+        if self._capture_error:
+            raise EngineError(self._capture_error)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed with status {rc} on {self.path.name} ({n} rows)")
+        if self.final:
+            n_out = int(want.sum())
+            ptr = lc.llama_get_logits(self._ctx)
+            return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+        if len(self._captured) != 1 or self._captured[0].shape[0] != n:
+            got = [c.shape for c in self._captured]
+            raise EngineError(f"layer output was not captured whole: expected {n} rows, got {got}")
+        return self._captured[0]
+
+    def free(self, seq_id: int) -> None:
+        """Drop a finished request's KV cache."""
+        llama().llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def close(self) -> None:
+        """Free the context and the model; safe to call twice."""
+        lc = llama()
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            lc.llama_model_free(self._model)
+            self._ctx = None
+
+    def __enter__(self) -> StageEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,142 @@
+"""Cutting a stage GGUF: blocks [start, end) of a model, renumbered from 0, ready for llama.cpp.
+
+Two kinds of stage (DESIGN §2):
+- a *body* stage never sees token ids, so the tokenizer is replaced by a 4-token stub and
+  `token_embd` by a 4-row zero tensor (the loader requires both, the stage never uses them);
+- the *head* stage keeps the real tokenizer, `token_embd` (also the tied output) and `output`,
+  and produces logits. Its block range is the last one of the chain.
+Tensor data is copied as raw bytes, never re-quantised.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from kafila.errors import ModelError
+from kafila.model.describe import describe_reader
+from kafila.model.gguf_file import open_gguf
+
+Progress = Callable[[int, int], None]  # (bytes written, total bytes)
+
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+# The smallest vocabulary llama.cpp's gpt2 loader accepts: it refuses an empty merges list.
+STUB_TOKENS = ["a", "b", "ab", "</s>"]
+STUB_MERGES = ["a b"]
+STUB_VOCAB = len(STUB_TOKENS)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Which blocks a stage holds, and whether it is the head (real tokenizer and output head)."""
+
+    start: int
+    end: int
+    head: bool
+
+    @property
+    def tag(self) -> str:
+        return f"{'head' if self.head else 'body'}-{self.start}-{self.end}"
+
+
+def _check_range(spec: StageSpec, n_blocks: int) -> None:
+    if not 0 <= spec.start < spec.end <= n_blocks:
+        raise ModelError(
+            f"block range [{spec.start}, {spec.end}) is outside the model's {n_blocks} blocks "
+            f"(a range needs 0 <= start < end <= {n_blocks})"
+        )
+
+
+def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, arch: str, spec: StageSpec) -> None:
+    overrides: dict[str, tuple[object, gguf.GGUFValueType]] = {
+        f"{arch}.block_count": (spec.end - spec.start, gguf.GGUFValueType.UINT32),
+    }
+    for field in reader.fields.values():
+        name = field.name
+        if name == gguf.Keys.General.ARCHITECTURE or name.startswith("GGUF."):
+            continue  # written by GGUFWriter itself
+        if not spec.head and (name.startswith("tokenizer.") or name == f"{arch}.vocab_size"):
+            continue  # replaced by the stub below
+        if name in overrides:
+            value, vtype = overrides.pop(name)
+            writer.add_key_value(name, value, vtype)
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for name, (value, vtype) in overrides.items():
+        writer.add_key_value(name, value, vtype)
+    if not spec.head:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(STUB_TOKENS)
+        writer.add_token_types([gguf.TokenType.NORMAL] * (STUB_VOCAB - 1) + [gguf.TokenType.CONTROL])
+        writer.add_token_merges(STUB_MERGES)
+        writer.add_bos_token_id(STUB_VOCAB - 1)
+        writer.add_eos_token_id(STUB_VOCAB - 1)
+        writer.add_uint32(f"{arch}.vocab_size", STUB_VOCAB)
+
+
+def _stage_tensors(reader: gguf.GGUFReader, spec: StageSpec, n_embd: int) -> list[tuple[str, np.ndarray, object]]:
+    """(new name, data, tensor type) for every tensor of the stage, in the source file's order."""
+    out: list[tuple[str, np.ndarray, object]] = []
+    for t in reader.tensors:
+        m = _BLOCK_RE.match(t.name)
+        if m:
+            i = int(m.group(1))
+            if spec.start <= i < spec.end:
+                out.append((f"blk.{i - spec.start}.{m.group(2)}", t.data, t.tensor_type))
+        elif t.name == "output_norm.weight":
+            out.append((t.name, t.data, t.tensor_type))
+        elif t.name in ("token_embd.weight", "output.weight"):
+            if spec.head:
+                out.append((t.name, t.data, t.tensor_type))
+            elif t.name == "token_embd.weight":
+                out.append((t.name, np.zeros((STUB_VOCAB, n_embd), np.float32), gguf.GGMLQuantizationType.F32))
+        # anything else (e.g. rope_freqs) is global: keep it
+        else:
+            out.append((t.name, t.data, t.tensor_type))
+    return out
+
+
+def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress: Progress | None = None) -> Path:
+    """Write the stage GGUF for `spec` to `dest` atomically (temp file, fsync, rename)."""
+    reader = open_gguf(source)
+    info = describe_reader(reader, Path(source))
+    _check_range(spec, info.n_blocks)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    alignment = reader.fields.get("general.alignment")
+    writer = gguf.GGUFWriter(tmp, info.arch, endianess=reader.endianess)
+    if alignment is not None:
+        writer.data_alignment = int(alignment.contents())
+    try:
+        _copy_metadata(reader, writer, info.arch, spec)
+        tensors = _stage_tensors(reader, spec, info.n_embd)
+        for name, data, ttype in tensors:
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)  # type: ignore[arg-type]
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        total = sum(int(d.nbytes) for _, d, _ in tensors)
+        done = 0
+        for _, data, _ in tensors:
+            writer.write_tensor_data(data, tensor_endianess=reader.endianess)
+            done += int(data.nbytes)
+            if progress:
+                progress(done, total)
+        writer.close()
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return dest

@@ -1,0 +1,129 @@
+"""What the planner and engine need to know about a model, read from its GGUF."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+
+from kafila.errors import ModelError
+from kafila.model.arch import require_supported
+from kafila.model.gguf_file import field_value, open_gguf, require_field
+
+# llama.cpp's default KV cache type is f16.
+KV_BYTES_PER_ELEMENT = 2
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Sizes and shapes of one GGUF model; bytes are as stored (quantised), per block where it matters."""
+
+    path: Path
+    name: str
+    arch: str
+    quant: str
+    n_blocks: int
+    n_embd: int
+    n_head: int
+    context_length: int
+    vocab_size: int
+    blocks_bytes: tuple[int, ...]  # weight bytes of blk.i.*
+    kv_bytes_per_token: tuple[int, ...]  # K+V cache bytes per token of block i
+    unembed_bytes: int  # output matrix, read once per sampled token
+    head_bytes: int  # embedding + unembedding + output norm, resident on the head (once if tied)
+    tied_output: bool
+    file_bytes: int
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready form (the planner's model-file schema plus descriptive fields)."""
+        return {
+            "name": self.name,
+            "arch": self.arch,
+            "quant": self.quant,
+            "n_blocks": self.n_blocks,
+            "n_embd": self.n_embd,
+            "n_head": self.n_head,
+            "context_length": self.context_length,
+            "vocab_size": self.vocab_size,
+            "tied_output": self.tied_output,
+            "file_bytes": self.file_bytes,
+            "blocks_bytes": list(self.blocks_bytes),
+            "kv_bytes_per_token": list(self.kv_bytes_per_token),
+            "unembed_bytes": self.unembed_bytes,
+            "head_bytes": self.head_bytes,
+        }
+
+
+def _per_layer(value: object, n: int, key: str) -> list[int]:
+    """GGUF stores some hyper-parameters either once or once per layer."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ModelError(f"GGUF metadata key '{key}' has {len(value)} entries for {n} blocks")
+        return [int(v) for v in value]
+    return [int(value)] * n  # type: ignore[call-overload]
+
+
+def describe_reader(reader: gguf.GGUFReader, path: Path) -> ModelInfo:
+    """ModelInfo from an open reader (see describe_model)."""
+    arch = str(require_field(reader, "general.architecture"))
+    require_supported(arch)
+    n_blocks = int(require_field(reader, f"{arch}.block_count"))
+    n_embd = int(require_field(reader, f"{arch}.embedding_length"))
+    n_head = int(require_field(reader, f"{arch}.attention.head_count"))
+    n_head_kv = _per_layer(
+        field_value(reader, f"{arch}.attention.head_count_kv", n_head), n_blocks, "head_count_kv"
+    )
+    head_dim = n_embd // n_head
+    key_len = int(field_value(reader, f"{arch}.attention.key_length", head_dim))
+    value_len = int(field_value(reader, f"{arch}.attention.value_length", head_dim))
+
+    tensors = {t.name: t for t in reader.tensors}
+    blocks = [0] * n_blocks
+    for t in reader.tensors:
+        m = _BLOCK_RE.match(t.name)
+        if m:
+            i = int(m.group(1))
+            if i >= n_blocks:
+                raise ModelError(f"tensor {t.name} is outside the {n_blocks} blocks the metadata declares")
+            blocks[i] += int(t.n_bytes)
+    for i, b in enumerate(blocks):
+        if b == 0:
+            raise ModelError(f"block {i} has no tensors")
+    for required in ("token_embd.weight", "output_norm.weight"):
+        if required not in tensors:
+            raise ModelError(f"tensor {required} is missing")
+
+    embd = tensors["token_embd.weight"]
+    vocab = int(field_value(reader, f"{arch}.vocab_size", int(embd.shape[-1])))
+    output = tensors.get("output.weight")
+    tied = output is None
+    unembed = int((embd if tied else output).n_bytes)  # type: ignore[union-attr]
+    head = int(embd.n_bytes) + (0 if tied else unembed) + int(tensors["output_norm.weight"].n_bytes)
+    file_type = field_value(reader, "general.file_type")
+    quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
+    return ModelInfo(
+        path=path,
+        name=str(field_value(reader, "general.name", path.stem)),
+        arch=arch,
+        quant=quant,
+        n_blocks=n_blocks,
+        n_embd=n_embd,
+        n_head=n_head,
+        context_length=int(field_value(reader, f"{arch}.context_length", 0)),
+        vocab_size=vocab,
+        blocks_bytes=tuple(blocks),
+        kv_bytes_per_token=tuple(h * (key_len + value_len) * KV_BYTES_PER_ELEMENT for h in n_head_kv),
+        unembed_bytes=unembed,
+        head_bytes=head,
+        tied_output=tied,
+        file_bytes=path.stat().st_size,
+    )
+
+
+def describe_model(path: str | Path) -> ModelInfo:
+    """Read a GGUF and describe it; unsupported architectures and corrupt files raise ModelError."""
+    p = Path(path)
+    return describe_reader(open_gguf(p), p)

@@ -1,0 +1,71 @@
+"""A disk cache of stage files, keyed by the source file's content hash and the block range."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from kafila.model.cut import Progress, StageSpec, write_stage
+
+_CHUNK = 4 << 20
+
+
+def default_cache_root() -> Path:
+    """The user's cache directory for Kafila (KAFILA_CACHE_DIR overrides it)."""
+    env = os.environ.get("KAFILA_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kafila"))
+
+
+def sha256_file(path: Path, progress: Progress | None = None) -> str:
+    """Hex sha256 of a file's content, read in chunks."""
+    h = hashlib.sha256()
+    total = path.stat().st_size
+    done = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+    return h.hexdigest()
+
+
+class StageCache:
+    """Stage GGUFs under `root/stages/<source hash>/<kind>-<start>-<end>.gguf`, written atomically."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_root()
+
+    def source_hash(self, source: Path) -> str:
+        """Content hash of `source`; remembered per (path, size, mtime) so big files are read once."""
+        source = Path(source).resolve()
+        st = source.stat()
+        index_path = self.root / "hashes.json"
+        try:
+            index = json.loads(index_path.read_text())
+        except (OSError, ValueError):
+            index = {}
+        key = f"{source}|{st.st_size}|{st.st_mtime_ns}"
+        if key not in index:
+            index[key] = sha256_file(source)
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = index_path.with_name(f".hashes.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(index))
+            os.replace(tmp, index_path)
+        return str(index[key])
+
+    def path_for(self, source_hash: str, spec: StageSpec) -> Path:
+        return self.root / "stages" / source_hash[:32] / f"{spec.tag}.gguf"
+
+    def stage(self, source: Path, spec: StageSpec, progress: Progress | None = None) -> Path:
+        """The cached stage file for `spec`, cutting it first when it is not there."""
+        dest = self.path_for(self.source_hash(source), spec)
+        if dest.is_file():
+            return dest
+        return write_stage(source, spec, dest, progress)

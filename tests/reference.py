@@ -1,0 +1,45 @@
+"""Ground truth: one llama.cpp context on the whole model file, fed token ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kafila.engine.llama_lib import llama
+from kafila.engine.stage import ContextConfig, Rows, load_model, make_context_params
+
+
+class ReferenceContext:
+    """The whole model in one context, token ids in, logits out, with the same settings as the stages."""
+
+    def __init__(self, path: Path, config: ContextConfig) -> None:
+        lc = llama()
+        self._model = load_model(path)
+        self._ctx = lc.llama_init_from_model(self._model, make_context_params(config))
+        self._mem = lc.llama_get_memory(self._ctx)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model)))
+        self._batch = lc.llama_batch_init(config.n_batch, 0, 1)
+
+    def run(self, tokens: np.ndarray, rows: Rows) -> np.ndarray:
+        lc = llama()
+        b = self._batch
+        b.n_tokens = len(rows)
+        for i in range(len(rows)):
+            b.token[i] = int(tokens[i])
+            b.pos[i] = int(rows.pos[i])
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = int(rows.seq[i])
+            b.logits[i] = int(rows.want[i])
+        assert lc.llama_decode(self._ctx, b) == 0
+        n_out = int(rows.want.sum())
+        return np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab)).copy()
+
+    def free(self, seq_id: int) -> None:
+        llama().llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def close(self) -> None:
+        lc = llama()
+        lc.llama_batch_free(self._batch)
+        lc.llama_free(self._ctx)
+        lc.llama_model_free(self._model)
