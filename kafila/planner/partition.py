@@ -1,0 +1,286 @@
+"""Exact chain-on-chain partition over a set of ring orders, with head rotation (DESIGN §3).
+
+A ring order with its head gives a chain: the members after the head in ring order, then the
+head, whose range is last. Each chain position gets a contiguous, non-empty block range.
+
+The bottleneck B* is the smallest B for which some allowed chain has a partition with every
+stage time ≤ B and every member within memory. B* is always the stage time of some member
+(in the head role or not) on some contiguous range, so the candidates are those values,
+sorted; `test(B)` is monotone in B, and bisection over the candidates finds B* exactly,
+whatever the block sizes.
+
+`test(B)` is the feasibility pass. The textbook greedy ("give each member the most blocks it
+can take") is not exact here: because every member needs at least one block, taking the most
+can leave the next member facing a block too large for it. So the pass tracks every
+reachable end position, as sorted disjoint intervals; a member's reach is monotone in its
+start, so each interval extends in a few binary searches. One pass over a chain costs
+O(m · log k) when no single block is too large for a member.
+
+Allowed chains are either every chain (one subset pass: the reachable ends after any
+ordering of a set of members depend only on the set, 2^m states) or the rotations of an
+explicit list of cycles (a DAG over (head, set placed, last placed): for cycles of equal ring
+cost, prefixes with the same head, set and last member have equal cost, so any path through
+it is one of the allowed cycles).
+
+Ties between chains at B* go to the lexicographically smallest order (head first, then ring
+order, by member name), found by depth-first search in name order.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kafila.planner.cost import Ctx
+from kafila.planner.order import Cycle
+
+Intervals = list[tuple[int, int]]  # sorted, disjoint, inclusive [lo, hi] sets of block positions
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class OrderSet:
+    """Which ring orders the search may use: all of them, or the given cycles (first member 0)."""
+
+    cycles: tuple[Cycle, ...] | None = None  # None: every order
+
+    @property
+    def every_order(self) -> bool:
+        """True when all (m−1)! cycles are allowed."""
+        return self.cycles is None
+
+
+@dataclass(frozen=True)
+class Solution:
+    """One chain and its optimal ranges: order[0] is the head; ranges follow order[1:], then the head."""
+
+    order: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]  # per member index of `order`
+    bottleneck: float
+
+
+def _reach(ctx: Ctx, i: int, head: bool, j: int, end_cap: int, B: float) -> int:
+    """Largest e ≤ end_cap with [j, e) within B and memory for member i; j when not even one block fits."""
+    if B == INF:
+        e_time = end_cap
+    else:
+        o, b, base, extra = ctx.o[i], ctx.b[i], ctx.S[j], ctx.U if head else 0
+        e_time = bisect_right(ctx.S, B, j, end_cap + 1, key=lambda s: o + (s - base + extra) / b) - 1
+    room = ctx.M[i] - (ctx.H if head else 0)
+    e_mem = bisect_right(ctx.W, ctx.W[j] + room, j, end_cap + 1) - 1
+    return max(j, min(e_time, e_mem))
+
+
+def _extend(ctx: Ctx, i: int, R: Intervals, end_cap: int, B: float) -> Intervals:
+    """End positions reachable when non-head member i takes ≥ 1 block after any start in R."""
+    out: Intervals = []
+    for x, y in R:
+        y = min(y, end_cap - 1)
+        j = x
+        while j <= y:
+            e = _reach(ctx, i, False, j, end_cap, B)
+            if e == j:  # block j alone is too big for member i: no range may start here
+                j += 1
+                continue
+            # Every start in [j, J] is good and reaches at least e, so their ranges cover [j+1, reach(J)].
+            J = min(y, e)
+            if J > j:
+                e = max(e, _reach(ctx, i, False, J, end_cap, B))
+            if out and out[-1][1] >= j:
+                out[-1] = (out[-1][0], max(out[-1][1], e))
+            else:
+                out.append((j + 1, e))
+            j = J + 1
+    return out
+
+
+def _union(a: Intervals, b: Intervals) -> Intervals:
+    if not a:
+        return b
+    if not b:
+        return a
+    out: Intervals = []
+    for lo, hi in sorted(a + b):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _head_ok(ctx: Ctx, h: int, R: Intervals, B: float) -> bool:
+    # The head takes [j, k); fewer blocks is easier, so the largest reachable j decides.
+    if not R:
+        return False
+    j = R[-1][1]
+    return j < ctx.k and _reach(ctx, h, True, j, ctx.k, B) == ctx.k
+
+
+def _end_cap(ctx: Ctx, position: int) -> int:
+    # Chain position p (0-based) must leave one block for each of the m − 1 − p members after it.
+    return ctx.k - (ctx.m - 1 - position)
+
+
+class _Dag:
+    """Prefix states (head, placed-set, last) of the rotations of a list of equal-cost cycles."""
+
+    def __init__(self, m: int, cycles: Sequence[Cycle]) -> None:
+        self.children: dict[tuple[int, int, int], set[int]] = {}
+        for cycle in cycles:
+            for r in range(m):
+                order = cycle[r:] + cycle[:r]
+                h, mask, last = order[0], 0, -1
+                for nxt in order[1:]:
+                    self.children.setdefault((h, mask, last), set()).add(nxt)
+                    mask, last = mask | (1 << nxt), nxt
+                self.children.setdefault((h, mask, last), set())
+        self.levels: list[list[tuple[int, int, int]]] = [[] for _ in range(m)]
+        for node in sorted(self.children):
+            self.levels[node[1].bit_count()].append(node)
+
+
+def make_tester(ctx: Ctx, orders: OrderSet) -> Callable[[float], bool]:
+    """test(B): does some allowed chain have a partition with bottleneck ≤ B within memory?"""
+    m = ctx.m
+    if orders.every_order:
+        masks = sorted(range(1, 1 << m), key=int.bit_count)
+
+        def test_all(B: float) -> bool:
+            R: dict[int, Intervals] = {0: [(0, 0)]}
+            for mask in masks:
+                size = mask.bit_count()
+                if size == m:
+                    break
+                acc: Intervals = []
+                for i in range(m):
+                    bit = 1 << i
+                    if mask & bit and R.get(mask ^ bit):
+                        acc = _union(acc, _extend(ctx, i, R[mask ^ bit], _end_cap(ctx, size - 1), B))
+                R[mask] = acc
+            full = (1 << m) - 1
+            return any(_head_ok(ctx, h, R.get(full ^ (1 << h), []), B) for h in range(m))
+
+        return test_all
+
+    assert orders.cycles is not None
+    dag = _Dag(m, orders.cycles)
+
+    def test_dag(B: float) -> bool:
+        R: dict[tuple[int, int, int], Intervals] = {(h, 0, -1): [(0, 0)] for h in range(m)}
+        for level in range(m - 1):
+            for node in dag.levels[level]:
+                here = R.get(node)
+                if not here:
+                    continue
+                h, mask, _ = node
+                for nxt in dag.children[node]:
+                    ext = _extend(ctx, nxt, here, _end_cap(ctx, level), B)
+                    if ext:
+                        child = (h, mask | (1 << nxt), nxt)
+                        R[child] = _union(R.get(child, []), ext)
+        return any(_head_ok(ctx, node[0], R.get(node, []), B) for node in dag.levels[m - 1])
+
+    return test_dag
+
+
+def candidates(ctx: Ctx) -> list[float]:
+    """Every stage time any member could have on any contiguous range, in either role, sorted."""
+    S, k = ctx.S, ctx.k
+    sizes = sorted({S[e] - S[a] for a in range(k) for e in range(a + 1, k + 1)})
+    values: set[float] = set()
+    for i in range(ctx.m):
+        o, b, U = ctx.o[i], ctx.b[i], ctx.U
+        values.update(o + d / b for d in sizes)
+        values.update(o + (d + U) / b for d in sizes)
+    return sorted(values)
+
+
+def _select(ctx: Ctx, orders: OrderSet, B: float) -> tuple[int, ...] | None:
+    """The lexicographically smallest allowed order (head first) with a partition within B."""
+    m = ctx.m
+    dag = None if orders.every_order else _Dag(m, orders.cycles or ())
+    failed: set[tuple[int, int, int, tuple[tuple[int, int], ...]]] = set()
+
+    def dfs(h: int, mask: int, last: int, R: Intervals, prefix: list[int]) -> list[int] | None:
+        if len(prefix) == m - 1:
+            return prefix if _head_ok(ctx, h, R, B) else None
+        key = (h, mask, last if dag else -1, tuple(R))
+        if key in failed:
+            return None
+        if dag is None:
+            nexts = [i for i in range(m) if i != h and not mask & (1 << i)]
+        else:
+            nexts = sorted(dag.children.get((h, mask, last), ()))
+        for i in nexts:
+            ext = _extend(ctx, i, R, _end_cap(ctx, len(prefix)), B)
+            if ext:
+                found = dfs(h, mask | (1 << i), i, ext, [*prefix, i])
+                if found is not None:
+                    return found
+        failed.add(key)
+        return None
+
+    for h in range(m):
+        found = dfs(h, 0, -1, [(0, 0)], [])
+        if found is not None:
+            return (h, *found)
+    return None
+
+
+def ranges_for(ctx: Ctx, order: Sequence[int], B: float) -> tuple[tuple[int, int], ...] | None:
+    """Ranges for this order (head first) within B, earlier members taking as much as they can."""
+    m = ctx.m
+    chain = [*order[1:], order[0]]
+    reach: list[Intervals] = [[(0, 0)]]
+    for p, i in enumerate(chain[:-1]):
+        reach.append(_extend(ctx, i, reach[-1], _end_cap(ctx, p), B))
+    if not _head_ok(ctx, chain[-1], reach[-1], B):
+        return None
+    ends = [ctx.k]
+    for p in range(m - 1, 0, -1):
+        # The largest reachable end below the current start works whenever any does (fewer blocks is easier).
+        end = ends[-1]
+        ends.append(max(min(hi, end - 1) for lo, hi in reach[p] if lo <= end - 1))
+    ends.reverse()
+    chain_ranges = [(0 if p == 0 else ends[p - 1], ends[p]) for p in range(m)]
+    by_member = dict(zip(chain, chain_ranges, strict=True))
+    return tuple(by_member[i] for i in order)
+
+
+def solve(ctx: Ctx, orders: OrderSet) -> Solution | None:
+    """The allowed chain and partition with the lowest bottleneck; None when nothing fits in memory."""
+    test = make_tester(ctx, orders)
+    if not test(INF):
+        return None
+    cands = candidates(ctx)
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if test(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    B = cands[lo]
+    order = _select(ctx, orders, B)
+    assert order is not None
+    ranges = ranges_for(ctx, order, B)
+    assert ranges is not None
+    bottleneck = max(ctx.time(i, a, e, n == 0) for n, (i, (a, e)) in enumerate(zip(order, ranges, strict=True)))
+    return Solution(order=order, ranges=ranges, bottleneck=bottleneck)
+
+
+def fits(ctx: Ctx, orders: OrderSet) -> bool:
+    """Whether some allowed chain fits in memory at all (time ignored)."""
+    return make_tester(ctx, orders)(INF)
+
+
+def select_fitting(ctx: Ctx, orders: OrderSet) -> Solution | None:
+    """A memory-only layout (time ignored): the first order in name order that fits, with its ranges."""
+    order = _select(ctx, orders, INF)
+    if order is None:
+        return None
+    ranges = ranges_for(ctx, order, INF)
+    assert ranges is not None
+    return Solution(order=order, ranges=ranges, bottleneck=INF)
