@@ -63,11 +63,17 @@ class Solution:
 
 def _reach(ctx: Ctx, i: int, head: bool, j: int, end_cap: int, B: float) -> int:
     """Largest e ≤ end_cap with [j, e) within B and memory for member i; j when not even one block fits."""
+    S = ctx.S
     if B == INF:
         e_time = end_cap
     else:
-        o, b, base, extra = ctx.o[i], ctx.b[i], ctx.S[j], ctx.U if head else 0
-        e_time = bisect_right(ctx.S, B, j, end_cap + 1, key=lambda s: o + (s - base + extra) / b) - 1
+        o, b, base, extra = ctx.o[i], ctx.b[i], S[j], ctx.U if head else 0
+        # Guess from the byte budget, then settle with the exact stage-time formula (rounding may differ by one).
+        e_time = max(j, bisect_right(S, base + (B - o) * b - extra, j, end_cap + 1) - 1)
+        while e_time > j and o + (S[e_time] - base + extra) / b > B:
+            e_time -= 1
+        while e_time < end_cap and o + (S[e_time + 1] - base + extra) / b <= B:
+            e_time += 1
     room = ctx.M[i] - (ctx.H if head else 0)
     e_mem = bisect_right(ctx.W, ctx.W[j] + room, j, end_cap + 1) - 1
     return max(j, min(e_time, e_mem))
@@ -169,14 +175,20 @@ def make_tester(ctx: Ctx, orders: OrderSet) -> Callable[[float], bool]:
 
     def test_dag(B: float) -> bool:
         R: dict[tuple[int, int, int], Intervals] = {(h, 0, -1): [(0, 0)] for h in range(m)}
+        # Different heads and paths often reach the same ends: extend each (member, ends, cap) once.
+        seen: dict[tuple[int, tuple[tuple[int, int], ...], int], Intervals] = {}
         for level in range(m - 1):
             for node in dag.levels[level]:
                 here = R.get(node)
                 if not here:
                     continue
                 h, mask, _ = node
+                key_here = tuple(here)
                 for nxt in dag.children[node]:
-                    ext = _extend(ctx, nxt, here, _end_cap(ctx, level), B)
+                    key = (nxt, key_here, level)
+                    ext = seen.get(key)
+                    if ext is None:
+                        ext = seen[key] = _extend(ctx, nxt, here, _end_cap(ctx, level), B)
                     if ext:
                         child = (h, mask | (1 << nxt), nxt)
                         R[child] = _union(R.get(child, []), ext)
