@@ -122,10 +122,8 @@ def analyse(members: Sequence[Member], model: ModelSpec, workload: Workload, ord
         f"{C} × {T} tokens {gb(need - model.weight_bytes())}); the fleet offers {gb(have)}"
     ]
     if shortfalls:
-        lines.append(
-            "closest layout: "
-            + "; ".join(f"{s.name} short by {gb(s.need - s.has)} (needs {gb(s.need)}, has {gb(s.has)})" for s in shortfalls)
-        )
+        short = [f"{s.name} short by {gb(s.need - s.has)} (needs {gb(s.need)}, has {gb(s.has)})" for s in shortfalls]
+        lines.append("closest layout: " + "; ".join(short))
     remedies = []
     if max_c is not None:
         remedies.append(f"at most {max_c} concurrent request{'s' if max_c > 1 else ''} of {T} tokens")

@@ -24,10 +24,10 @@ same arithmetic holds. `tests/planner` checks the rule against exhaustive search
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import Enum
+from enum import StrEnum
 
 
-class NatClass(str, Enum):
+class NatClass(StrEnum):
     """How a member's NAT behaves, as the probe classifies it."""
 
     PERMISSIVE = "permissive"  # endpoint-independent filtering

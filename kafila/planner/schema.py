@@ -1,0 +1,139 @@
+"""Fleet and model JSON objects (issue 3's file formats) to planner inputs, with errors that name the field.
+
+Fleet: {"members": [{"name", "bandwidth_gbs", "dispatch_ms", "memory_gb", "rtt_ms", "nat"}, …]}
+(GB are 1e9 bytes). Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes",
+"head_bytes"}, optionally "quant" and "bits_per_weight". Unknown keys are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from kafila.errors import PlanInputError
+from kafila.planner.reachability import NatClass
+from kafila.planner.spec import Member, ModelSpec
+
+_NATS = ", ".join(c.value for c in NatClass)
+
+
+def _number(obj: dict[str, Any], key: str, where: str, minimum: float, strict: bool) -> float:
+    if key not in obj:
+        raise PlanInputError(f"{where}: missing field {key}")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PlanInputError(f"{where}: {key} must be a number, got {value!r}")
+    if (strict and value <= minimum) or (not strict and value < minimum):
+        raise PlanInputError(f"{where}: {key} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _integer(obj: dict[str, Any], key: str, where: str) -> int:
+    if key not in obj:
+        raise PlanInputError(f"{where}: missing field {key}")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanInputError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def parse_fleet(data: Any) -> tuple[Member, ...]:
+    """Members from a fleet JSON object; PlanInputError names the member and the field."""
+    if not isinstance(data, dict) or "members" not in data:
+        raise PlanInputError('fleet: expected an object with a "members" list')
+    raw = data["members"]
+    if not isinstance(raw, list):
+        raise PlanInputError(f"fleet: members must be a list, got {type(raw).__name__}")
+    if not raw:
+        raise PlanInputError("fleet: members is empty; a ring needs at least one member")
+    members: list[Member] = []
+    names: set[str] = set()
+    for n, item in enumerate(raw, 1):
+        if not isinstance(item, dict):
+            raise PlanInputError(f"fleet member {n}: expected an object, got {type(item).__name__}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise PlanInputError(f"fleet member {n}: name must be a non-empty string, got {name!r}")
+        where = f"fleet member {n} ({json.dumps(name)})"
+        if name in names:
+            raise PlanInputError(f"{where}: name is used by another member; names must be unique")
+        names.add(name)
+        bandwidth = _number(item, "bandwidth_gbs", where, 0, strict=True)
+        dispatch = _number(item, "dispatch_ms", where, 0, strict=False)
+        memory = _number(item, "memory_gb", where, 0, strict=True)
+        rtt = _number(item, "rtt_ms", where, 0, strict=False)
+        if "nat" not in item:
+            raise PlanInputError(f"{where}: missing field nat (one of {_NATS})")
+        try:
+            nat = NatClass(item["nat"])
+        except ValueError:
+            raise PlanInputError(f"{where}: nat must be one of {_NATS}, got {item['nat']!r}") from None
+        members.append(
+            Member(
+                name=name,
+                bandwidth=bandwidth * 1e9,
+                dispatch_s=dispatch / 1000,
+                memory=round(memory * 1e9),
+                rtt_ms=rtt,
+                nat=nat,
+            )
+        )
+    return tuple(members)
+
+
+def parse_model(data: Any) -> ModelSpec:
+    """A model spec from a model JSON object; PlanInputError names the field."""
+    if not isinstance(data, dict):
+        raise PlanInputError("model: expected a JSON object")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise PlanInputError(f"model: name must be a non-empty string, got {name!r}")
+    where = f'model "{name}"'
+    lists: dict[str, tuple[int, ...]] = {}
+    for key, positive in (("blocks_bytes", True), ("kv_bytes_per_token", False)):
+        if key not in data:
+            raise PlanInputError(f"{where}: missing field {key}")
+        value = data[key]
+        if not isinstance(value, list) or not value:
+            raise PlanInputError(f"{where}: {key} must be a non-empty list of integers")
+        for j, v in enumerate(value):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if positive else 0):
+                raise PlanInputError(
+                    f"{where}: {key}[{j}] must be an integer {'> 0' if positive else '>= 0'}, got {v!r}"
+                )
+        lists[key] = tuple(value)
+    if len(lists["kv_bytes_per_token"]) != len(lists["blocks_bytes"]):
+        raise PlanInputError(
+            f"{where}: kv_bytes_per_token has {len(lists['kv_bytes_per_token'])} entries, "
+            f"blocks_bytes has {len(lists['blocks_bytes'])}"
+        )
+    quant = data.get("quant")
+    bpw = data.get("bits_per_weight")
+    if bpw is not None:
+        bpw = _number(data, "bits_per_weight", where, 0, strict=True)
+    return ModelSpec(
+        name=name,
+        blocks_bytes=lists["blocks_bytes"],
+        kv_bytes_per_token=lists["kv_bytes_per_token"],
+        unembed_bytes=_integer(data, "unembed_bytes", where),
+        head_bytes=_integer(data, "head_bytes", where),
+        quant=quant if isinstance(quant, str) else None,
+        bits_per_weight=bpw,
+    )
+
+
+def model_to_json(model: ModelSpec) -> dict[str, Any]:
+    """The model-file form of a spec (what `bench/` ships)."""
+    out: dict[str, Any] = {
+        "name": model.name,
+        "blocks_bytes": list(model.blocks_bytes),
+        "kv_bytes_per_token": list(model.kv_bytes_per_token),
+        "unembed_bytes": model.unembed_bytes,
+        "head_bytes": model.head_bytes,
+    }
+    if model.quant:
+        out["quant"] = model.quant
+    if model.bits_per_weight:
+        out["bits_per_weight"] = model.bits_per_weight
+    return out
