@@ -1,0 +1,31 @@
+"""`kafila rendezvous`: run the rendezvous role (registry, probe responder, blind relay)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run a rendezvous: session registry, NAT probe responder on UDP P and P+1, blind relay"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="0.0.0.0", help="address to serve on (default all)")
+    p.add_argument("--port", type=int, default=3478, help="UDP port P; probes also use P+1 (default 3478)")
+    p.add_argument("--alt-ip", default=None, help="a second address of this machine, to tell mapping kinds apart")
+    p.add_argument("--stats-every", type=float, default=60.0, help="seconds between counter log lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from rendezvous.server import RendezvousServer
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kafila.rendezvous").setLevel(logging.INFO)
+    server = RendezvousServer(args.host, args.port, args.alt_ip)
+    try:
+        asyncio.run(server.serve_forever(args.stats_every))
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,124 @@
+"""Activation frames: the message one stage sends the next (a header plus raw float32 rows).
+
+Layout (little-endian, because the rows are little-endian float32 straight from llama.cpp):
+
+    offset  size        field
+    0       4           magic b"KFA1"
+    4       1           version (1)
+    5       1           phase: 0 prefill, 1 decode
+    6       1           dtype: 0 float32 (the only one for now)
+    7       1           n_times: number of per-stage compute times that follow the positions
+    8       8           u64 request id
+    16      4           u32 rows
+    20      4           u32 width (n_embd)
+    24      4*rows      u32 position of each row
+    ...     8*n_times   u64 compute time of each stage so far, nanoseconds (appended hop by hop)
+    ...     4*rows*width  float32 rows, row-major
+
+decode() checks every size against the bytes present and raises ProtocolError otherwise.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from kafila.errors import ProtocolError
+
+MAGIC = b"KFA1"
+VERSION = 1
+MAX_ROWS = 1 << 16
+MAX_WIDTH = 1 << 16
+MAX_TIMES = 64
+_FIXED = struct.Struct("<4sBBBBQII")
+
+
+class Phase(IntEnum):
+    """Which kind of forward pass the rows belong to."""
+
+    PREFILL = 0
+    DECODE = 1
+
+
+DTYPES: dict[int, np.dtype] = {0: np.dtype("<f4")}
+
+
+@dataclass(frozen=True)
+class ActivationHeader:
+    """Everything about an activation frame except the rows themselves."""
+
+    request_id: int
+    phase: Phase
+    positions: tuple[int, ...]
+    rows: int
+    width: int
+    dtype: int = 0
+    stage_times_ns: tuple[int, ...] = ()
+
+    @property
+    def payload_bytes(self) -> int:
+        """Size of the rows in bytes."""
+        return self.rows * self.width * DTYPES[self.dtype].itemsize
+
+
+def encode(header: ActivationHeader, rows: np.ndarray | bytes) -> bytes:
+    """Serialise a header and its rows (an array of shape rows x width, or the raw bytes)."""
+    if header.dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype code {header.dtype}")
+    if len(header.positions) != header.rows:
+        raise ValueError("one position per row is required")
+    in_bounds = 0 <= header.rows <= MAX_ROWS and 0 <= header.width <= MAX_WIDTH
+    if not in_bounds or len(header.stage_times_ns) > MAX_TIMES:
+        raise ValueError("frame shape out of bounds")
+    if isinstance(rows, np.ndarray):
+        if rows.shape != (header.rows, header.width):
+            raise ValueError(f"rows have shape {rows.shape}, header says {(header.rows, header.width)}")
+        payload = np.ascontiguousarray(rows, dtype=DTYPES[header.dtype]).tobytes()
+    else:
+        payload = bytes(rows)
+    if len(payload) != header.payload_bytes:
+        raise ValueError("payload size does not match the header")
+    head = _FIXED.pack(MAGIC, VERSION, int(header.phase), header.dtype, len(header.stage_times_ns),
+                       header.request_id, header.rows, header.width)
+    return b"".join([
+        head,
+        struct.pack(f"<{header.rows}I", *header.positions),
+        struct.pack(f"<{len(header.stage_times_ns)}Q", *header.stage_times_ns),
+        payload,
+    ])
+
+
+def decode(buf: bytes | memoryview) -> tuple[ActivationHeader, memoryview]:
+    """Parse a frame; returns the header and a view of the raw rows (no copy)."""
+    mv = memoryview(buf)
+    if len(mv) < _FIXED.size:
+        raise ProtocolError(f"activation frame of {len(mv)} bytes is shorter than its {_FIXED.size}-byte header")
+    magic, version, phase, dtype, n_times, request_id, rows, width = _FIXED.unpack_from(mv)
+    if magic != MAGIC:
+        raise ProtocolError("not an activation frame (bad magic)")
+    if version != VERSION:
+        raise ProtocolError(f"activation frame version {version} is not supported (this build speaks {VERSION})")
+    if phase not in (0, 1):
+        raise ProtocolError(f"unknown phase {phase}")
+    if dtype not in DTYPES:
+        raise ProtocolError(f"unknown dtype code {dtype}")
+    if rows > MAX_ROWS or width > MAX_WIDTH or n_times > MAX_TIMES:
+        raise ProtocolError(f"activation shape {rows}x{width} (or {n_times} stage times) out of bounds")
+    o = _FIXED.size
+    need = o + 4 * rows + 8 * n_times + rows * width * DTYPES[dtype].itemsize
+    if len(mv) != need:
+        raise ProtocolError(f"activation frame is {len(mv)} bytes, its header says {need}")
+    positions = struct.unpack_from(f"<{rows}I", mv, o)
+    o += 4 * rows
+    times = struct.unpack_from(f"<{n_times}Q", mv, o)
+    o += 8 * n_times
+    header = ActivationHeader(request_id, Phase(phase), tuple(positions), rows, width, dtype, tuple(times))
+    return header, mv[o:]
+
+
+def rows_array(header: ActivationHeader, payload: memoryview) -> np.ndarray:
+    """The rows as a (rows, width) array viewing the payload."""
+    return np.frombuffer(payload, dtype=DTYPES[header.dtype]).reshape(header.rows, header.width)

@@ -1,0 +1,160 @@
+"""Hole punching toward one peer, as a sans-I/O state machine (datagrams out, `now` in).
+
+Both sides send MAC'd PUNCH frames to every candidate address of the other (the address the
+rendezvous saw in its probe, its LAN address, the address the rendezvous relays to) every
+`interval_s`, and answer every PUNCH with a PUNCH_ACK sent to the address the PUNCH really
+came from (the "reflexive" answer: it is what lets a permissive member reach a restrictive one,
+whose mapping toward us is not the one anybody announced). Addresses punches came from become
+candidates too. The first PUNCH_ACK heard proves both directions work: that address becomes the
+direct path. A PUNCH_GO sent through the relay tells the peer to start at the same moment.
+
+The relay path is used meanwhile, so nobody waits for this to finish. Once direct, a PUNCH every
+`keepalive_s` keeps the NAT mappings open; if no ACK comes back for `lost_after_s`, the path
+falls back to the relay.
+
+Transitions:
+
+    state     event                          -> state     action
+    IDLE      start() / PUNCH / PUNCH_GO     -> PUNCHING  punch all candidates, PUNCH_GO via relay
+    PUNCHING  PUNCH_ACK from addr            -> DIRECT    direct = addr
+    PUNCHING  window over                    -> RELAY     stay on the relay
+    RELAY     PUNCH / PUNCH_GO               -> PUNCHING  the peer tries again: punch again
+    DIRECT    no ACK for lost_after_s        -> RELAY     fall back to the relay
+    any       PUNCH from addr                -> (same)    PUNCH_ACK to addr; addr becomes a candidate
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kafila.net import wire
+from kafila.net.trust import punch_mac
+
+Addr = tuple[str, int]
+RELAY_PATH = ("relay", 0)  # pseudo-address: "send this through the rendezvous"
+
+
+class PunchState(StrEnum):
+    """Where the direct path to one peer stands."""
+
+    IDLE = "idle"
+    PUNCHING = "punching"
+    DIRECT = "direct"
+    RELAY = "relay"
+
+
+@dataclass(frozen=True)
+class PunchConfig:
+    """Timings (seconds)."""
+
+    interval_s: float = 0.05
+    window_s: float = 3.0
+    go_interval_s: float = 0.25
+    keepalive_s: float = 5.0
+    lost_after_s: float = 16.0
+    max_candidates: int = 8
+
+
+class Puncher:
+    """The punch state toward one peer."""
+
+    def __init__(
+        self, me: bytes, peer: bytes, key: bytes, candidates: list[Addr], config: PunchConfig | None = None
+    ) -> None:
+        self.me, self.peer, self.key = me, peer, key
+        self.config = config or PunchConfig()
+        self.candidates: list[Addr] = []
+        for c in candidates:
+            self._add(c)
+        self.state = PunchState.IDLE
+        self.direct: Addr | None = None
+        self.started_at: float | None = None
+        self.direct_at: float | None = None
+        self._deadline = 0.0
+        self._next_punch = 0.0
+        self._next_go = 0.0
+        self._last_ack = 0.0
+        self._heard_from_peer = False
+
+    def _add(self, addr: Addr) -> None:
+        if addr not in self.candidates and len(self.candidates) < self.config.max_candidates:
+            self.candidates.append(addr)
+
+    def _frame(self, kind: int) -> bytes:
+        nonce = secrets.token_bytes(wire.NONCE_LEN)
+        mac = punch_mac(self.key, kind, self.me, self.peer, nonce)
+        return wire.encode_punch(wire.Punch(kind, self.me, self.peer, nonce, mac))
+
+    def valid(self, p: wire.Punch) -> bool:
+        """True when a frame is from our peer, to us, with a good MAC."""
+        import hmac
+
+        if p.sender != self.peer or p.receiver != self.me:
+            return False
+        return hmac.compare_digest(p.mac, punch_mac(self.key, p.kind, p.sender, p.receiver, p.nonce))
+
+    def start(self, now: float) -> None:
+        """Begin (or restart) punching."""
+        if self.state in (PunchState.PUNCHING, PunchState.DIRECT):
+            return
+        self.state = PunchState.PUNCHING
+        self.started_at = now
+        self._deadline = now + self.config.window_s
+        self._next_punch = now
+        self._next_go = now
+
+    def on_frame(self, p: wire.Punch, src: Addr, now: float) -> list[tuple[bytes, Addr]]:
+        """Handle a verified punch-family frame (`src` is RELAY_PATH for relayed ones)."""
+        out: list[tuple[bytes, Addr]] = []
+        if p.kind == wire.PUNCH_GO:
+            self._heard_from_peer = True
+            self.start(now)
+        elif p.kind == wire.PUNCH and src != RELAY_PATH:
+            self._heard_from_peer = True
+            self._add(src)
+            out.append((self._frame(wire.PUNCH_ACK), src))
+            self.start(now)
+        elif p.kind == wire.PUNCH_ACK and src != RELAY_PATH:
+            self._last_ack = now
+            if self.state != PunchState.DIRECT:
+                self.state = PunchState.DIRECT
+                self.direct = src
+                self.direct_at = now
+        return out + self.poll(now)
+
+    def poll(self, now: float) -> list[tuple[bytes, Addr]]:
+        """Datagrams due at `now` (call whenever next_wakeup() passes)."""
+        out: list[tuple[bytes, Addr]] = []
+        c = self.config
+        if self.state == PunchState.PUNCHING:
+            if now >= self._deadline:
+                self.state = PunchState.RELAY
+                return out
+            if now >= self._next_punch:
+                out += [(self._frame(wire.PUNCH), a) for a in self.candidates]
+                self._next_punch = now + c.interval_s
+            if now >= self._next_go and not self._heard_from_peer:
+                out.append((self._frame(wire.PUNCH_GO), RELAY_PATH))
+                self._next_go = now + c.go_interval_s
+        elif self.state == PunchState.DIRECT and self.direct is not None:
+            if now - self._last_ack > c.lost_after_s:
+                self.state, self.direct = PunchState.RELAY, None
+            elif now >= self._next_punch:
+                out.append((self._frame(wire.PUNCH), self.direct))
+                self._next_punch = now + c.keepalive_s
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """When poll() next has something to do."""
+        if self.state == PunchState.PUNCHING:
+            return min(self._next_punch, self._deadline, self._next_go if not self._heard_from_peer else self._deadline)
+        if self.state == PunchState.DIRECT:
+            return min(self._next_punch, self._last_ack + self.config.lost_after_s)
+        return None
+
+    @property
+    def settled(self) -> bool:
+        """True once punching has an outcome (direct, or given up)."""
+        return self.state in (PunchState.DIRECT, PunchState.RELAY)

@@ -1,0 +1,128 @@
+"""The punch state machine with two in-memory peers, emulated NAT filters and an injected clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kafila.net import wire
+from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
+
+KEY = b"k" * 32
+A_ID, B_ID = b"A" * 8, b"B" * 8
+
+
+def run(
+    a: Puncher, b: Puncher, a_addr: Callable[[tuple], tuple], b_addr: Callable[[tuple], tuple],
+    a_accepts: Callable[[tuple], bool], b_accepts: Callable[[tuple], bool], seconds: float = 4.0,
+) -> None:
+    """a_addr(dst): the source address b sees for a packet a sends to dst (the NAT mapping)."""
+    sent_a: set = set()
+    sent_b: set = set()
+    t = 0.0
+    a.start(t)
+    inbox: list = []
+    while t < seconds:
+        for _me, other, to_addr, sent, out in ((a, b, a_addr, sent_a, a.poll(t)), (b, a, b_addr, sent_b, b.poll(t))):
+            for data, dst in out:
+                frame = wire.decode(data)
+                assert isinstance(frame, wire.Punch)
+                if dst == RELAY_PATH:
+                    inbox.append((other, frame, RELAY_PATH))
+                    continue
+                sent.add(dst)
+                inbox.append((other, frame, to_addr(dst), dst))
+        while inbox:
+            item = inbox.pop(0)
+            target, frame = item[0], item[1]
+            if item[2] == RELAY_PATH:
+                replies = target.on_frame(frame, RELAY_PATH, t)
+                src_fn = a_addr if target is a else b_addr
+            else:
+                src, dst = item[2], item[3]
+                accepts = b_accepts if target is b else a_accepts
+                if not accepts(src):
+                    continue
+                assert target.valid(frame)
+                replies = target.on_frame(frame, src, t)
+                src_fn = a_addr if target is a else b_addr
+            other = b if target is a else a
+            for data, d in replies:
+                f = wire.decode(data)
+                assert isinstance(f, wire.Punch)
+                if d == RELAY_PATH:
+                    inbox.append((other, f, RELAY_PATH))
+                else:
+                    (sent_a if target is a else sent_b).add(d)
+                    inbox.append((other, f, src_fn(d), d))
+        t += 0.01
+
+
+def pair(window: float = 3.0) -> tuple[Puncher, Puncher]:
+    cfg = PunchConfig(window_s=window)
+    a = Puncher(A_ID, B_ID, KEY, [("100.64.0.12", 2000)], cfg)
+    b = Puncher(B_ID, A_ID, KEY, [("100.64.0.11", 1000)], cfg)
+    return a, b
+
+
+def test_ordinary_pair_goes_direct() -> None:
+    a, b = pair()
+    sent_by_a: set = set()
+    sent_by_b: set = set()
+
+    def a_addr(dst: tuple) -> tuple:
+        sent_by_a.add(dst)
+        return ("100.64.0.11", 1000)
+
+    def b_addr(dst: tuple) -> tuple:
+        sent_by_b.add(dst)
+        return ("100.64.0.12", 2000)
+
+    # address-and-port-dependent filtering: only from endpoints we already sent to
+    run(a, b, a_addr, b_addr, lambda src: src in sent_by_a, lambda src: src in sent_by_b)
+    assert a.state == b.state == PunchState.DIRECT
+    assert a.direct == ("100.64.0.12", 2000) and b.direct == ("100.64.0.11", 1000)
+
+
+def test_permissive_meets_restrictive_through_the_reflexive_answer() -> None:
+    a, b = pair()  # a permissive, b restrictive (a fresh port per destination)
+
+    def a_addr(dst: tuple) -> tuple:
+        return ("100.64.0.11", 1000)
+
+    def b_addr(dst: tuple) -> tuple:
+        return ("100.64.0.12", 30000 + dst[1] % 1000)
+
+    sent_by_b = {("100.64.0.11", 1000)}
+    run(a, b, a_addr, b_addr, lambda src: True, lambda src: src in sent_by_b)
+    assert a.state == b.state == PunchState.DIRECT
+    assert a.direct == ("100.64.0.12", 30000)  # learned from where the punch really came from
+
+
+def test_restrictive_pair_falls_back_to_relay_after_the_window() -> None:
+    a, b = pair(window=1.0)
+    run(a, b, lambda d: ("100.64.0.11", 5000 + d[1] % 100), lambda d: ("100.64.0.12", 6000 + d[1] % 100),
+        lambda s: False, lambda s: False, seconds=1.5)
+    assert a.state == b.state == PunchState.RELAY and a.direct is None
+
+
+def test_bad_mac_or_wrong_peer_is_not_valid() -> None:
+    a, b = pair()
+    a.start(0.0)
+    data, _ = a.poll(0.0)[0]
+    frame = wire.decode(data)
+    assert isinstance(frame, wire.Punch) and b.valid(frame)
+    forged = wire.Punch(frame.kind, frame.sender, frame.receiver, frame.nonce, b"\0" * 16)
+    assert not b.valid(forged)
+    assert not a.valid(frame)  # a's own frame is not from a's peer
+
+
+def test_direct_path_lost_falls_back() -> None:
+    a, _ = pair()
+    a.start(0.0)
+    f = wire.Punch(wire.PUNCH_ACK, B_ID, A_ID, b"n" * 8, b"\0" * 16)
+    a.on_frame(f, ("100.64.0.12", 2000), 0.1)
+    assert a.state == PunchState.DIRECT
+    a.poll(10.0)
+    assert a.state == PunchState.DIRECT
+    a.poll(20.0)
+    assert a.state == PunchState.RELAY

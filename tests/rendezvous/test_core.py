@@ -1,0 +1,151 @@
+"""RendezvousCore with in-memory members and an injected clock."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kafila.net import stun, wire
+from rendezvous.core import Limits, RendezvousCore
+
+A, A2, B, B2 = ("100.64.0.2", 3478), ("100.64.0.2", 3479), ("100.64.0.3", 3478), ("100.64.0.3", 3479)
+TOKEN = bytes(range(16))
+
+
+def core(**kw: object) -> RendezvousCore:
+    return RendezvousCore([A, A2, B, B2], Limits(**kw))  # type: ignore[arg-type]
+
+
+def ask(c: RendezvousCore, body: dict, src=("10.0.0.1", 5000), now=0.0, rid=1) -> dict:
+    out = c.handle(wire.encode_control(wire.REQUEST, rid, body), src, A, now)
+    assert len(out) == 1
+    data, via, dst = out[0]
+    assert via == A and dst == src
+    frame = wire.decode(data)
+    assert isinstance(frame, wire.Control) and frame.request_id == rid
+    return frame.body
+
+
+def new_session(c: RendezvousCore, now: float = 0.0) -> str:
+    r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, now=now, rid=99)
+    assert r["ok"], r
+    return r["session"]
+
+
+def join(c, sid, mid: bytes, src, now=0.0, token=TOKEN, rid=2):
+    return ask(c, {"op": "join", "session": sid, "member": mid.hex(), "token": token.hex()}, src, now, rid)
+
+
+def test_probe_answers_from_the_socket_asked_for() -> None:
+    c = core()
+    txid = b"x" * 12
+    for flags, origin in [(0, A), (stun.CHANGE_PORT, A2), (stun.CHANGE_IP, B), (stun.CHANGE_IP | stun.CHANGE_PORT, B2)]:
+        req = stun.encode(stun.StunMessage(stun.BINDING_REQUEST, txid, change=flags))
+        [(data, via, dst)] = c.handle(req, ("1.2.3.4", 999), A, 0.0)
+        msg = stun.decode(data)
+        assert via == origin and dst == ("1.2.3.4", 999)
+        assert msg.mapped == ("1.2.3.4", 999) and msg.origin == origin and msg.other == B2
+
+
+def test_probe_without_alt_ip_stays_silent_for_change_ip() -> None:
+    c = RendezvousCore([A, A2])
+    req = stun.encode(stun.StunMessage(stun.BINDING_REQUEST, b"y" * 12, change=stun.CHANGE_IP))
+    assert c.handle(req, ("1.2.3.4", 999), A, 0.0) == []
+
+
+def test_join_wrong_code_is_refused_clearly() -> None:
+    c = core()
+    sid = new_session(c)
+    r = join(c, sid, b"m" * 8, ("10.0.0.1", 1), token=b"\0" * 16)
+    assert r == {"ok": False, "error": "wrong join code for this session"}
+    r = join(c, "zzzzzzzz", b"m" * 8, ("10.0.0.1", 1), rid=3)
+    assert not r["ok"] and "no session" in r["error"]
+
+
+def test_announce_list_and_relay() -> None:
+    c = core()
+    sid = new_session(c)
+    a, b = ("10.0.0.1", 1000), ("10.0.0.2", 2000)
+    assert join(c, sid, b"a" * 8, a)["ok"]
+    assert join(c, sid, b"b" * 8, b)["ok"]
+    for mid, src in ((b"a" * 8, a), (b"b" * 8, b)):
+        ann = base64.b64encode(mid * 10).decode()
+        assert ask(c, {"op": "announce", "session": sid, "member": mid.hex(), "ann": ann}, src, rid=3)["ok"]
+    r = ask(c, {"op": "list", "session": sid, "member": (b"a" * 8).hex(), "start": 0}, a, rid=4)
+    assert r["total"] == 2 and [m["id"] for m in r["members"]] == [(b"a" * 8).hex(), (b"b" * 8).hex()]
+    assert r["members"][1]["obs"] == list(b)
+    out = c.handle(wire.encode_relay(wire.RELAY, b"b" * 8, b"\x45secret"), a, A, 1.0)
+    assert out == [(wire.encode_relay(wire.RELAYED, b"a" * 8, b"\x45secret"), A, b)]
+    # a stranger cannot use the relay, nor reach a member of another session
+    assert c.handle(wire.encode_relay(wire.RELAY, b"b" * 8, b"\x45x"), ("9.9.9.9", 1), A, 1.0) == []
+    assert c.stats.relayed == 1
+
+
+def test_retry_gets_the_cached_answer() -> None:
+    c = core()
+    body = {"op": "create", "token_hash": "00" * 32}
+    r1 = ask(c, body, rid=7)
+    r2 = ask(c, body, rid=7)
+    assert r1 == r2 and len(c.sessions) == 1
+
+
+def test_bounds_sessions_members_and_rate() -> None:
+    c = core(max_sessions=3, max_members=2, per_source_burst=100, per_ip_burst=100)
+    sids: list[str] = []
+    for i in range(3):
+        r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, rid=10 + i)
+        assert r["ok"]
+        sids.append(r["session"])
+    r = ask(c, {"op": "create", "token_hash": "00" * 32}, rid=20)
+    assert not r["ok"] and "full" in r["error"]
+    assert join(c, sids[0], b"1" * 8, ("10.0.0.1", 1))["ok"]
+    assert join(c, sids[0], b"2" * 8, ("10.0.0.1", 2))["ok"]
+    r = join(c, sids[0], b"3" * 8, ("10.0.0.1", 3))
+    assert not r["ok"] and "full" in r["error"]
+    # join rate per source address
+    c2 = core(per_source_burst=3, per_source_rate=0.0)
+    sid = new_session(c2)
+    results = [join(c2, sid, bytes([i]) * 8, ("10.9.9.9", 7), rid=100 + i)["ok"] for i in range(5)]
+    assert results == [True, True, True, False, False]
+    assert c2.stats.rate_limited == 2
+
+
+def test_silent_members_and_idle_sessions_expire() -> None:
+    c = core(member_timeout_s=10, empty_session_ttl_s=20)
+    sid = new_session(c, now=0.0)
+    src = ("10.0.0.1", 1)
+    assert join(c, sid, b"a" * 8, src, now=0.0)["ok"]
+    assert ask(c, {"op": "ping", "session": sid, "member": (b"a" * 8).hex()}, src, now=8.0, rid=5)["ok"]
+    c.expire(17.0)
+    assert b"a" * 8 in c.sessions[sid].members  # pinged at 8: still alive at 17
+    c.expire(19.0)
+    assert not c.sessions[sid].members and src not in c.by_addr
+    c.expire(40.0)
+    assert sid not in c.sessions
+
+
+def test_unknown_op_and_bad_fields_answer_errors() -> None:
+    c = core()
+    assert "unknown op" in ask(c, {"op": "explode"})["error"]
+    assert "token_hash" in ask(c, {"op": "create", "token_hash": "xyz"}, rid=2)["error"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=1600), st.integers(0, 3))
+def test_fuzz_any_datagram_never_crashes(data: bytes, sock: int) -> None:
+    c = core()
+    out = c.handle(data, ("10.0.0.9", 9), [A, A2, B, B2][sock], 0.0)
+    assert isinstance(out, list)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["op", "session", "member", "token", "token_hash", "ann", "start"]),
+                       st.one_of(st.text(max_size=40), st.integers(), st.none(), st.lists(st.integers(), max_size=3),
+                                 st.sampled_from(["create", "join", "announce", "list", "ping", "leave"]))))
+def test_fuzz_control_bodies_get_an_answer(body: dict) -> None:
+    c = core()
+    r = ask(c, body)
+    assert r["ok"] in (True, False)
