@@ -1,0 +1,173 @@
+"""`kafila bench planner`: how long planning takes, and Kafila's split against the two baselines.
+
+(a) Planning time of `make_plan` on synthetic fleets of m = 5 and 8 members and models of
+k = 32, 64 and 80 blocks of unequal size, in two NAT mixes: "mixed" (random classes, so few
+orders tie on ring cost) and "all-relay" (every member unknown, so every order ties and the
+partition must break the tie: the worst case). Median of `repeats` runs, wall clock.
+
+(b) The fleets and models shipped in bench/ (three fleets: one LAN, one region, two
+continents; Qwen3-8B/14B/32B at Q4_K_M) at C concurrent requests of T tokens: bottleneck and
+utilisation of Kafila's plan, the uniform split and the memory-proportional split on the same
+ring, and whether each places the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from kafila.bench.report import emit, envelope
+from kafila.errors import KafilaError
+
+HELP = "planning time for 5 and 8 members, and Kafila's split against uniform and memory-proportional"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+FLEETS = ("lan", "region", "continents")
+MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
+TARGET_S = 1.0  # the issue's target for m = 8, k = 80
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="fewer timing cases and one run each (for tests)")
+    p.add_argument("--concurrency", type=int, default=4, help="concurrent requests for part (b) (default 4)")
+    p.add_argument("--context", type=int, default=4096, help="tokens per request for part (b) (default 4096)")
+    p.add_argument("--bench-dir", default=None, help="folder with fleet-*.json and qwen3-*.json (default: bench/)")
+
+
+def synthetic(m: int, k: int, nat_mix: str, seed: int) -> tuple[Any, Any]:
+    """A heterogeneous fleet and a model with Q4_K_M-like unequal blocks, reproducible from the seed."""
+    from kafila.planner import Member, ModelSpec, NatClass
+
+    rng = random.Random(seed)
+    classes = list(NatClass)
+    members = tuple(
+        Member(
+            name=f"member-{i}",
+            bandwidth=rng.uniform(20e9, 800e9),
+            dispatch_s=rng.uniform(0.15e-3, 1.5e-3),
+            memory=int(rng.uniform(5e9, 24e9)),
+            rtt_ms=round(rng.uniform(5, 120), 1),
+            nat=NatClass.UNKNOWN if nat_mix == "all-relay" else rng.choice(classes),
+        )
+        for i in range(m)
+    )
+    # Two block sizes as in Q4_K_M (some layers carry Q6_K tensors), plus a little jitter.
+    blocks = tuple(int((0.42e9 if rng.random() < 0.4 else 0.36e9) * rng.uniform(0.97, 1.03)) for _ in range(k))
+    model = ModelSpec("synthetic", blocks, (4096,) * k, unembed_bytes=int(0.62e9), head_bytes=int(1.0e9))
+    return members, model
+
+
+def timing(quick: bool) -> list[dict[str, Any]]:
+    """Part (a): planning time per (m, k, NAT mix)."""
+    from kafila.planner import Workload, make_plan
+
+    cases = [(5, 32), (8, 80)] if quick else [(m, k) for m in (5, 8) for k in (32, 64, 80)]
+    repeats = 1 if quick else 3
+    rows = []
+    for m, k in cases:
+        for mix in ("mixed", "all-relay"):
+            members, model = synthetic(m, k, mix, seed=1000 * m + k)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                plan = make_plan(members, model, Workload(1, 4096))
+                times.append(time.perf_counter() - t0)
+            rows.append(
+                {"members": m, "blocks": k, "nat_mix": mix, "seconds": statistics.median(times), "runs": repeats,
+                 "feasible": plan.feasible}
+            )
+    return rows
+
+
+def fleets(bench_dir: Path, concurrency: int, context: int) -> list[dict[str, Any]]:
+    """Part (b): every shipped fleet × model, three strategies each."""
+    from kafila.commands.plan import load_fleet, load_model
+    from kafila.planner import Workload, make_plan
+
+    rows = []
+    for fleet in FLEETS:
+        members = load_fleet(str(bench_dir / f"fleet-{fleet}.json"))
+        for model_name in MODELS:
+            model = load_model(str(bench_dir / f"{model_name}-q4_k_m.json"))
+            plan = make_plan(members, model, Workload(concurrency, context))
+            row: dict[str, Any] = {"fleet": fleet, "model": model.name}
+            for s in ("kafila", "uniform", "memory"):
+                p = plan.placement(s)
+                row[s] = {
+                    "feasible": p.feasible,
+                    "bottleneck_seconds": p.bottleneck_seconds,
+                    "utilisation": p.utilisation,
+                    "reason": p.reason,
+                }
+            k = plan.kafila.bottleneck_seconds
+            for s in ("uniform", "memory"):
+                b = plan.placement(s).bottleneck_seconds
+                row[f"{s}_over_kafila"] = None if not (k and b) else b / k
+            rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    bench_dir = Path(args.bench_dir) if args.bench_dir else BENCH_DIR
+    if not (bench_dir / "fleet-lan.json").is_file():
+        raise KafilaError(f"bench files not found in {bench_dir}; pass --bench-dir")
+    t_rows = timing(args.quick)
+    f_rows = fleets(bench_dir, args.concurrency, args.context)
+    worst = [r["seconds"] for r in t_rows if r["members"] == 8 and r["blocks"] == 80]
+    report = envelope(
+        "planner",
+        {
+            "measured": (
+                "(a) wall-clock seconds of make_plan (exact order search, partition, head rotation, baselines), "
+                "median of the runs, on seeded synthetic fleets with unequal Q4_K_M-like blocks; 'all-relay' makes "
+                "every ring order tie, the worst case. (b) bench/ fleets x Qwen3 Q4_K_M models: slowest stage time "
+                "(bottleneck) and utilisation (sum of stage times / (members x bottleneck)) of each strategy on the "
+                f"same ring, and whether it places the model with {args.concurrency} concurrent requests of "
+                f"{args.context} tokens (weights + KV cache + head tensors within each member's memory)."
+            ),
+            "workload": {"concurrency": args.concurrency, "context": args.context},
+            "target_seconds_m8_k80": TARGET_S,
+            "target_met": bool(worst) and max(worst) < TARGET_S,
+            "timing": t_rows,
+            "fleets": f_rows,
+        },
+    )
+    emit(report, args.json, args.out)
+    if not args.json:
+        _print(report)
+    return 0
+
+
+def _print(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title="(a) planning time (median wall clock)")
+    for col in ("members", "blocks", "NAT mix", "seconds"):
+        t.add_column(col, justify="right")
+    for r in report["timing"]:
+        t.add_row(str(r["members"]), str(r["blocks"]), r["nat_mix"], f"{r['seconds']:.3f}")
+    console.print(t)
+    wl = report["workload"]
+    f = Table(title=f"(b) slowest stage ms / utilisation / places it? — {wl['concurrency']} × {wl['context']} tokens")
+    for col in ("fleet", "model", "kafila", "uniform", "memory", "uniform ÷ kafila", "memory ÷ kafila"):
+        f.add_column(col, justify="left" if col in ("fleet", "model") else "right")
+    for r in report["fleets"]:
+        cells = [r["fleet"], r["model"]]
+        for s in ("kafila", "uniform", "memory"):
+            p = r[s]
+            if p["bottleneck_seconds"] is None:
+                cells.append("cannot place")
+            else:
+                fits = "" if p["feasible"] else " [red]no fit[/]"
+                cells.append(f"{p['bottleneck_seconds'] * 1000:.1f} / {p['utilisation']:.0%}{fits}")
+        for s in ("uniform", "memory"):
+            ratio = r[f"{s}_over_kafila"]
+            cells.append("—" if ratio is None else f"{ratio:.1f}×")
+        f.add_row(*cells)
+    console.print(f)
+    console.print(report["measured"], style="dim")
