@@ -13,21 +13,20 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kafila.errors import EngineError, ModelError
-from kafila.model.gguf_file import open_gguf
+from kafila.model.gguf_file import GGUFFile
 
 
 class Embedder:
     """Looks up embedding rows of one GGUF's `token_embd.weight` (memory-mapped, dequantised per call)."""
 
     def __init__(self, path: str | Path) -> None:
-        reader = open_gguf(path)
-        tensor = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        gf = GGUFFile(path)
+        tensor = gf.tensors.get("token_embd.weight")
         if tensor is None:
             raise ModelError(f"{Path(path).name} has no token_embd.weight")
-        self._data = tensor.data
-        self._type = GGMLQuantizationType(tensor.tensor_type)
-        self.n_vocab = int(tensor.shape[-1])
-        self.n_embd = int(tensor.shape[0])
+        self._data = gf.tensor_bytes(tensor)  # (n_vocab, bytes per row)
+        self._type = tensor.type
+        self.n_embd, self.n_vocab = tensor.ne[0], tensor.ne[1]
 
     def rows(self, tokens: np.ndarray | list[int]) -> np.ndarray:
         """float32 (len(tokens), n_embd) embedding rows."""
@@ -36,6 +35,6 @@ class Embedder:
             raise EngineError(f"token id out of range 0..{self.n_vocab - 1}: {ids.min()}..{ids.max()}")
         raw = self._data[ids]
         if self._type == GGMLQuantizationType.F32:
-            return np.ascontiguousarray(raw, dtype=np.float32)
+            return np.ascontiguousarray(raw).view(np.float32)
         out = dequantize(raw, self._type).astype(np.float32, copy=False)
         return np.ascontiguousarray(out.reshape(len(ids), self.n_embd))

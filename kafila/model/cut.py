@@ -20,8 +20,8 @@ import gguf
 import numpy as np
 
 from kafila.errors import ModelError
-from kafila.model.describe import describe_reader
-from kafila.model.gguf_file import open_gguf
+from kafila.model.describe import describe_file
+from kafila.model.gguf_file import GGUFFile
 
 Progress = Callable[[int, int], None]  # (bytes written, total bytes)
 
@@ -53,12 +53,11 @@ def _check_range(spec: StageSpec, n_blocks: int) -> None:
         )
 
 
-def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, arch: str, spec: StageSpec) -> None:
+def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, arch: str, spec: StageSpec) -> None:
     overrides: dict[str, tuple[object, gguf.GGUFValueType]] = {
         f"{arch}.block_count": (spec.end - spec.start, gguf.GGUFValueType.UINT32),
     }
-    for field in reader.fields.values():
-        name = field.name
+    for name, field in gf.fields.items():
         if name == gguf.Keys.General.ARCHITECTURE or name.startswith("GGUF."):
             continue  # written by GGUFWriter itself
         if not spec.head and (name.startswith("tokenizer.") or name == f"{arch}.vocab_size"):
@@ -67,9 +66,7 @@ def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, arch: str, 
             value, vtype = overrides.pop(name)
             writer.add_key_value(name, value, vtype)
             continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+        writer.add_key_value(name, field.value, field.type, sub_type=field.sub_type)
     for name, (value, vtype) in overrides.items():
         writer.add_key_value(name, value, vtype)
     if not spec.head:
@@ -82,52 +79,49 @@ def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, arch: str, 
         writer.add_uint32(f"{arch}.vocab_size", STUB_VOCAB)
 
 
-def _stage_tensors(reader: gguf.GGUFReader, spec: StageSpec, n_embd: int) -> list[tuple[str, np.ndarray, object]]:
-    """(new name, data, tensor type) for every tensor of the stage, in the source file's order."""
-    out: list[tuple[str, np.ndarray, object]] = []
-    for t in reader.tensors:
+def _stage_tensors(gf: GGUFFile, spec: StageSpec, n_embd: int) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]]:
+    """(new name, raw bytes, tensor type) for every tensor of the stage, in the source file's order."""
+    out = []
+    for t in gf.tensors.values():
         m = _BLOCK_RE.match(t.name)
         if m:
             i = int(m.group(1))
             if spec.start <= i < spec.end:
-                out.append((f"blk.{i - spec.start}.{m.group(2)}", t.data, t.tensor_type))
-        elif t.name == "output_norm.weight":
-            out.append((t.name, t.data, t.tensor_type))
-        elif t.name in ("token_embd.weight", "output.weight"):
-            if spec.head:
-                out.append((t.name, t.data, t.tensor_type))
-            elif t.name == "token_embd.weight":
-                out.append((t.name, np.zeros((STUB_VOCAB, n_embd), np.float32), gguf.GGMLQuantizationType.F32))
-        # anything else (e.g. rope_freqs) is global: keep it
-        else:
-            out.append((t.name, t.data, t.tensor_type))
+                out.append((f"blk.{i - spec.start}.{m.group(2)}", gf.tensor_bytes(t), t.type))
+        elif t.name == "token_embd.weight" and not spec.head:
+            stub = np.zeros((STUB_VOCAB, n_embd), np.float32).view(np.uint8)
+            out.append((t.name, stub, gguf.GGMLQuantizationType.F32))
+        elif t.name == "output.weight" and not spec.head:
+            continue  # a body stage has no output head
+        else:  # output_norm and global tensors such as rope_freqs
+            out.append((t.name, gf.tensor_bytes(t), t.type))
     return out
 
 
 def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress: Progress | None = None) -> Path:
     """Write the stage GGUF for `spec` to `dest` atomically (temp file, fsync, rename)."""
-    reader = open_gguf(source)
-    info = describe_reader(reader, Path(source))
+    gf = GGUFFile(source)
+    info = describe_file(gf)
     _check_range(spec, info.n_blocks)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    alignment = reader.fields.get("general.alignment")
-    writer = gguf.GGUFWriter(tmp, info.arch, endianess=reader.endianess)
+    writer = gguf.GGUFWriter(tmp, info.arch)
+    alignment = gf.get("general.alignment")
     if alignment is not None:
-        writer.data_alignment = int(alignment.contents())
+        writer.data_alignment = int(alignment)
     try:
-        _copy_metadata(reader, writer, info.arch, spec)
-        tensors = _stage_tensors(reader, spec, info.n_embd)
+        _copy_metadata(gf, writer, info.arch, spec)
+        tensors = _stage_tensors(gf, spec, info.n_embd)
         for name, data, ttype in tensors:
-            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)  # type: ignore[arg-type]
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         total = sum(int(d.nbytes) for _, d, _ in tensors)
         done = 0
         for _, data, _ in tensors:
-            writer.write_tensor_data(data, tensor_endianess=reader.endianess)
+            writer.write_tensor_data(data)
             done += int(data.nbytes)
             if progress:
                 progress(done, total)

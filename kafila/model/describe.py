@@ -10,7 +10,7 @@ import gguf
 
 from kafila.errors import ModelError
 from kafila.model.arch import require_supported
-from kafila.model.gguf_file import field_value, open_gguf, require_field
+from kafila.model.gguf_file import GGUFFile
 
 # llama.cpp's default KV cache type is f16.
 KV_BYTES_PER_ELEMENT = 2
@@ -66,23 +66,24 @@ def _per_layer(value: object, n: int, key: str) -> list[int]:
     return [int(value)] * n  # type: ignore[call-overload]
 
 
-def describe_reader(reader: gguf.GGUFReader, path: Path) -> ModelInfo:
-    """ModelInfo from an open reader (see describe_model)."""
-    arch = str(require_field(reader, "general.architecture"))
+def describe_file(gf: GGUFFile) -> ModelInfo:
+    """ModelInfo from a parsed GGUF (see describe_model)."""
+    path = gf.path
+    arch = str(gf.require("general.architecture"))
     require_supported(arch)
-    n_blocks = int(require_field(reader, f"{arch}.block_count"))
-    n_embd = int(require_field(reader, f"{arch}.embedding_length"))
-    n_head = int(require_field(reader, f"{arch}.attention.head_count"))
+    n_blocks = int(gf.require(f"{arch}.block_count"))
+    n_embd = int(gf.require(f"{arch}.embedding_length"))
+    n_head = int(gf.require(f"{arch}.attention.head_count"))
     n_head_kv = _per_layer(
-        field_value(reader, f"{arch}.attention.head_count_kv", n_head), n_blocks, "head_count_kv"
+        gf.get(f"{arch}.attention.head_count_kv", n_head), n_blocks, "head_count_kv"
     )
     head_dim = n_embd // n_head
-    key_len = int(field_value(reader, f"{arch}.attention.key_length", head_dim))
-    value_len = int(field_value(reader, f"{arch}.attention.value_length", head_dim))
+    key_len = int(gf.get(f"{arch}.attention.key_length", head_dim))
+    value_len = int(gf.get(f"{arch}.attention.value_length", head_dim))
 
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = gf.tensors
     blocks = [0] * n_blocks
-    for t in reader.tensors:
+    for t in tensors.values():
         m = _BLOCK_RE.match(t.name)
         if m:
             i = int(m.group(1))
@@ -97,22 +98,25 @@ def describe_reader(reader: gguf.GGUFReader, path: Path) -> ModelInfo:
             raise ModelError(f"tensor {required} is missing")
 
     embd = tensors["token_embd.weight"]
-    vocab = int(field_value(reader, f"{arch}.vocab_size", int(embd.shape[-1])))
+    vocab = int(gf.get(f"{arch}.vocab_size", embd.ne[-1]))
     output = tensors.get("output.weight")
     tied = output is None
     unembed = int((embd if tied else output).n_bytes)  # type: ignore[union-attr]
     head = int(embd.n_bytes) + (0 if tied else unembed) + int(tensors["output_norm.weight"].n_bytes)
-    file_type = field_value(reader, "general.file_type")
-    quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
+    file_type = gf.get("general.file_type")
+    try:
+        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        quant = "unknown"
     return ModelInfo(
         path=path,
-        name=str(field_value(reader, "general.name", path.stem)),
+        name=str(gf.get("general.name", path.stem)),
         arch=arch,
         quant=quant,
         n_blocks=n_blocks,
         n_embd=n_embd,
         n_head=n_head,
-        context_length=int(field_value(reader, f"{arch}.context_length", 0)),
+        context_length=int(gf.get(f"{arch}.context_length", 0)),
         vocab_size=vocab,
         blocks_bytes=tuple(blocks),
         kv_bytes_per_token=tuple(h * (key_len + value_len) * KV_BYTES_PER_ELEMENT for h in n_head_kv),
@@ -125,5 +129,4 @@ def describe_reader(reader: gguf.GGUFReader, path: Path) -> ModelInfo:
 
 def describe_model(path: str | Path) -> ModelInfo:
     """Read a GGUF and describe it; unsupported architectures and corrupt files raise ModelError."""
-    p = Path(path)
-    return describe_reader(open_gguf(p), p)
+    return describe_file(GGUFFile(path))

@@ -1,0 +1,38 @@
+"""Argument helpers shared by commands."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2-135M)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40, help="sample from the k likeliest tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--context", type=int, default=2048, help="context length per request in tokens (default 2048)")
+
+
+@contextlib.contextmanager
+def byte_progress(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr fed by (done, total) byte callbacks."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update

@@ -1,0 +1,88 @@
+"""One generation request as a state machine: which rows it needs next, and what it does with logits.
+
+Transport-free, so the local chain and the ring scheduler drive requests the same way:
+`take(budget)` hands out the next chunk (a prefill slice of the prompt, or the last sampled token),
+`complete(logits)` consumes the logits of the chunk's last row when it asked for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kafila.engine.sampler import Sampler
+from kafila.engine.vocab import TextStream, Vocab
+from kafila.errors import EngineError
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows one request contributes to a stage call."""
+
+    seq: int
+    tokens: list[int]
+    start_pos: int
+    wants_logits: bool  # True when the last row's logits are needed for sampling
+
+
+@dataclass
+class Request:
+    """A prompt being completed in KV-cache sequence `seq`."""
+
+    seq: int
+    prompt: list[int]
+    max_tokens: int
+    n_ctx: int
+    sampler: Sampler
+    vocab: Vocab
+    generated: list[int] = field(default_factory=list)
+    fed: int = 0  # tokens whose rows have gone through the chain
+    in_flight: bool = False
+    finish_reason: str | None = None  # "stop" (end token), "length" (max tokens or context)
+
+    def __post_init__(self) -> None:
+        self.text = TextStream(self.vocab)
+        if not self.prompt:
+            raise EngineError("the prompt is empty")
+        if len(self.prompt) >= self.n_ctx:
+            raise EngineError(
+                f"the prompt is {len(self.prompt)} tokens but the context holds {self.n_ctx}; "
+                "shorten the prompt or raise --context"
+            )
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def take(self, budget: int) -> Chunk | None:
+        """The next rows to run (at most `budget`), or None when waiting or finished."""
+        if self.done or self.in_flight or budget <= 0:
+            return None
+        if self.fed < len(self.prompt):
+            tokens = self.prompt[self.fed : self.fed + budget]
+            last = self.fed + len(tokens) == len(self.prompt)
+        else:
+            tokens = [self.generated[-1]]
+            last = True
+        self.in_flight = True
+        return Chunk(self.seq, tokens, self.fed, last)
+
+    def complete(self, chunk: Chunk, logits: np.ndarray | None) -> str:
+        """Record a finished chunk; with logits, sample the next token. Returns new text."""
+        self.in_flight = False
+        self.fed += len(chunk.tokens)
+        if not chunk.wants_logits:
+            return ""
+        if logits is None:
+            raise EngineError("a chunk that wanted logits finished without them")
+        token = self.sampler.sample(logits)
+        if self.vocab.is_end(token):
+            self.finish_reason = "stop"
+            return self.text.flush()
+        self.generated.append(token)
+        piece = self.text.push(token)
+        if len(self.generated) >= self.max_tokens or self.fed + 1 >= self.n_ctx:
+            self.finish_reason = "length"
+            piece += self.text.flush()
+        return piece

@@ -1,0 +1,79 @@
+"""The head's tokenizer side: text to tokens as llama.cpp tokenises it, tokens back to text, chat template."""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+from collections.abc import Sequence
+
+from kafila.engine.llama_lib import llama
+from kafila.errors import EngineError
+
+
+class Vocab:
+    """Tokenizer of a loaded model (the head's stage keeps the full vocabulary)."""
+
+    def __init__(self, vocab_ptr: object, chat_template: str | None) -> None:
+        lc = llama()
+        self._vocab = vocab_ptr
+        self.n_tokens = int(lc.llama_vocab_n_tokens(vocab_ptr))
+        self.bos = int(lc.llama_vocab_bos(vocab_ptr))
+        self.eos = int(lc.llama_vocab_eos(vocab_ptr))
+        self.chat_template = chat_template
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`; the defaults are what llama.cpp's own completion uses for a prompt."""
+        lc = llama()
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise EngineError("the prompt could not be tokenised")
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes one token stands for (special tokens render as nothing unless `special`)."""
+        lc = llama()
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_end(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, end of turn...)."""
+        return bool(llama().llama_vocab_is_eog(self._vocab, token))
+
+    def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt text the model's own chat template makes of `messages`."""
+        if not self.chat_template:
+            raise EngineError("this model has no chat template; use a raw completion instead")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        fmt = Jinja2ChatFormatter(
+            template=self.chat_template,
+            eos_token=self.piece(self.eos, special=True).decode("utf-8", "replace"),
+            bos_token=self.piece(self.bos, special=True).decode("utf-8", "replace"),
+            add_generation_prompt=True,
+        )
+        return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
+
+
+class TextStream:
+    """Turns a stream of tokens into text, holding back bytes of a character split across tokens."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self._vocab = vocab
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._vocab.piece(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

@@ -1,0 +1,44 @@
+"""Shared fixtures: the embedded model, tiny synthetic models, an isolated stage cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kafila.model.embedded import default_model_path
+from kafila.model.stage_cache import StageCache
+from tests.synthetic import write_synthetic
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def synthetic_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny random model per supported architecture, plus an untied-output llama."""
+    d = tmp_path_factory.mktemp("synthetic")
+    models = {arch: write_synthetic(d / f"{arch}.gguf", arch, seed=i) for i, arch in enumerate(("llama", "qwen2", "qwen3"))}
+    models["llama-untied"] = write_synthetic(d / "llama-untied.gguf", "llama", seed=7, tied=False)
+    return models
+
+
+@pytest.fixture(scope="session")
+def stage_cache(tmp_path_factory: pytest.TempPathFactory) -> StageCache:
+    return StageCache(tmp_path_factory.mktemp("stage-cache"))
+
+
+def run_kafila(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run `python kafila.py ARGS` as a user would, capturing its output."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "kafila.py"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )

@@ -1,0 +1,57 @@
+"""Model description: sizes add up to the file, architectures are checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kafila.errors import ModelError
+from kafila.model.describe import describe_model
+from kafila.model.gguf_file import GGUFFile
+from tests.conftest import run_kafila
+from tests.synthetic import write_synthetic
+
+import json
+import pytest
+
+
+def test_embedded_model(smollm: Path) -> None:
+    info = describe_model(smollm)
+    assert (info.arch, info.n_blocks, info.n_embd, info.quant) == ("llama", 30, 576, "Q4_1")
+    assert info.tied_output and info.unembed_bytes == GGUFFile(smollm).tensors["token_embd.weight"].n_bytes
+    # 3 KV heads × 64 dims × (K + V) × 2 bytes (f16 cache)
+    assert info.kv_bytes_per_token == (3 * 64 * 2 * 2,) * 30
+    all_tensors = sum(t.n_bytes for t in GGUFFile(smollm).tensors.values())
+    assert sum(info.blocks_bytes) + info.head_bytes == all_tensors
+
+
+def test_untied_head_counts_both_matrices(synthetic_models: dict[str, Path]) -> None:
+    info = describe_model(synthetic_models["llama-untied"])
+    tensors = GGUFFile(synthetic_models["llama-untied"]).tensors
+    assert not info.tied_output
+    assert info.unembed_bytes == tensors["output.weight"].n_bytes
+    assert info.head_bytes == sum(tensors[n].n_bytes for n in ("token_embd.weight", "output.weight", "output_norm.weight"))
+
+
+def test_qwen3_kv_uses_key_length(synthetic_models: dict[str, Path]) -> None:
+    assert describe_model(synthetic_models["qwen3"]).kv_bytes_per_token == (2 * 16 * 2 * 2,) * 4
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    p = write_synthetic(tmp_path / "gemma.gguf", "gemma")
+    with pytest.raises(ModelError, match="unsupported architecture 'gemma'"):
+        describe_model(p)
+
+
+def test_inspect_cli_json(synthetic_models: dict[str, Path]) -> None:
+    out = run_kafila("inspect", str(synthetic_models["qwen2"]), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["arch"] == "qwen2" and len(doc["blocks_bytes"]) == 4
+
+
+def test_inspect_cli_corrupt(tmp_path: Path) -> None:
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF\x03\0\0\0" + b"\xff" * 40)
+    out = run_kafila("inspect", str(p))
+    assert out.returncode == 1
+    assert out.stderr.startswith("kafila: error:") and "Traceback" not in out.stderr
