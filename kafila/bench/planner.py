@@ -76,8 +76,14 @@ def timing(quick: bool) -> list[dict[str, Any]]:
                 plan = make_plan(members, model, Workload(1, 4096))
                 times.append(time.perf_counter() - t0)
             rows.append(
-                {"members": m, "blocks": k, "nat_mix": mix, "seconds": statistics.median(times), "runs": repeats,
-                 "feasible": plan.feasible}
+                {
+                    "members": m,
+                    "blocks": k,
+                    "nat_mix": mix,
+                    "seconds": statistics.median(times),
+                    "runs": repeats,
+                    "feasible": plan.feasible,
+                }
             )
     return rows
 

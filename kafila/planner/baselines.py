@@ -22,9 +22,9 @@ def _chain(order: Sequence[int]) -> list[int]:
     return [*order[1:], order[0]]
 
 
-def _by_order(order: Sequence[int], chain: Sequence[int], chain_ranges: Sequence[tuple[int, int]]) -> list[
-    tuple[int, int]
-]:
+def _by_order(
+    order: Sequence[int], chain: Sequence[int], chain_ranges: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
     by_member = dict(zip(chain, chain_ranges, strict=True))
     return [by_member[i] for i in order]
 

@@ -55,9 +55,7 @@ def predict_edge(a: NatClass, b: NatClass) -> str:
 def predict_all(classes: dict[str, NatClass]) -> dict[tuple[str, str], str]:
     """Prediction for every unordered pair of named members, keyed by (smaller name, larger name)."""
     names = sorted(classes)
-    return {
-        (a, b): predict_edge(classes[a], classes[b]) for i, a in enumerate(names) for b in names[i + 1 :]
-    }
+    return {(a, b): predict_edge(classes[a], classes[b]) for i, a in enumerate(names) for b in names[i + 1 :]}
 
 
 def all_direct_ring_exists(classes: Iterable[NatClass]) -> bool:

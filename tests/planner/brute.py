@@ -6,7 +6,7 @@ from itertools import combinations, permutations
 
 from kafila.planner.cost import Ctx, edge_cost_ns
 from kafila.planner.order import ring_cost
-from kafila.planner.reachability import DIRECT, predict_edge
+from kafila.planner.reachability import DIRECT, NatClass, predict_edge
 from kafila.planner.spec import Member
 
 
@@ -43,7 +43,7 @@ def best_plan(ctx: Ctx, members: tuple[Member, ...]) -> tuple[int, float] | None
     return best
 
 
-def all_direct_exists(classes: list[str]) -> bool:
+def all_direct_exists(classes: list[NatClass]) -> bool:
     """Exhaustive: some cyclic order whose every edge is predicted direct."""
     m = len(classes)
     if m <= 1:
