@@ -135,3 +135,18 @@ def test_bench_planner_quick_json() -> None:
         for s in ("uniform", "memory"):
             if row[s]["bottleneck_seconds"] is not None:
                 assert k["bottleneck_seconds"] <= row[s]["bottleneck_seconds"]
+
+
+def test_plan_reads_the_embedded_gguf_by_default(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    try:
+        from kafila.model.embedded import default_model_path
+
+        default_model_path()
+    except Exception as exc:  # the embedded model is an optional install
+        pytest.skip(f"embedded model not available: {exc}")
+    fleet = write(tmp_path, "f.json", {"members": [member(), member(name="desk", bandwidth_gbs=20)]})
+    r = kafila("plan", "--fleet", fleet, "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["feasible"] and max(e for _, e in data["ranges"].values()) == 30  # SmolLM2-135M has 30 blocks

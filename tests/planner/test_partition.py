@@ -118,3 +118,22 @@ def test_two_members_use_the_one_pair_both_ways() -> None:
     plan = make_plan(members, ModelSpec("m", (10, 20, 30, 40), (0,) * 4, 5, 7), Workload(1, 1))
     assert [(e.a, e.b) for e in plan.kafila.edges] in ([("a", "b"), ("b", "a")], [("b", "a"), ("a", "b")])
     assert plan.ring_cost_ms == 2 * 40.0  # unknown NAT: relayed, r_a + r_b each way
+
+
+def test_falls_back_to_a_dearer_order_when_no_cheapest_order_fits() -> None:
+    # Found by random search: every cheapest cycle puts the two 30-byte blocks where nobody can hold them.
+    nat = NatClass
+    members = (
+        Member("n0", 1.0, 0.0, 33, 30.0, nat.UNKNOWN),
+        Member("n1", 1.0, 0.0, 33, 0.0, nat.ORDINARY),
+        Member("n2", 1.0, 0.0, 25, 30.0, nat.UNKNOWN),
+        Member("n3", 1.0, 0.0, 13, 30.0, nat.RESTRICTIVE),
+        Member("n4", 1.0, 0.0, 20, 30.0, nat.PERMISSIVE),
+    )
+    model = ModelSpec("x", (30, 2, 30, 2, 2), (0,) * 5, 0, 20)
+    plan = make_plan(members, model, Workload(1, 1))
+    cost = [[edge_cost_ns(a, b) for b in members] for a in members]
+    expected = best_plan(make_ctx(members, model, Workload(1, 1)), members)
+    assert plan.feasible and expected is not None
+    assert round(plan.ring_cost_ms * 1e6) == expected[0] > cost_tiers(cost)[0][0]
+    assert plan.kafila.bottleneck_seconds == expected[1]
