@@ -108,12 +108,48 @@ def fleets(bench_dir: Path, concurrency: int, context: int) -> list[dict[str, An
                     "utilisation": p.utilisation,
                     "reason": p.reason,
                 }
+            row["max_context"] = max_context(members, model, plan, concurrency)
             k = plan.kafila.bottleneck_seconds
             for s in ("uniform", "memory"):
                 b = plan.placement(s).bottleneck_seconds
                 row[f"{s}_over_kafila"] = None if not (k and b) else b / k
             rows.append(row)
     return rows
+
+
+def max_context(members: Any, model: Any, plan: Any, concurrency: int) -> dict[str, int]:
+    """Longest context per request that each strategy places with `concurrency` requests (0: none).
+
+    Kafila: the exact memory test over every order (time ignored), bisected on T. Baselines: their
+    block counts do not depend on T, so each member's spare memory over its KV bytes per token.
+    """
+    from kafila.planner import Workload
+    from kafila.planner.cost import make_ctx
+    from kafila.planner.partition import OrderSet, fits
+
+    ms = tuple(sorted(members, key=lambda mem: mem.name))
+    lo, hi = 0, 1 << 22
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(make_ctx(ms, model, Workload(concurrency, mid)), OrderSet()):
+            lo = mid
+        else:
+            hi = mid - 1
+    out = {"kafila": lo}
+    by_name = {mem.name: mem for mem in members}
+    for s in ("uniform", "memory"):
+        p = plan.placement(s)
+        if not p.ranges:
+            out[s] = 0
+            continue
+        limits = []
+        for name, (a, e) in p.ranges.items():
+            weights = sum(model.blocks_bytes[a:e]) + (model.head_bytes if name == p.head else 0)
+            kv = concurrency * sum(model.kv_bytes_per_token[a:e])
+            spare = by_name[name].memory - weights
+            limits.append(0 if spare < kv else spare // kv if kv else 1 << 22)
+        out[s] = max(0, min(limits))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
                 "every ring order tie, the worst case. (b) bench/ fleets x Qwen3 Q4_K_M models: slowest stage time "
                 "(bottleneck) and utilisation (sum of stage times / (members x bottleneck)) of each strategy on the "
                 f"same ring, and whether it places the model with {args.concurrency} concurrent requests of "
-                f"{args.context} tokens (weights + KV cache + head tensors within each member's memory)."
+                f"{args.context} tokens (weights + KV cache + head tensors within each member's memory); "
+                f"max_context: the longest context per request each strategy places with {args.concurrency} requests."
             ),
             "workload": {"concurrency": args.concurrency, "context": args.context},
             "target_seconds_m8_k80": TARGET_S,
@@ -160,7 +197,7 @@ def _print(report: dict[str, Any]) -> None:
     console.print(t)
     wl = report["workload"]
     f = Table(title=f"(b) slowest stage ms / utilisation / places it? — {wl['concurrency']} × {wl['context']} tokens")
-    for col in ("fleet", "model", "kafila", "uniform", "memory", "uniform ÷ kafila", "memory ÷ kafila"):
+    for col in ("fleet", "model", "kafila", "uniform", "memory", "uniform ÷ kafila", "memory ÷ kafila", "max T k/u/m"):
         f.add_column(col, justify="left" if col in ("fleet", "model") else "right")
     for r in report["fleets"]:
         cells = [r["fleet"], r["model"]]
@@ -174,6 +211,8 @@ def _print(report: dict[str, Any]) -> None:
         for s in ("uniform", "memory"):
             ratio = r[f"{s}_over_kafila"]
             cells.append("—" if ratio is None else f"{ratio:.1f}×")
+        mc = r["max_context"]
+        cells.append(f"{mc['kafila']}/{mc['uniform']}/{mc['memory']}")
         f.add_row(*cells)
     console.print(f)
     console.print(report["measured"], style="dim")

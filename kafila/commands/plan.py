@@ -154,7 +154,7 @@ def render(plan: Plan, members: tuple[Member, ...], strategy: str) -> None:
     for s in strategies:
         p = plan.placement(s)
         util = "—" if p.utilisation is None else f"{p.utilisation:.0%}"
-        note = "" if p.feasible else (p.reason or "").splitlines()[0]
+        note = "" if p.feasible else (p.reason or "").split(":")[0]  # the details are in the table and below
         fits = "yes" if p.feasible else "[red]no[/]"
         summary.add_row(s, fits, _ms(p.bottleneck_seconds), util, _ms(p.circuit_seconds), note)
     console.print(summary)

@@ -87,18 +87,19 @@ def analyse(members: Sequence[Member], model: ModelSpec, workload: Workload, ord
     need = ctx.W[ctx.k] + ctx.H
     have = sum(ctx.M)
 
-    def fits_with(slack_mb: int = 0, scale: float = 1.0, wl: Workload = workload) -> bool:
-        return fits(make_ctx(ms, model, wl, weight_scale=scale, memory_slack=slack_mb * 1_000_000), orders)
+    def fits_with(slack: int = 0, scale: float = 1.0, wl: Workload = workload) -> bool:
+        return fits(make_ctx(ms, model, wl, weight_scale=scale, memory_slack=slack), orders)
 
-    # Shortfall: the least extra memory per member that admits some layout (to 1 MB, rounded up).
-    lo, hi = 0, -(-need // 1_000_000)
+    # Shortfall: the least extra memory per member that admits some layout (to 1 MB, or finer for tiny models).
+    unit = max(1, min(1_000_000, need // 1000))
+    lo, hi = 0, -(-need // unit)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits_with(slack_mb=mid):
+        if fits_with(slack=mid * unit):
             hi = mid
         else:
             lo = mid
-    layout = select_fitting(make_ctx(ms, model, workload, memory_slack=hi * 1_000_000), orders)
+    layout = select_fitting(make_ctx(ms, model, workload, memory_slack=hi * unit), orders)
     shortfalls: list[Shortfall] = []
     if layout is not None:
         for n, (i, (a, e)) in enumerate(zip(layout.order, layout.ranges, strict=True)):
@@ -135,10 +136,10 @@ def analyse(members: Sequence[Member], model: ModelSpec, workload: Workload, ord
             text += f" (≤ {bpw * fraction:.2f} bits per weight, now ≈ {bpw:.2f}"
             text += f"; e.g. {', '.join(quants[:3])})" if quants else "; no common quantisation is that small)"
         remedies.append(text)
-    else:
-        remedies.append("no smaller quantisation helps: the KV cache alone does not fit")
-    if remedies:
-        lines.append("would admit: " + "; or ".join(remedies) + "; or more members / memory")
+    remedies.append("more members or memory")
+    lines.append("would admit: " + "; or ".join(remedies))
+    if fraction is None:
+        lines.append("no smaller quantisation helps: the KV cache alone does not fit")
     return Admission(
         need_bytes=need,
         have_bytes=have,
