@@ -26,9 +26,10 @@ def byte_progress(description: str) -> Iterator[Callable[[int, int], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+    console = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=Console(stderr=True), transient=True,
+        console=console, transient=True, disable=not console.is_terminal,
     ) as bar:
         task = bar.add_task(description, total=None)
 

@@ -64,6 +64,10 @@ class Vocab:
         )
         return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
 
+    def chat_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Prompt tokens for a chat; the template writes its own special tokens, so none are added."""
+        return self.tokenize(self.format_chat(messages), add_special=False, parse_special=True)
+
 
 class TextStream:
     """Turns a stream of tokens into text, holding back bytes of a character split across tokens."""

@@ -17,7 +17,7 @@ from kafila.engine.request import Chunk
 from kafila.engine.stage import ContextConfig
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
-from tests.reference import ReferenceContext
+from kafila.engine.reference import ReferenceContext
 
 CONFIG = ContextConfig(n_ctx_per_seq=256, n_seq_max=4, n_batch=64)
 DECODE_STEPS = 32

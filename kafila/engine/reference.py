@@ -1,4 +1,4 @@
-"""Ground truth: one llama.cpp context on the whole model file, fed token ids."""
+"""One llama.cpp context on the whole model file, fed token ids: the ground truth tests and benchmarks compare with."""
 
 from __future__ import annotations
 

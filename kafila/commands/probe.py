@@ -1,0 +1,47 @@
+"""`kafila probe`: measure this machine for the planner with the real engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kafila.commands._common import add_model_arg
+
+HELP = "measure this machine: stage bandwidth, dispatch overhead, usable memory"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    p.add_argument("--json", action="store_true", help="print the measurement as JSON")
+    p.add_argument("--calls", type=int, default=30, help="timed decode calls per cut (default 30)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from kafila.engine.probe import probe
+    from kafila.model.embedded import resolve_model
+    from kafila.model.stage_cache import StageCache
+
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("probing", total=None)
+
+        def step(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        result = probe(resolve_model(args.model), StageCache(), calls=args.calls, on_step=step)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return 0
+    out = Console()
+    out.print(f"[bold]bandwidth[/]        {result.bandwidth_bytes_per_s / 1e9:.2f} GB/s (effective, fitted)")
+    out.print(f"[bold]dispatch[/]         {result.dispatch_s * 1e3:.3f} ms per stage call")
+    out.print(f"[bold]usable memory[/]    {result.memory_bytes / 1e9:.2f} GB "
+              f"(available {result.available_bytes / 1e9:.2f} GB − runtime "
+              f"{result.runtime_overhead_bytes / 1e6:.0f} MB − 10% margin)")
+    for b, s in result.samples:
+        out.print(f"  {b / 1e6:8.1f} MB stage: {s * 1e3:7.3f} ms per decode call")
+    out.print(f"  fit error {result.fit_residual:.1%}")
+    return 0

@@ -1,0 +1,154 @@
+"""Self-measurement for the planner: effective bytes/s of a stage, fixed dispatch overhead, usable memory.
+
+The cost model says a decode call of a stage holding `w` weight bytes takes `o + w / b`. The probe
+times decode calls of several cuts of different sizes with the real engine and fits `o` and `b`
+by least squares, so both numbers describe llama.cpp on this machine, not a synthetic copy loop.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kafila.engine.stage import ContextConfig, Rows, StageEngine
+from kafila.errors import EngineError
+from kafila.model.cut import StageSpec
+from kafila.model.describe import describe_model
+from kafila.model.stage_cache import StageCache
+
+DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
+SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What this machine offers the ring; the planner's member inputs."""
+
+    bandwidth_bytes_per_s: float
+    dispatch_s: float
+    memory_bytes: int  # what weights and KV cache may use: available − runtime overhead − margin
+    available_bytes: int
+    runtime_overhead_bytes: int
+    samples: tuple[tuple[int, float], ...]  # (weight bytes, median seconds per decode call)
+    fit_residual: float  # relative RMS error of the linear fit
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["samples"] = [list(s) for s in self.samples]
+        return d
+
+
+def available_memory() -> int:
+    """Bytes the OS says a new process can use without swapping."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2)
+
+
+def resident_memory() -> int:
+    """This process's resident set size in bytes (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def memory_read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Best-of-`repeats` bytes/s of reading a large array on all cores: the machine's raw read speed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = np.ones(n_bytes // 4, np.float32)
+    workers = os.cpu_count() or 1
+    parts = np.array_split(data, workers)
+    best = float("inf")
+    with ThreadPoolExecutor(workers) as pool:  # numpy's reductions release the GIL
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(np.max, parts))
+            best = min(best, time.perf_counter() - t0)
+    return data.nbytes / best
+
+
+def fit_cost(samples: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """Least-squares fit of seconds = o + bytes / b with o >= 0; returns (b, o, relative RMS residual)."""
+    x = np.array([s[0] for s in samples], float)
+    y = np.array([s[1] for s in samples], float)
+    slope, intercept = np.polyfit(x, y, 1)
+    if intercept < 0:  # the constrained optimum lies on o = 0: refit through the origin
+        slope, intercept = float(x @ y / (x @ x)), 0.0
+    if slope <= 0:
+        raise EngineError("the timings did not grow with stage size; the machine is too noisy to probe now")
+    resid = float(np.sqrt(np.mean((y - (intercept + slope * x)) ** 2)) / np.mean(y))
+    return float(1.0 / slope), float(intercept), resid
+
+
+def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
+                      on_call: Callable[[int], None] | None = None) -> list[float]:
+    """Median seconds of a single-row decode call for each engine.
+
+    Calls go round-robin over the engines, so machine noise spreads over every size alike and
+    no stage runs with caches its own previous call warmed more than a ring neighbour's would.
+    """
+    rng = np.random.default_rng(0)
+    times: list[list[float]] = [[] for _ in engines]
+    for i in range(warmup + calls):
+        for k, engine in enumerate(engines):
+            x = rng.standard_normal((1, engine.n_embd)).astype(np.float32)
+            rows = Rows(np.zeros(1, np.int32), np.array([i], np.int32), np.ones(1, bool))
+            t0 = time.perf_counter()
+            engine.run(x, rows)
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+        if on_call:
+            on_call(i + 1)
+    for engine in engines:
+        engine.free(0)
+    return [statistics.median(t) for t in times]
+
+
+def probe(
+    model: Path,
+    cache: StageCache,
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    calls: int = 30,
+    warmup: int = 3,
+    on_step: Callable[[str, int, int], None] | None = None,
+) -> ProbeResult:
+    """Measure this machine with cuts of `model` of the given block counts."""
+    info = describe_model(model)
+    sizes = tuple(sorted({min(s, info.n_blocks) for s in sizes}))
+    if len(sizes) < 2:
+        raise EngineError("probing needs at least two different cut sizes")
+    config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=8)
+    total = warmup + calls
+    engines: list[StageEngine] = []
+    try:
+        for n in sizes:
+            if on_step:
+                on_step(f"loading a {n}-block stage", 0, total)
+            engines.append(StageEngine(cache.stage(model, StageSpec(0, n, head=False)), config, final=False))
+        # what this process holds beyond the weights: interpreter, libraries, compute buffers
+        overhead = max(resident_memory() - sum(sum(info.blocks_bytes[:n]) for n in sizes), 0)
+        seconds = time_decode_calls(
+            engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
+        )
+    finally:
+        for engine in engines:
+            engine.close()
+    samples = [(sum(info.blocks_bytes[:n]), t) for n, t in zip(sizes, seconds, strict=True)]
+    bandwidth, dispatch, resid = fit_cost(samples)
+    avail = available_memory()
+    usable = max(int(avail * (1 - SAFETY_MARGIN)) - overhead, 0)
+    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid)
