@@ -122,6 +122,7 @@ class PeerEndpoint(LinkOwner):
         self._cids: dict[bytes, PinnedQuicConnection] = {}
         self._links: dict[PinnedQuicConnection, Link] = {}
         self._accepted: asyncio.Queue[Link] = asyncio.Queue(maxsize=64)
+        self._closing = False
         self._in_pump = False
         self._pump_again: set[PinnedQuicConnection] = set()
         self._last_refresh = 0.0
@@ -153,6 +154,8 @@ class PeerEndpoint(LinkOwner):
             self.close_link(link, "endpoint closed")
         if self.rendezvous and self.code:
             self._send_control({"op": "leave", "session": self.code.session_id, "member": self.member_id.hex()})
+        self._closing = True
+        self._wake.set()
         self._ticker_task.cancel()
         assert self._tg is not None
         try:
@@ -371,7 +374,7 @@ class PeerEndpoint(LinkOwner):
 
     async def _ticker(self) -> None:
         """The one timer loop: QUIC timers, punch schedules, keepalives. Sleeps until the next is due."""
-        while True:
+        while not self._closing:
             now = self._now()
             wake = now + 0.5
             for conn in list(self._links):
@@ -400,8 +403,12 @@ class PeerEndpoint(LinkOwner):
                 self._next_rdv_ping = now + self.rendezvous_ping_s
                 self._send_control({"op": "ping", "session": self.code.session_id, "member": self.member_id.hex()})
             self._wake.clear()
+            if self._closing:
+                return
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.001, wake - self._now()))
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                async with asyncio.timeout(max(0.001, wake - self._now())):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
@@ -416,7 +423,8 @@ class PeerEndpoint(LinkOwner):
             for _ in range(tries):
                 self._sendto(stun.encode(stun.StunMessage(stun.BINDING_REQUEST, txid, change=change)), dst)
                 try:
-                    return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+                    async with asyncio.timeout(timeout_s):
+                        return await asyncio.shield(fut)
                 except TimeoutError:
                     continue
             return None
@@ -439,7 +447,8 @@ class PeerEndpoint(LinkOwner):
             for _ in range(tries):
                 self._sendto(data, self.rendezvous)
                 try:
-                    reply = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+                    async with asyncio.timeout(timeout_s):
+                        reply = await asyncio.shield(fut)
                     break
                 except TimeoutError:
                     continue
@@ -468,7 +477,7 @@ class PeerEndpoint(LinkOwner):
         """Ask the rendezvous for a new session (we make the secret; it never sees it), and join it."""
         self.rendezvous = rendezvous
         secret = secret or JoinCode.new_secret()
-        provisional = JoinCode("00000000", secret)
+        provisional = JoinCode.parse("00000000" + secret)  # checks the secret's form
         reply = await self._request({"op": "create", "token_hash": provisional.join_token_hash.hex()})
         sid = wire.get_str(reply, "session", 8)
         code = JoinCode(sid, secret)
@@ -612,7 +621,8 @@ class PeerEndpoint(LinkOwner):
 
     async def accept(self, timeout_s: float = 30.0) -> Link:
         """The next incoming link (pins checked both ways); TimeoutError after timeout_s."""
-        return await asyncio.wait_for(self._accepted.get(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await self._accepted.get()
 
     async def settle_path(self, peer: VerifiedMember, timeout_s: float | None = None) -> str:
         """Wait (bounded) until punching toward peer has an outcome; 'direct' or 'relay'."""
