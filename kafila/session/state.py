@@ -1,0 +1,142 @@
+"""The session-state model: what a session knows, updated by the session code, rendered by the TUI/CLI.
+
+Plain dataclasses, no Textual or network imports ("attributes down, messages up"): the session
+code mutates a SessionState through its methods, each of which notifies listeners; the TUI
+subscribes and re-renders. `to_json()`/`from_json()` let tests record a real run and replay it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PHASES = ("starting", "waiting", "measuring", "planning", "delivering", "connecting",
+          "admitted", "rejected", "lost", "closed")
+EDGE_STATES = ("pending", "direct", "relayed", "failed")
+
+
+@dataclass
+class MemberView:
+    """One member as the session sees it."""
+
+    name: str
+    role: str = "member"  # "host" (coordinator only) or "member"
+    status: str = "joined"  # joined, measuring, ready, loading, serving, lost, refused
+    bandwidth_bytes_per_s: float | None = None
+    dispatch_s: float | None = None
+    memory_bytes: int | None = None
+    rtt_ms: float | None = None
+    nat: str | None = None
+    nat_evidence: dict[str, Any] = field(default_factory=dict)
+    emulated: dict[str, float] = field(default_factory=dict)  # {"throttle": 4, "memory_gb": 2}: emulation only
+    probe_samples: list[float] = field(default_factory=list)  # bytes/s of each probe call, for a sparkline
+    build: str = ""
+    note: str = ""  # why refused or lost
+
+
+@dataclass
+class EdgeView:
+    """A ring edge: predicted reachability against what verification found."""
+
+    a: str
+    b: str
+    predicted: str  # "direct" | "relay"
+    state: str = "pending"  # one of EDGE_STATES
+    ready_ms: float | None = None
+
+    @property
+    def wrong(self) -> bool:
+        """The prediction disagreed with what was verified."""
+        return (self.state == "direct" and self.predicted == "relay") or (
+            self.state == "relayed" and self.predicted == "direct"
+        )
+
+
+@dataclass
+class StageStats:
+    """Predicted against measured compute time of one member's stage, and the network share."""
+
+    predicted_s: float
+    measured_s: float | None = None
+    calls: int = 0
+
+
+@dataclass
+class SessionState:
+    """Everything the dashboard shows about one session."""
+
+    role: str = "member"  # this process's role: host, member
+    me: str = ""
+    code: str | None = None
+    phase: str = "starting"
+    model: str = ""
+    members: dict[str, MemberView] = field(default_factory=dict)
+    predicted: dict[str, dict[str, str]] = field(default_factory=dict)  # predicted[a][b] = direct|relay
+    edges: list[EdgeView] = field(default_factory=list)
+    plan: dict[str, Any] | None = None  # the planner's JSON (issue 3 schema, baselines included)
+    rejection: str | None = None
+    delivery: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (bytes done, total)
+    stages: dict[str, StageStats] = field(default_factory=dict)
+    network_share: float | None = None  # fraction of a token's ring time spent outside compute
+    tokens_per_s: float | None = None
+    api_url: str | None = None
+    lost: str | None = None  # which member was lost, and what happened
+    events: list[tuple[float, str]] = field(default_factory=list)
+    _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False, compare=False)
+
+    # -- updates (each notifies) --------------------------------------------------------------
+    def subscribe(self, listener: Callable[[SessionState], None]) -> None:
+        self._listeners.append(listener)
+
+    def changed(self) -> None:
+        for listener in list(self._listeners):
+            listener(self)
+
+    def log(self, text: str) -> None:
+        """Add a line to the session's event log."""
+        self.events.append((time.time(), text))
+        del self.events[:-200]
+        self.changed()
+
+    def set_phase(self, phase: str, text: str | None = None) -> None:
+        assert phase in PHASES, phase
+        self.phase = phase
+        if text:
+            self.events.append((time.time(), text))
+        self.changed()
+
+    def upsert_member(self, view: MemberView) -> None:
+        self.members[view.name] = view
+        self.changed()
+
+    def update_member(self, name: str, **changes: Any) -> None:
+        view = self.members.setdefault(name, MemberView(name))
+        for key, value in changes.items():
+            setattr(view, key, value)
+        self.changed()
+
+    def set_edge(self, a: str, b: str, state: str, ready_ms: float | None = None) -> None:
+        assert state in EDGE_STATES, state
+        for e in self.edges:
+            if (e.a, e.b) == (a, b):
+                e.state, e.ready_ms = state, ready_ms
+        self.changed()
+
+    # -- recording ------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_listeners")
+        d["delivery"] = {k: list(v) for k, v in self.delivery.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SessionState:
+        d = dict(d)
+        d["members"] = {k: MemberView(**v) for k, v in d.get("members", {}).items()}
+        d["edges"] = [EdgeView(**e) for e in d.get("edges", [])]
+        d["stages"] = {k: StageStats(**v) for k, v in d.get("stages", {}).items()}
+        d["delivery"] = {k: tuple(v) for k, v in d.get("delivery", {}).items()}
+        d["events"] = [tuple(e) for e in d.get("events", [])]
+        return cls(**d)
