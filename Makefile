@@ -21,7 +21,7 @@ setup: $(VENV)/.ready
 
 # System tools the tests use (NAT lab, terminal tests); installed only when missing and root.
 sysdeps:
-	@missing=""; for t in nft:nftables tmux:tmux ip:iproute2; do \
+	@missing=""; for t in nft:nftables conntrack:conntrack tmux:tmux ip:iproute2; do \
 	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \

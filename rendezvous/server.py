@@ -39,10 +39,12 @@ class RendezvousServer:
         alt_ip: str | None = None,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        core_factory: Callable[[list[Addr], Limits | None], RendezvousCore] = RendezvousCore,
     ) -> None:
         self.host, self.port, self.alt_ip = host, port, alt_ip
         self.limits = limits
         self.clock = clock
+        self.core_factory = core_factory  # tests swap in a hostile core
         self.core: RendezvousCore | None = None
         self._sockets: dict[Addr, _Socket] = {}
 
@@ -62,7 +64,7 @@ class RendezvousServer:
         except OSError as exc:
             self.close()
             raise NetworkError(f"cannot bind the rendezvous on {ips} ports {port},{port + 1}: {exc}") from None
-        self.core = RendezvousCore(list(self._sockets), self.limits)
+        self.core = self.core_factory(list(self._sockets), self.limits)
         log.info("rendezvous listening on %s", ", ".join(f"{ip}:{p}" for ip, p in self._sockets))
 
     def dispatch(self, data: bytes, src: Addr, local: Addr) -> None:

@@ -1,1 +1,57 @@
-"""Networking: NAT probing, QUIC on one UDP socket, hole punching, relay client, wire framing."""
+"""Networking: NAT probing, QUIC on one UDP socket, hole punching, relay client, wire framing.
+
+Public API for the session layer (everything else in this package is internal):
+
+    from kafila.net import PeerEndpoint, JoinCode, VerifiedMember, Link, NatReport, EdgeReport
+    from kafila.net import frames            # activation frame codec: encode/decode/rows_array
+
+    async with PeerEndpoint(bind=("0.0.0.0", 0), name="alice") as ep:
+        report: NatReport = await ep.probe_nat(rdv)              # rdv = ("host", P); also sets it
+        code: JoinCode = await ep.create_session(rdv)            # host: print(str(code)) for the others
+        await ep.join_session(rdv, "k7q2m9xd-4f8t-zr2w-9mhc-qp3a")  # member (instead of create)
+        me: VerifiedMember = await ep.announce({"bw": 2.1e9, "mem": 8e9})  # MAC'd; <= ~600 B of numbers
+        ml = await ep.wait_for_members(n, timeout_s=30)          # ml.verified, ml.rejected (id, reason)
+        link: Link = await ep.connect(peer)                      # peer: a VerifiedMember from ml.verified
+        link = await ep.accept(timeout_s=30)                     # incoming, pins already checked
+        ring = await ep.open_ring(order)                         # ring.next, ring.prev, ring.report
+        await link.send(msg: bytes); msg = await link.recv(timeout=None)
+        link.path ("direct"|"relay", may upgrade while in use), link.peer, await link.close()
+
+PeerEndpoint(bind, identity=None, name, allow_direct=True, punch=PunchConfig(), idle_timeout_s=10,
+keepalive_s=2): one UDP socket for STUN probes, rendezvous control, punch/relay frames and QUIC.
+- probe_nat(rdv, timeout_s=0.3, tries=2) -> NatReport(nat_class: NatClass, mapped, evidence…, rtt_ms)
+- create_session(rdv, secret=None) -> JoinCode;  join_session(rdv, code: str | JoinCode) -> None
+  (SessionError "wrong join code for this session" / "no session …" / "malformed")
+- announce(measurements: dict) -> VerifiedMember (self);  members() -> MemberList;
+  wait_for_members(n, timeout_s) -> MemberList (NetworkError after timeout_s)
+- connect(peer, timeout_s=10) -> Link: usable over the relay at once (ready in ms), punches in
+  the background and moves to the direct path without the caller noticing.
+- accept(timeout_s) -> Link (TimeoutError);  verify_edge(peer) -> (Link | None, EdgeReport);
+  open_ring(order: Sequence[VerifiedMember]) -> RingEdges(next, prev, report): exactly this
+  member's two edges (connect to the successor, accept the predecessor), with the report
+  (predicted, actual direct/relay/failed, ready_ms, direct_ms) for the outgoing edge.
+- Link.send(bytes) (messages up to 256 MiB; waits while > 8 MiB is unacknowledged),
+  Link.recv(timeout=None) -> bytes, Link.close(); NetworkError once the peer is gone: at once
+  when it closes, within idle_timeout_s (10 s) when it vanishes.
+Errors: NetworkError (unreachable, link gone), SessionError (code, membership, pinning refusals),
+ProtocolError (malformed bytes; parsers never raise anything else on bad input).
+"""
+
+from kafila.net.endpoint import EdgeReport, MemberList, PeerEndpoint, RingEdges
+from kafila.net.nat import NatReport
+from kafila.net.punch import PunchConfig
+from kafila.net.quic import Identity, Link
+from kafila.net.trust import JoinCode, VerifiedMember
+
+__all__ = [
+    "EdgeReport",
+    "Identity",
+    "JoinCode",
+    "Link",
+    "MemberList",
+    "NatReport",
+    "PeerEndpoint",
+    "PunchConfig",
+    "RingEdges",
+    "VerifiedMember",
+]

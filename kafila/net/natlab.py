@@ -286,8 +286,9 @@ async def run_pair(lab: NatLab, a: NatClass, b: NatClass, timeout_s: float = 25.
     procs: list[asyncio.subprocess.Process] = []
 
     async def spawn(i: int, *args: str) -> asyncio.subprocess.Process:
+        err = None if os.environ.get("KAFILA_LAB_DEBUG") else asyncio.subprocess.DEVNULL  # debug: member logs shown
         p = await asyncio.create_subprocess_exec(*lab.command(lab.host(i), _member_argv(*args)), cwd=REPO,
-                                                 stdout=asyncio.subprocess.PIPE, stderr=None if os.environ.get("KAFILA_LAB_DEBUG") else asyncio.subprocess.DEVNULL)
+                                                 stdout=asyncio.subprocess.PIPE, stderr=err)
         lab.track(p)
         procs.append(p)
         return p
@@ -395,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--code", default=None)
     m.add_argument("--punch-window", type=float, default=2.0)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if os.environ.get("KAFILA_LAB_DEBUG") else logging.WARNING, stream=sys.stderr)
+    debug = bool(os.environ.get("KAFILA_LAB_DEBUG"))
+    logging.basicConfig(level=logging.INFO if debug else logging.WARNING, stream=sys.stderr)
     if os.environ.get("KAFILA_LAB_DEBUG"):
         import faulthandler
 

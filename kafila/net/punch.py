@@ -20,7 +20,8 @@ Transitions:
     PUNCHING  window over                    -> RELAY     stay on the relay
     RELAY     PUNCH / PUNCH_GO               -> PUNCHING  the peer tries again: punch again
     DIRECT    no ACK for lost_after_s        -> RELAY     fall back to the relay
-    any       PUNCH from addr                -> (same)    PUNCH_ACK to addr; addr becomes a candidate
+    any       PUNCH from addr                -> (same)    PUNCH_ACK (and, unless DIRECT, a PUNCH) to addr;
+                                                          addr becomes a candidate
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class Puncher:
             self._heard_from_peer = True
             self._add(src)
             out.append((self._frame(wire.PUNCH_ACK), src))
+            if self.state != PunchState.DIRECT:
+                # punch straight back: the peer's NAT is open toward us now, so its ACK comes in one
+                # round trip instead of waiting for our next scheduled punch
+                out.append((self._frame(wire.PUNCH), src))
             self.start(now)
         elif p.kind == wire.PUNCH_ACK and src != RELAY_PATH:
             self._last_ack = now

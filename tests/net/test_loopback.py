@@ -1,0 +1,251 @@
+"""Real sockets on loopback: members, a real rendezvous (subprocess or in-process), QUIC links."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from kafila.errors import NetworkError, SessionError
+from kafila.net import trust, wire
+from kafila.net.endpoint import PeerEndpoint
+from kafila.net.quic import Identity
+from rendezvous.core import Limits, RendezvousCore
+from rendezvous.server import RendezvousServer
+from tests.net.conftest import free_port_pair
+
+pytestmark = pytest.mark.timeout(90)
+Addr = tuple[str, int]
+
+
+@asynccontextmanager
+async def two_members(rdv: Addr, **kw: object) -> AsyncIterator[tuple[PeerEndpoint, PeerEndpoint]]:
+    """A host and a member, both probed, in one session, announced, each seeing the other verified."""
+    async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", **kw) as a, \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="member", **kw) as b:  # type: ignore[arg-type]
+        await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
+        code = await a.create_session(rdv)
+        await b.join_session(rdv, str(code))
+        await asyncio.gather(a.announce({"bw": 1.0}), b.announce({"bw": 2.0}))
+        await asyncio.gather(a.wait_for_members(2, 10), b.wait_for_members(2, 10))
+        yield a, b
+
+
+def other(ep: PeerEndpoint, member_id: bytes) -> trust.VerifiedMember:
+    return ep.peers[member_id]
+
+
+async def test_two_members_direct_link_carries_multi_megabyte_messages(rendezvous_proc) -> None:
+    rdv, _ = rendezvous_proc
+    async with two_members(rdv) as (a, b):
+        assert a.nat_report is not None and a.nat_report.nat_class.value == "permissive"  # loopback: no NAT
+        assert a.nat_report.rendezvous_alt_ip == "127.0.0.2"
+        ml = await a.members()
+        assert {m.name for m in ml.verified} == {"host", "member"} and not ml.rejected
+        link, rep = await a.verify_edge(other(a, b.member_id))
+        assert link is not None and rep.predicted == "direct" and rep.actual == "direct"
+        assert rep.ready_ms is not None and rep.ready_ms < 1000
+        incoming = await b.accept(5)
+        assert incoming.peer.member_id == a.member_id
+        big = bytes(range(256)) * (6 * 1024 * 1024 // 256)  # 6 MiB, e.g. a stage file chunk
+        t0 = time.monotonic()
+        await link.send(b"small")
+        await link.send(big)
+        assert await incoming.recv(10) == b"small"
+        assert await incoming.recv(60) == big
+        await incoming.send(big[::-1])
+        assert await link.recv(60) == big[::-1]
+        assert time.monotonic() - t0 < 60
+        await link.close()
+        with pytest.raises(NetworkError, match="closed"):
+            await incoming.recv(5)
+
+
+async def test_wrong_join_code_is_refused(rendezvous_proc) -> None:
+    rdv, _ = rendezvous_proc
+    async with PeerEndpoint(bind=("127.0.0.1", 0)) as a, PeerEndpoint(bind=("127.0.0.1", 0)) as b:
+        code = await a.create_session(rdv)
+        wrong = trust.JoinCode(code.session_id, trust.JoinCode.new_secret())
+        with pytest.raises(SessionError, match="wrong join code"):
+            await b.join_session(rdv, str(wrong))
+        with pytest.raises(SessionError, match="no session"):
+            await b.join_session(rdv, str(trust.JoinCode("zzzzzzzz", code.secret)))
+        with pytest.raises(SessionError, match="malformed"):
+            await b.join_session(rdv, "not-a-code")
+
+
+async def test_unreachable_rendezvous_is_a_network_error() -> None:
+    port = free_port_pair(alt_ip=None)  # nothing listens there
+    async with PeerEndpoint(bind=("127.0.0.1", 0)) as a:
+        a.rendezvous = ("127.0.0.1", port)
+        with pytest.raises(NetworkError, match="did not answer"):
+            await a._request({"op": "ping"}, timeout_s=0.05, tries=3)
+
+
+@asynccontextmanager
+async def inprocess_rendezvous(core_factory=RendezvousCore) -> AsyncIterator[tuple[Addr, RendezvousServer, list]]:
+    """A rendezvous in this process, recording every datagram it handles."""
+    port = free_port_pair(alt_ip=None)
+    seen: list[bytes] = []
+    server = RendezvousServer("127.0.0.1", port, core_factory=core_factory)
+    original = server.dispatch
+
+    def recording(data: bytes, src: Addr, local: Addr) -> None:
+        seen.append(data)
+        original(data, src, local)
+
+    server.dispatch = recording  # type: ignore[method-assign]
+    await server.start()
+    try:
+        yield ("127.0.0.1", port), server, seen
+    finally:
+        server.close()
+
+
+async def test_relay_carries_only_ciphertext() -> None:
+    marker = b"KAFILA-PLAINTEXT-MARKER-0123456789"
+    async with inprocess_rendezvous() as (rdv, server, seen):
+        async with two_members(rdv, allow_direct=False) as (a, b):
+            link = await a.connect(other(a, b.member_id))
+            incoming = await b.accept(5)
+            assert link.path == "relay" and incoming.path == "relay"
+            for _ in range(20):
+                await link.send(marker * 30)
+                assert await incoming.recv(10) == marker * 30
+            await incoming.send(marker)
+            assert await link.recv(10) == marker
+        assert server.core is not None and server.core.stats.relayed > 20
+        relayed = [d for d in seen if d[:1] == bytes([wire.RELAY])]
+        assert len(relayed) > 20
+        assert not any(marker in d or marker[:12] in d for d in seen), "the relay saw plaintext"
+
+
+async def test_peer_gone_is_a_network_error_in_bounded_time() -> None:
+    async with inprocess_rendezvous() as (rdv, _, _):
+        async with two_members(rdv, allow_direct=False, idle_timeout_s=1.5, keepalive_s=0.3) as (a, b):
+            link = await a.connect(other(a, b.member_id))
+            incoming = await b.accept(5)
+            assert b._transport is not None
+            b._transport.close()  # b vanishes without a word
+            t0 = time.monotonic()
+            with pytest.raises(NetworkError):
+                await link.recv(10)
+            assert time.monotonic() - t0 < 5
+            del incoming
+
+
+class HostileCore(RendezvousCore):
+    """A rendezvous that lists a member of its own and swaps a real member's fingerprint."""
+
+    def _op_list(self, body, src, local, now):  # type: ignore[no-untyped-def]
+        reply = super()._op_list(body, src, local, now)
+        members = reply["members"]
+        for m in members:
+            if m["id"] != body["member"]:  # tamper with everyone but the asker
+                raw = base64.b64decode(m["ann"])
+                d = json.loads(raw[:-32])
+                d["fp"] = Identity("mallory").fingerprint.hex()
+                m["ann"] = base64.b64encode(
+                    json.dumps(d, separators=(",", ":"), sort_keys=True).encode() + raw[-32:]).decode()
+        fake = trust.Announcement(body["session"], b"\xee" * 8, "mallory", Identity("mallory").fingerprint,
+                                  "permissive", ("127.0.0.1", 9), None, 1.0, {}, 0.0)
+        guess = trust.JoinCode(body["session"], trust.JoinCode.new_secret())  # it never saw the secret
+        members.append({"id": (b"\xee" * 8).hex(), "ann": fake.seal(guess), "obs": ["127.0.0.1", 9]})
+        reply["total"] = len(members) + reply["start"]
+        return reply
+
+
+async def test_hostile_rendezvous_cannot_add_members_or_swap_fingerprints() -> None:
+    async with inprocess_rendezvous(HostileCore) as (rdv, _, _):
+        async with PeerEndpoint(bind=("127.0.0.1", 0), name="a") as a, \
+                PeerEndpoint(bind=("127.0.0.1", 0), name="b") as b:
+            await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
+            code = await a.create_session(rdv)
+            await b.join_session(rdv, code)
+            await asyncio.gather(a.announce(), b.announce())
+            ml = await a.members()
+            assert [m.name for m in ml.verified] == ["a"]  # only itself: b was tampered with, mallory forged
+            reasons = dict(ml.rejected)
+            assert b.member_id.hex()[:8] in reasons and "MAC" in reasons[b.member_id.hex()[:8]]
+            assert "eeeeeeee" in reasons and "MAC" in reasons["eeeeeeee"]
+            assert b.member_id not in a.peers and b"\xee" * 8 not in a.peers
+            # connecting to the forged member is refused outright
+            forged = trust.VerifiedMember(b"\xee" * 8, "mallory", b"\0" * 32, a.me.nat_class, None, None, None,  # type: ignore[union-attr]
+                                          None, {})
+            with pytest.raises(SessionError, match="not a verified member"):
+                await a.connect(forged)
+
+
+async def test_pinning_refuses_a_peer_with_another_certificate() -> None:
+    async with inprocess_rendezvous() as (rdv, _, _):
+        async with two_members(rdv) as (a, b):
+            real = other(a, b.member_id)
+            # as if someone in the middle answered for b: the certificate it shows is not the pinned one
+            a.peers[b.member_id] = trust.VerifiedMember(real.member_id, real.name, Identity("x").fingerprint,
+                                                        real.nat_class, real.mapped, real.local, real.observed,
+                                                        real.rtt_ms, real.measurements)
+            with pytest.raises(NetworkError, match="pins"):
+                await a.connect(a.peers[b.member_id], timeout_s=5)
+
+
+async def test_load_50_sessions_of_5_members(rendezvous_proc) -> None:
+    rdv, proc = rendezvous_proc
+
+    def rss_kb(p: subprocess.Popen[str]) -> int:
+        with open(f"/proc/{p.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    rss0 = rss_kb(proc)
+    probe_times: list[float] = []
+    stop = asyncio.Event()
+
+    async def prober(ep: PeerEndpoint) -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            ans = await ep._stun_request(rdv, 0, 1.0, 1)
+            assert ans is not None, "the rendezvous stopped answering probes under load"
+            probe_times.append(time.monotonic() - t0)
+            await asyncio.sleep(0.05)
+
+    async def session(i: int) -> int:
+        async with PeerEndpoint(bind=("127.0.0.1", 0), name=f"h{i}") as host:
+            await host.probe_nat(rdv)
+            code = await host.create_session(rdv)
+            await host.announce()
+
+            async def member(j: int) -> int:
+                async with PeerEndpoint(bind=("127.0.0.1", 0), name=f"m{i}.{j}") as m:
+                    await m.probe_nat(rdv)
+                    await m.join_session(rdv, code)
+                    await m.announce({"j": j})
+                    return len((await m.wait_for_members(5, 30, poll_s=0.5)).verified)
+
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(member(j)) for j in range(4)]
+            return min(t.result() for t in tasks)
+
+    async with PeerEndpoint(bind=("127.0.0.1", 0)) as watcher:
+        async with asyncio.timeout(60), asyncio.TaskGroup() as tg:
+            probe_task = tg.create_task(prober(watcher))
+            results = await asyncio.gather(*(session(i) for i in range(50)))
+            stop.set()
+            await probe_task
+    assert results == [5] * 50
+    assert probe_times and max(probe_times) < 1.0
+    assert rss_kb(proc) - rss0 < 40_000, "rendezvous memory grew by more than 40 MB"
+
+
+async def test_limits_bound_the_member_count() -> None:
+    async with inprocess_rendezvous(lambda socks, _l: RendezvousCore(socks, Limits(max_members=2))) as (rdv, _, _):
+        eps = [PeerEndpoint(bind=("127.0.0.1", 0)) for _ in range(3)]
+        async with eps[0] as a, eps[1] as b, eps[2] as c:
+            code = await a.create_session(rdv)
+            await b.join_session(rdv, code)
+            with pytest.raises(SessionError, match="full"):
+                await c.join_session(rdv, code)
