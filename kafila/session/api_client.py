@@ -1,0 +1,279 @@
+"""An async client for a Kafila session's chat API (OpenAI-compatible, streamed as Server-Sent Events).
+
+The wire contract, as the session's head serves it (and every member forwards it):
+
+* ``POST {api}/v1/chat/completions`` with ``{"model", "messages", "stream": true, "max_tokens",
+  "temperature"}`` answers ``text/event-stream``: lines ``data: {chunk}`` whose
+  ``choices[0].delta.content`` are text pieces; a final chunk carries
+  ``"kafila": {"tokens_per_s", "stages": {name: {"predicted_s", "measured_s"}}, "network_share"}``;
+  then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error.
+* Errors before the stream: HTTP 4xx/5xx with ``{"error": {"message": …}}``.
+* ``GET {api}/v1/models`` → ``{"data": [{"id": …}, …]}``; ``GET {api}/kafila/state`` →
+  ``SessionState.to_json()``.
+
+Every failure is raised as one of the `ApiError` family below, each naming the URL, so the chat
+command and the TUI can show it as is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kafila.errors import NetworkError, SessionError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from kafila.session.state import SessionState
+
+DEFAULT_API_URL = "http://127.0.0.1:8711"
+HOW_TO_START = "start one with `kafila demo`, `kafila host` or `kafila join`"
+
+
+class ApiUnreachable(NetworkError):
+    """Nothing answers at the API URL (connection refused, unknown host)."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        self.url = url
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"no Kafila session answers at {url}{extra}; {HOW_TO_START}")
+
+
+class ApiTimeout(NetworkError):
+    """The session accepted the connection but did not answer in time."""
+
+    def __init__(self, url: str, seconds: float) -> None:
+        self.url = url
+        super().__init__(f"the Kafila session at {url} did not answer within {seconds:g} s")
+
+
+class ApiLost(NetworkError):
+    """The connection broke, or the stream ended, before the reply was complete."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(f"the Kafila session at {url} stopped answering mid-reply: {detail}")
+
+
+class ApiError(SessionError):
+    """The session answered with an error (an HTTP error status or an error chunk mid-stream)."""
+
+    def __init__(self, url: str, message: str, status: int | None = None) -> None:
+        self.url, self.status, self.detail = url, status, message
+        where = f"HTTP {status}" if status is not None else "mid-reply"
+        super().__init__(f"the Kafila session at {url} refused the request ({where}): {message}")
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One member's stage time for the last reply: what the planner predicted and what was measured."""
+
+    predicted_s: float | None
+    measured_s: float | None
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    """The ``kafila`` block of a reply's final chunk."""
+
+    tokens_per_s: float | None = None
+    network_share: float | None = None
+    stages: dict[str, StageTiming] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReplyStats:
+        """Parse leniently: a missing or malformed field becomes None rather than failing the reply."""
+        stages: dict[str, StageTiming] = {}
+        raw_stages = d.get("stages")
+        if isinstance(raw_stages, dict):
+            for name, s in raw_stages.items():
+                if isinstance(s, dict):
+                    stages[str(name)] = StageTiming(_num(s.get("predicted_s")), _num(s.get("measured_s")))
+        return cls(_num(d.get("tokens_per_s")), _num(d.get("network_share")), stages, dict(d))
+
+    def summary(self) -> str:
+        """One plain line: tokens/s, the network's share, each stage's measured/predicted ms."""
+        parts = []
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:.1f} tok/s")
+        if self.network_share is not None:
+            parts.append(f"network {self.network_share:.0%} of each token")
+        if self.stages:
+            cells = [f"{name} {_ms(s.measured_s)}/{_ms(s.predicted_s)}" for name, s in self.stages.items()]
+            parts.append("stage ms measured/predicted: " + ", ".join(cells))
+        return " · ".join(parts)
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _error_message(body: Any) -> str | None:
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return None
+
+
+class ApiClient:
+    """One connection pool to a session's API. Use as ``async with ApiClient(url) as api: …``."""
+
+    def __init__(self, url: str = DEFAULT_API_URL, *, connect_timeout: float = 5.0, read_timeout: float = 120.0):
+        self.url = url.rstrip("/")
+        self.connect_timeout = connect_timeout
+        # Longest wait for the next byte once connected: the first token includes prompt processing.
+        self.read_timeout = read_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> ApiClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=self.read_timeout)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    async def _get_json(self, path: str) -> Any:
+        import aiohttp
+
+        url = self.url + path
+        try:
+            async with self._http().get(url) as resp:
+                body = await _read_body(resp)
+                if resp.status >= 400:
+                    raise ApiError(self.url, _error_message(body) or f"{path} answered {resp.reason}", resp.status)
+                return body
+        except TimeoutError:
+            raise ApiTimeout(self.url, self.read_timeout) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ApiUnreachable(self.url, _why(exc)) from None
+        except aiohttp.ClientError as exc:
+            raise ApiLost(self.url, _why(exc)) from None
+
+    async def models(self) -> list[str]:
+        """The model ids the session serves (also a cheap "is anyone there?" check)."""
+        body = await self._get_json("/v1/models")
+        data = body.get("data") if isinstance(body, dict) else None
+        return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]
+
+    async def state(self) -> SessionState:
+        """The session's current state, as its dashboard sees it."""
+        from kafila.session.state import SessionState
+
+        body = await self._get_json("/kafila/state")
+        if not isinstance(body, dict):
+            raise ApiError(self.url, "/kafila/state did not answer a JSON object")
+        return SessionState.from_json(body)
+
+    async def stream_chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str = "kafila",
+        max_tokens: int = 512,
+        temperature: float = 0.7,
+    ) -> AsyncIterator[str | ReplyStats]:
+        """Send a chat and yield the reply's text pieces as they arrive, then its `ReplyStats` (if any).
+
+        Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
+        """
+        import aiohttp
+
+        payload = {"model": model, "messages": messages, "stream": True,
+                   "max_tokens": max_tokens, "temperature": temperature}
+        try:
+            async with self._http().post(self.url + "/v1/chat/completions", json=payload) as resp:
+                if resp.status >= 400:
+                    body = await _read_body(resp)
+                    raise ApiError(self.url, _error_message(body) or str(resp.reason), resp.status)
+                if "text/event-stream" not in resp.headers.get("Content-Type", ""):
+                    # A server that ignored "stream": answer the whole reply at once.
+                    async for item in _whole_reply(self.url, await _read_body(resp)):
+                        yield item
+                    return
+                async for item in _events(self.url, resp):
+                    yield item
+        except TimeoutError:
+            raise ApiTimeout(self.url, self.read_timeout) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ApiUnreachable(self.url, _why(exc)) from None
+        except aiohttp.ClientError as exc:
+            raise ApiLost(self.url, _why(exc)) from None
+
+
+def _why(exc: BaseException) -> str:
+    # aiohttp's messages repeat the URL; the OS reason (e.g. "Connection refused") is what helps.
+    os_error = getattr(exc, "os_error", None)
+    if os_error is not None and getattr(os_error, "strerror", None):
+        return str(os_error.strerror).lower()
+    return str(exc) or type(exc).__name__
+
+
+async def _read_body(resp: aiohttp.ClientResponse) -> Any:
+    text = await resp.text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | ReplyStats]:
+    message = _error_message(body)
+    if message is not None:
+        raise ApiError(url, message)
+    try:
+        content = body["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise ApiLost(url, "the answer is neither a stream nor a chat completion") from None
+    if content:
+        yield str(content)
+    if isinstance(body.get("kafila"), dict):
+        yield ReplyStats.from_json(body["kafila"])
+
+
+async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str | ReplyStats]:
+    """Parse the SSE stream: `data:` lines only (comments, `event:` and blank lines are skipped)."""
+    async for raw in resp.content:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            raise ApiLost(url, f"a stream line is not JSON: {data[:80]!r}") from None
+        message = _error_message(chunk)
+        if message is not None:
+            raise ApiError(url, message)
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content") if isinstance(choice, dict) else None
+            if piece:
+                yield str(piece)
+        if isinstance(chunk.get("kafila"), dict):
+            yield ReplyStats.from_json(chunk["kafila"])
+    raise ApiLost(url, "the stream ended before [DONE]")

@@ -1,0 +1,33 @@
+"""Fixtures for the TUI and chat tests: an isolated data dir and the contract server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.tui.contract_server import Script, start
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test writes transcripts under its own tmp dir, never the user's."""
+    d = tmp_path / "kafila-data"
+    monkeypatch.setenv("KAFILA_DATA_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def script() -> Script:
+    return Script()
+
+
+@pytest.fixture
+async def api(script: Script) -> AsyncIterator[str]:
+    """The contract server in the test's loop; yields its base URL."""
+    runner, url = await start(script)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,103 @@
+"""The chat API client against a real server speaking the contract."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafila.errors import KafilaError
+from kafila.session.api_client import (
+    ApiClient,
+    ApiError,
+    ApiLost,
+    ApiTimeout,
+    ApiUnreachable,
+    ReplyStats,
+)
+from kafila.session.state import MemberView, SessionState
+from tests.tui.contract_server import Script, free_port
+
+
+async def collect(client: ApiClient, text: str = "hi") -> tuple[str, list[ReplyStats]]:
+    pieces, stats = [], []
+    async for item in client.stream_chat([{"role": "user", "content": text}], max_tokens=16, temperature=0.0):
+        if isinstance(item, ReplyStats):
+            stats.append(item)
+        else:
+            pieces.append(item)
+    return "".join(pieces), stats
+
+
+async def test_streams_pieces_then_stats(api: str, script: Script) -> None:
+    async with ApiClient(api) as client:
+        text, stats = await collect(client)
+    assert text == "Hello, ring!"
+    assert len(stats) == 1
+    s = stats[0]
+    assert s.tokens_per_s == 42.5 and s.network_share == 0.18
+    assert s.stages["alpha"].predicted_s == 0.004 and s.stages["beta"].measured_s == 0.0058
+    sent = script.requests[0]
+    assert sent["stream"] is True and sent["max_tokens"] == 16 and sent["temperature"] == 0.0
+    assert sent["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_reply_without_stats(api: str, script: Script) -> None:
+    script.stats = None
+    async with ApiClient(api) as client:
+        text, stats = await collect(client)
+    assert text == "Hello, ring!" and stats == []
+
+
+async def test_http_error_names_url_and_message(api: str, script: Script) -> None:
+    script.status, script.error_message = 503, "session not admitted yet"
+    async with ApiClient(api) as client:
+        with pytest.raises(ApiError) as info:
+            await collect(client)
+    assert info.value.status == 503
+    assert api in str(info.value) and "session not admitted yet" in str(info.value)
+
+
+async def test_error_chunk_mid_stream(api: str, script: Script) -> None:
+    script.error_after, script.error_message = 2, "member rtx lost"
+    got: list[str] = []
+    async with ApiClient(api) as client:
+        with pytest.raises(ApiError, match="member rtx lost"):
+            async for item in client.stream_chat([{"role": "user", "content": "x"}]):
+                got.append(str(item))
+    assert got == ["Hello", ", "]
+
+
+async def test_connection_dropped_mid_stream(api: str, script: Script) -> None:
+    script.drop_after = 1
+    async with ApiClient(api) as client:
+        with pytest.raises(ApiLost) as info:
+            await collect(client)
+    assert api in str(info.value)
+
+
+async def test_connection_refused() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    async with ApiClient(url, connect_timeout=2) as client:
+        with pytest.raises(ApiUnreachable) as info:
+            await collect(client)
+        with pytest.raises(ApiUnreachable):
+            await client.models()
+    message = str(info.value)
+    assert message.startswith(f"no Kafila session answers at {url}")
+    assert "kafila demo" in message and isinstance(info.value, KafilaError)
+
+
+async def test_read_timeout(api: str, script: Script) -> None:
+    script.stall_s = 2.0
+    async with ApiClient(api, read_timeout=0.3) as client:
+        with pytest.raises(ApiTimeout, match=r"did not answer within 0\.3 s"):
+            await collect(client)
+
+
+async def test_models_and_state(api: str, script: Script) -> None:
+    st = SessionState(phase="admitted", model="m")
+    st.members["a"] = MemberView("a", bandwidth_bytes_per_s=1e9, probe_samples=[1.0, 2.0])
+    script.state = st.to_json()
+    async with ApiClient(api) as client:
+        assert await client.models() == ["smollm2-135m"]
+        got = await client.state()
+    assert got.phase == "admitted" and got.members["a"].probe_samples == [1.0, 2.0]

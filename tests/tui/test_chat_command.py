@@ -1,0 +1,65 @@
+"""`kafila chat` as a user runs it: a subprocess fed on stdin, against the contract server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.tui.contract_server import Script, free_port, serve_in_thread
+
+
+def run_kafila(*args: str, input: str, env: dict[str, str] | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python kafila.py ARGS` with `input` on stdin, as a user piping into it would."""
+    return subprocess.run([sys.executable, str(REPO / "kafila.py"), *args], input=input, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def transcripts(data_dir: Path) -> list[list[dict[str, object]]]:
+    files = (data_dir / "chats").glob("*.jsonl")
+    convs = [[json.loads(line) for line in f.read_text().splitlines()] for f in files]
+    return sorted(convs, key=lambda recs: float(recs[0]["created"]))  # type: ignore[arg-type]
+
+
+def test_chat_streams_keeps_history_and_saves(data_dir: Path) -> None:
+    script = Script(echo=True)
+    with serve_in_thread(script) as url:
+        r = run_kafila("chat", "--api", url, "--temperature", "0",
+                       input="hello ring\nsecond one\n/new\nthird\n/quit\n",
+                       env={"KAFILA_DATA_DIR": str(data_dir)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "echo: hello ring" in r.stdout and "echo: third" in r.stdout
+    assert "42.5 tok/s" in r.stdout and "network 18%" in r.stdout
+    assert "alpha 4.5/4.0" in r.stdout  # measured/predicted ms per stage
+    # The second request carried the first exchange; /new started afresh.
+    assert [m["content"] for m in script.requests[1]["messages"]] == ["hello ring", "echo: hello ring", "second one"]
+    assert [m["content"] for m in script.requests[2]["messages"]] == ["third"]
+    assert script.requests[0]["temperature"] == 0.0
+    saved = transcripts(data_dir)
+    assert len(saved) == 2
+    assert [rec["type"] for rec in saved[0]].count("user") == 2
+    assert saved[1][1] == {"type": "user", "time": saved[1][1]["time"], "content": "third"}
+
+
+def test_chat_unreachable_says_how_to_start_a_session(data_dir: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    r = run_kafila("chat", "--api", url, input="hi\n", timeout=60)
+    assert r.returncode == 1
+    assert f"kafila: error: no Kafila session answers at {url}" in r.stderr
+    assert "`kafila demo`, `kafila host` or `kafila join`" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_chat_error_mid_reply_keeps_the_chat_going(data_dir: Path) -> None:
+    script = Script(error_after=1, error_message="member beta lost")
+    with serve_in_thread(script) as url:
+        r = run_kafila("chat", "--api", url, input="one\n", env={"KAFILA_DATA_DIR": str(data_dir)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "reply failed" in r.stdout and "member beta lost" in r.stdout
+    recs = transcripts(data_dir)[0]
+    assert recs[-1]["type"] == "end" and "member beta lost" in str(recs[-1]["error"])
+    assert {"type": "delta", "content": "Hello"} in recs
