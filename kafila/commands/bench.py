@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
 from kafila.cli import _load
 

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         ("width", f"{info.n_embd} ({info.n_head} heads)"), ("context", f"{info.context_length} tokens"),
         ("vocabulary", f"{info.vocab_size} tokens"),
         ("blocks total", _mb(sum(info.blocks_bytes))),
-        ("head resident", f"{_mb(info.head_bytes)} (embedding{' = output, tied' if info.tied_output else ' + output'})"),
+        ("head resident",
+         f"{_mb(info.head_bytes)} (embedding{' = output, tied' if info.tied_output else ' + output'})"),
         ("unembedding", f"{_mb(info.unembed_bytes)} read per token"),
         ("KV cache", f"{sum(info.kv_bytes_per_token):,} bytes per token (all blocks, f16)"),
     ]:

@@ -5,6 +5,7 @@ The head's block range is last, as in the ring: embedding rows â†’ body stages â
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,13 +33,13 @@ def parse_split(text: str | None, n_blocks: int) -> list[StageSpec]:
         except ValueError:
             raise ModelError(f"--split takes block numbers separated by commas, got '{part}'") from None
     bounds = [0, *cuts, n_blocks]
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         if not a < b:
             raise ModelError(
                 f"--split {text}: boundaries must increase strictly inside the model's {n_blocks} blocks "
                 f"(each between 1 and {n_blocks - 1})"
             )
-    return [StageSpec(a, b, head=(b == n_blocks)) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [StageSpec(a, b, head=(b == n_blocks)) for a, b in itertools.pairwise(bounds)]
 
 
 def pack(chunks: list[Chunk]) -> tuple[np.ndarray, Rows]:

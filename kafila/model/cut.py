@@ -79,7 +79,9 @@ def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, arch: str, spec: Stage
         writer.add_uint32(f"{arch}.vocab_size", STUB_VOCAB)
 
 
-def _stage_tensors(gf: GGUFFile, spec: StageSpec, n_embd: int) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]]:
+def _stage_tensors(
+    gf: GGUFFile, spec: StageSpec, n_embd: int
+) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]]:
     """(new name, raw bytes, tensor type) for every tensor of the stage, in the source file's order."""
     out = []
     for t in gf.tensors.values():

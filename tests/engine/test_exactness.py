@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from kafila.engine.chain import LocalChain, pack, parse_split
+from kafila.engine.reference import ReferenceContext
 from kafila.engine.request import Chunk
 from kafila.engine.stage import ContextConfig
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
-from kafila.engine.reference import ReferenceContext
 
 CONFIG = ContextConfig(n_ctx_per_seq=256, n_seq_max=4, n_batch=64)
 DECODE_STEPS = 32

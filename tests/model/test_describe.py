@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from kafila.errors import ModelError
 from kafila.model.describe import describe_model
 from kafila.model.gguf_file import GGUFFile
 from tests.conftest import run_kafila
 from tests.synthetic import write_synthetic
-
-import json
-import pytest
 
 
 def test_embedded_model(smollm: Path) -> None:
@@ -29,7 +29,8 @@ def test_untied_head_counts_both_matrices(synthetic_models: dict[str, Path]) -> 
     tensors = GGUFFile(synthetic_models["llama-untied"]).tensors
     assert not info.tied_output
     assert info.unembed_bytes == tensors["output.weight"].n_bytes
-    assert info.head_bytes == sum(tensors[n].n_bytes for n in ("token_embd.weight", "output.weight", "output_norm.weight"))
+    head = ("token_embd.weight", "output.weight", "output_norm.weight")
+    assert info.head_bytes == sum(tensors[n].n_bytes for n in head)
 
 
 def test_qwen3_kv_uses_key_length(synthetic_models: dict[str, Path]) -> None:

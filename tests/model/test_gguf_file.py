@@ -54,7 +54,7 @@ def test_truncated(synthetic_models: dict[str, Path], tmp_path: Path, keep: int)
     data = synthetic_models["llama"].read_bytes()
     p = tmp_path / "cut.gguf"
     p.write_bytes(data[:keep])
-    with pytest.raises(ModelError, match="truncated|corrupt"):
+    with pytest.raises(ModelError, match=r"truncated|corrupt"):
         GGUFFile(p)
 
 

@@ -1,0 +1,33 @@
+"""`kafila host`: open a session, print the join code, plan, deliver stages, admit or reject."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "open a session for a model and coordinate it (prints the join code)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, help="GGUF file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--rendezvous", default="127.0.0.1:3478", help="rendezvous HOST:PORT (default 127.0.0.1:3478)")
+    p.add_argument("--members", type=int, default=3, help="members to wait for before planning (default 3)")
+    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for them (default 120)")
+    p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
+    p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
+    p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; -1: none)")
+    p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kafila.session.host import run_host
+    from kafila.session.options import HostOptions, parse_addr
+    from kafila.session.printer import run_printing
+
+    opts = HostOptions(
+        model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
+        members=args.members, wait_s=args.wait, concurrency=args.concurrency, context=args.context,
+        api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan,
+    )
+    return run_printing(lambda state: run_host(opts, state))

@@ -1,0 +1,284 @@
+"""The head: turns chat requests into tokens, sends rows around the ring, closes it, samples, streams text.
+
+Pipelining: each request has at most one chunk in flight (decode depends on the previous token),
+and several requests are in flight at once, each in its own KV-cache sequence (`seq`, carried as
+the frame's request id). A finished request's sequence is freed by a `free` message that travels
+the whole ring and comes back; only then is the slot reused, so no stage ever mixes two requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kafila.engine.embedding import Embedder
+from kafila.engine.request import Chunk, Request
+from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.engine.stage import ContextConfig
+from kafila.engine.vocab import Vocab
+from kafila.errors import EngineError, KafilaError, SessionError
+from kafila.net import frames
+from kafila.net.frames import ActivationHeader, Phase
+from kafila.session import messages
+from kafila.session.stage_runtime import Frame, Inbox, StageWorker, take_frames
+
+log = logging.getLogger("kafila.head")
+EMA = 0.2  # weight of the newest sample in the running stage-time averages
+
+
+@dataclass
+class Job:
+    """One chat request and the queue its events go to."""
+
+    id: str
+    body: dict[str, Any]
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    request: Request | None = None
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+
+@dataclass
+class RingStats:
+    """Running averages of measured stage time per member and of the network's share of a token."""
+
+    predicted: dict[str, float]
+    measured: dict[str, float] = field(default_factory=dict)
+    network_share: float | None = None
+    tokens: int = 0
+    window_start: float = field(default_factory=time.perf_counter)
+    tokens_per_s: float | None = None
+
+    def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
+        for name, t in zip(names, times_ns, strict=False):
+            s = t / 1e9
+            old = self.measured.get(name)
+            self.measured[name] = s if old is None else (1 - EMA) * old + EMA * s
+        if round_trip_ns > 0:
+            share = max(round_trip_ns - sum(times_ns), 0) / round_trip_ns
+            old_share = self.network_share
+            self.network_share = share if old_share is None else (1 - EMA) * old_share + EMA * share
+
+    def count_token(self) -> None:
+        self.tokens += 1
+        elapsed = time.perf_counter() - self.window_start
+        if elapsed >= 1.0:
+            self.tokens_per_s = self.tokens / elapsed
+            self.tokens, self.window_start = 0, time.perf_counter()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stages": {n: {"predicted_s": p, "measured_s": self.measured.get(n)} for n, p in self.predicted.items()},
+            "network_share": self.network_share,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+class Head:
+    """The head's serving loop over a ring `order` (head first); a ring of one runs entirely here."""
+
+    def __init__(
+        self,
+        worker: StageWorker,
+        embedder: Embedder,
+        vocab: Vocab,
+        config: ContextConfig,
+        order: list[str],
+        predicted: dict[str, float],
+        send_next: Callable[[bytes], Awaitable[None]] | None,
+        inbox: Inbox,
+    ) -> None:
+        self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
+        self.order = order
+        self.send_next = send_next  # None for a ring of one
+        self.inbox = inbox  # messages coming back from the last member (or from ourselves)
+        self.stats = RingStats(predicted)
+        self._free_slots = list(range(config.n_seq_max))
+        self._waiting: list[Job] = []
+        self._active: dict[int, Job] = {}
+        self._in_flight: dict[int, tuple[Chunk, int]] = {}
+        self._wake = asyncio.Event()
+        self._ids = itertools.count()
+        self.failed: str | None = None
+        self._tg: asyncio.TaskGroup | None = None
+
+    # -- requests -------------------------------------------------------------------------------
+    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Run one chat request; yields {"delta": text}..., then {"done": stats} or {"error": message}."""
+        if self.failed:
+            yield {"error": self.failed}
+            return
+        job = Job(f"chat-{next(self._ids)}", body)
+        try:
+            job.request = self._make_request(job, slot=-1)
+        except (KafilaError, ValueError) as exc:
+            yield {"error": str(exc)}
+            return
+        self._waiting.append(job)
+        self._wake.set()
+        while True:
+            evt = await job.events.get()
+            yield evt
+            if "done" in evt or "error" in evt:
+                return
+
+    def _make_request(self, job: Job, slot: int) -> Request:
+        body = job.body
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in msgs
+        ):
+            raise SessionError("'messages' must be a non-empty list of {role, content} objects")
+        params = SamplingParams(
+            temperature=float(body.get("temperature", 0.7)),
+            top_k=int(body.get("top_k", 40)),
+            top_p=float(body.get("top_p", 0.95)),
+            seed=body.get("seed") if isinstance(body.get("seed"), int) else None,
+        )
+        max_tokens = int(body.get("max_tokens") or 256)
+        if max_tokens < 1:
+            raise SessionError("max_tokens must be at least 1")
+        prompt = self.vocab.chat_tokens(msgs) if body.get("raw") is None else self.vocab.tokenize(str(body["raw"]))
+        return Request(slot, prompt, max_tokens, self.config.n_ctx_per_seq, Sampler(params), self.vocab)
+
+    def fail_all(self, reason: str) -> None:
+        """End every request with `reason` (a member was lost); new requests are refused the same way."""
+        self.failed = reason
+        for job in [*self._waiting, *self._active.values()]:
+            job.events.put_nowait({"error": reason})
+        self._waiting.clear()
+        self._active.clear()
+        self._in_flight.clear()
+        self._wake.set()
+
+    # -- the two loops --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Dispatch and collect until cancelled (or until the ring fails)."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tg.create_task(self._dispatch_loop())
+            tg.create_task(self._collect_loop())
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.failed:
+                continue
+            while self._waiting and self._free_slots:
+                job = self._waiting.pop(0)
+                slot = self._free_slots.pop(0)
+                assert job.request is not None
+                job.request.seq = slot
+                self._active[slot] = job
+            for slot, job in list(self._active.items()):
+                req = job.request
+                assert req is not None
+                chunk = req.take(self.config.n_batch)
+                if chunk is None:
+                    continue
+                rows = self.embedder.rows(chunk.tokens)
+                phase = Phase.DECODE if req.fed >= len(req.prompt) else Phase.PREFILL
+                header = ActivationHeader(slot, phase, tuple(range(chunk.start_pos, chunk.start_pos + len(rows))),
+                                          rows.shape[0], rows.shape[1])
+                self._in_flight[slot] = (chunk, time.perf_counter_ns())
+                msg = frames.encode(header, rows)
+                if self.send_next is None:
+                    self.inbox.put(msg)
+                else:
+                    await self.send_next(msg)
+
+    async def _collect_loop(self) -> None:
+        while True:
+            msg = await self.inbox.get()
+            kind = messages.kind(msg)
+            if kind == "frame":
+                await self._finish_frames(take_frames(self.inbox, msg, self.config.n_batch))
+            elif kind == "control":
+                await self._on_control(messages.parse_control(msg))
+
+    async def _finish_frames(self, batch: list[Frame]) -> None:
+        arrived = time.perf_counter_ns()
+        live = [f for f in batch if f.header.request_id in self._in_flight]  # stale after a failure: drop
+        if not live:
+            return
+        chunks = [self._in_flight[f.header.request_id][0] for f in live]
+        want = np.concatenate([
+            (np.arange(f.header.rows) == f.header.rows - 1) & c.wants_logits for f, c in zip(live, chunks, strict=True)
+        ])
+        try:
+            (logits,), head_ns = await self.worker.run(live, want)
+        except EngineError as exc:
+            self.fail_all(f"the head's stage failed: {exc}")
+            return
+        i = 0
+        for f, chunk in zip(live, chunks, strict=True):
+            slot = f.header.request_id
+            _, sent = self._in_flight.pop(slot)
+            if f.header.phase == Phase.DECODE and f.header.rows == 1:
+                self.stats.add(self.order[1:] + self.order[:1], (*f.header.stage_times_ns, head_ns),
+                               arrived - sent + head_ns)
+            row = None
+            if chunk.wants_logits:
+                row, i = logits[i], i + 1
+            job = self._active.get(slot)
+            if job is None or job.request is None:
+                continue
+            before = len(job.request.generated)
+            piece = job.request.complete(chunk, row)
+            if len(job.request.generated) > before:
+                self.stats.count_token()
+                job.first_token_at = job.first_token_at or time.perf_counter()
+            if piece:
+                job.events.put_nowait({"delta": piece})
+            if job.request.done:
+                await self._finish_job(slot, job)
+        self._wake.set()
+
+    async def _finish_job(self, slot: int, job: Job) -> None:
+        assert job.request is not None
+        elapsed = time.perf_counter() - (job.first_token_at or job.started)
+        n = len(job.request.generated)
+        done = {"finish_reason": job.request.finish_reason, "completion_tokens": n,
+                "prompt_tokens": len(job.request.prompt),
+                "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None, **self.stats.as_dict()}
+        job.events.put_nowait({"done": done})
+        del self._active[slot]
+        if self.send_next is None:
+            await self._release(slot)
+        else:
+            await self.send_next(messages.control("free", seq=slot))
+
+    async def _release(self, slot: int) -> None:
+        await self.worker.free(slot)
+        self._free_slots.append(slot)
+        self._wake.set()
+
+    async def _on_control(self, msg: dict[str, Any]) -> None:
+        t = msg["t"]
+        if t == "free":
+            await self._release(int(messages.field(msg, "seq", int)))
+        elif t == "chat" and self.send_next is not None:
+            self.serve_remote(msg, self.send_next)
+        else:
+            log.warning("head ignored a %r message from the ring", t)
+
+    def serve_remote(self, msg: dict[str, Any], reply: Callable[[bytes], Awaitable[None]]) -> None:
+        """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
+        cid, origin = messages.field(msg, "id", str), messages.field(msg, "origin", str)
+        body = messages.field(msg, "body", dict)
+
+        async def answer() -> None:
+            async for evt in self.chat(body):
+                await reply(messages.control("chat_evt", id=cid, dest=origin, evt=evt))
+
+        if self._tg is None:
+            raise SessionError("the head is not running")
+        self._tg.create_task(answer())

@@ -1,0 +1,320 @@
+"""The host: opens a session, waits for members, plans, delivers stages, admits or rejects, watches the ring.
+
+The host coordinates; it holds the GGUF but serves no blocks itself (run `kafila join` beside it
+to put its machine in the ring too). After a member is lost it plans again over the others when
+the model still fits (a new epoch), so new requests are served by the smaller ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafila.engine.build import build_identity
+from kafila.errors import KafilaError, NetworkError, SessionError
+from kafila.model.cut import StageSpec
+from kafila.model.describe import ModelInfo, describe_model
+from kafila.model.embedded import resolve_model
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint
+from kafila.net.quic import Link
+from kafila.net.trust import VerifiedMember
+from kafila.planner import Member, ModelSpec, Plan, Workload, make_plan, predict_edge
+from kafila.session import messages
+from kafila.session.api import ApiServer, Forwarder
+from kafila.session.delivery import StageManifest, manifest_for, read_chunk
+from kafila.session.measure import build_differences, build_tag
+from kafila.session.member import member_view
+from kafila.session.options import HostOptions
+from kafila.session.state import EdgeView, SessionState, StageStats
+
+log = logging.getLogger("kafila.host")
+N_BATCH = 128
+READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
+EXIT_REJECTED = 3
+
+
+def model_spec(info: ModelInfo) -> ModelSpec:
+    """The planner's view of a described model."""
+    return ModelSpec(info.name, info.blocks_bytes, info.kv_bytes_per_token, info.unembed_bytes, info.head_bytes,
+                     quant=info.quant)
+
+
+def planner_member(vm: VerifiedMember) -> Member:
+    """The planner's view of a member's verified announcement."""
+    m = vm.measurements
+    try:
+        return Member(vm.name, float(m["bw"]), float(m["disp"]), int(m["mem"]), float(vm.rtt_ms or 0.0),
+                      vm.nat_class)
+    except (KeyError, TypeError, ValueError):
+        raise SessionError(f"member {vm.name} announced no usable measurements") from None
+
+
+@dataclass
+class Joined:
+    """A member connected to the host."""
+
+    peer: VerifiedMember
+    link: Link
+    ready: asyncio.Future[dict[str, Any] | None] | None = None
+    manifest: StageManifest | None = None
+    stage_path: Path | None = None
+    sending: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class HostRuntime:
+    """The host's session after it is open (see run_host)."""
+
+    def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
+                 cache: StageCache, api: ApiServer | None) -> None:
+        self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
+            ep, opts, state, model, info, cache, api)
+        self.joined: dict[str, Joined] = {}
+        self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.forwarder: Forwarder | None = None
+        self.epoch = 0
+        self.plan: Plan | None = None
+        self._arrived = asyncio.Event()
+        self.my_build = build_tag(build_identity())
+
+    async def run(self) -> int:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            accept = tg.create_task(self._accept_loop())
+            try:
+                await self._wait_for_members()
+                while True:
+                    status = await self._epoch()
+                    if status is not None:
+                        return status
+            finally:
+                accept.cancel()
+                for j in self.joined.values():
+                    with contextlib.suppress(KafilaError):
+                        await j.link.send(messages.control("bye", reason="the host is closing the session"))
+                await asyncio.sleep(0.2)  # let the goodbyes leave before the endpoint closes
+
+    # -- members arriving -----------------------------------------------------------------------
+    async def _accept_loop(self) -> None:
+        while True:
+            try:
+                link = await self.ep.accept(timeout_s=3600)
+            except TimeoutError:
+                continue
+            peer = link.peer
+            view = member_view(peer)
+            diffs = build_differences(self.my_build, view.build)
+            if diffs:
+                reason = "its llama.cpp build differs from the host's (" + "; ".join(diffs) + ")"
+                view.status, view.note = "refused", reason
+                self.state.upsert_member(view)
+                self.state.log(f"refused {peer.name}: {reason}")
+                with contextlib.suppress(KafilaError):
+                    await link.send(messages.control("refused", reason=reason))
+                continue
+            if peer.name in self.joined or (self.plan is not None and self.state.phase == "admitted"):
+                with contextlib.suppress(KafilaError):
+                    why = "a member of that name is already in the session" if peer.name in self.joined else \
+                        "the session is already planned"
+                    await link.send(messages.control("refused", reason=why))
+                continue
+            self.joined[peer.name] = Joined(peer, link)
+            self.state.upsert_member(view)
+            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.opts.members})")
+            self._tg.create_task(self._recv_loop(peer.name, link))
+            self._arrived.set()
+
+    async def _wait_for_members(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.opts.wait_s
+        while len(self.joined) < self.opts.members:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
+            if loop.time() >= deadline:
+                break
+        if not self.joined:
+            raise SessionError(f"no member joined within {self.opts.wait_s:.0f} s")
+
+    async def _recv_loop(self, name: str, link: Link) -> None:
+        try:
+            while True:
+                raw = await link.recv()
+                msg = messages.parse_control(raw)
+                await self._on_message(name, msg)
+        except NetworkError as exc:
+            if name in self.joined:
+                self.lost.put_nowait((name, str(exc)))
+
+    async def _on_message(self, name: str, msg: dict[str, Any]) -> None:
+        j = self.joined.get(name)
+        t = msg["t"]
+        if j is None or (msg.get("epoch", self.epoch) != self.epoch and t in ("need", "ready")):
+            return
+        if t == "need":
+            task = self._tg.create_task(self._send_chunks(j, [int(i) for i in messages.field(msg, "chunks", list)]))
+            j.sending.add(task)
+            task.add_done_callback(j.sending.discard)
+        elif t == "ready" and j.ready is not None and not j.ready.done():
+            j.ready.set_result(msg.get("edge"))
+        elif t == "lost":
+            self.lost.put_nowait((str(msg.get("who")), str(msg.get("reason"))))
+        elif t == "stats":
+            for stage, s in dict(msg.get("stages") or {}).items():
+                if stage in self.state.stages and isinstance(s, dict):
+                    self.state.stages[stage].measured_s = s.get("measured_s")
+            self.state.network_share, self.state.tokens_per_s = msg.get("network_share"), msg.get("tokens_per_s")
+            self.state.changed()
+        elif t == "chat_evt" and self.forwarder is not None:
+            self.forwarder.deliver(msg)
+
+    async def _send_chunks(self, j: Joined, chunks: list[int]) -> None:
+        assert j.manifest is not None and j.stage_path is not None
+        total = j.manifest.size
+        sent = total - len(chunks) * j.manifest.chunk_size
+        for i in chunks:
+            data = await asyncio.to_thread(read_chunk, j.stage_path, j.manifest, i)
+            await j.link.send(messages.chunk(i, data))
+            sent += len(data)
+            self.state.delivery[j.peer.name] = (min(max(sent, 0), total), total)
+            self.state.changed()
+        self.state.delivery[j.peer.name] = (total, total)
+        self.state.changed()
+
+    # -- one epoch: plan, deliver, admit, watch -------------------------------------------------
+    async def _epoch(self) -> int | None:
+        """Plan and serve once; None to plan again (after a loss), else the exit status."""
+        self.epoch += 1
+        names = sorted(self.joined)
+        self.state.set_phase("planning", f"planning over {', '.join(names)}")
+        members = [planner_member(self.joined[n].peer) for n in names]
+        workload = Workload(self.opts.concurrency, self.opts.context)
+        plan = make_plan(members, model_spec(self.info), workload)
+        self.plan = plan
+        self.state.plan = plan.to_json()
+        self.state.predicted = {a.name: {b.name: predict_edge(a.nat, b.nat) for b in members if b.name != a.name}
+                                for a in members}
+        if not plan.feasible:
+            reason = plan.admission.text if plan.admission else str(self.state.plan.get("reason"))
+            self.state.rejection = reason
+            self.state.set_phase("rejected", f"rejected: {reason}")
+            for j in self.joined.values():
+                with contextlib.suppress(KafilaError):
+                    await j.link.send(messages.control("reject", reason=reason))
+            return EXIT_REJECTED
+        order = list(plan.order)
+        self.state.edges = [EdgeView(a, b, self.state.predicted[a][b])
+                            for a, b in zip(order, order[1:] + order[:1], strict=True) if a != b]
+        self.state.stages = {n: StageStats(float(s)) for n, s in self.state.plan["stage_seconds"].items()}
+        self.state.set_phase("delivering", f"ring {' → '.join(order)} (head {plan.head}); cutting stages")
+        await self._assign(plan)
+        status = await self._wait_ready(order)
+        if status is not None:
+            return status
+        self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
+        if self.api is not None:
+            self.api.chat = self.forwarder.chat
+        for n in order:
+            await self.joined[n].link.send(messages.control("admit", epoch=self.epoch))
+        self.state.lost = None
+        self.state.set_phase("admitted", f"admitted: {len(order)} members, head {plan.head}")
+        who, reason = await self.lost.get()
+        return await self._on_lost(who, reason)
+
+    async def _assign(self, plan: Plan) -> None:
+        order = list(plan.order)
+        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": N_BATCH}
+        for name in order:
+            start, end = plan.ranges[name]
+            spec = StageSpec(start, end, head=(name == plan.head))
+            j = self.joined[name]
+            j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, spec)
+            j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
+            j.ready = asyncio.get_running_loop().create_future()
+            self.state.delivery[name] = (0, j.manifest.size)
+            await j.link.send(messages.control(
+                "assign", epoch=self.epoch, order=order, head=plan.head,
+                ranges={n: list(r) for n, r in plan.ranges.items()}, config=config, plan=self.state.plan,
+                model=self.info.name, stage=j.manifest.as_dict()))
+
+    async def _wait_ready(self, order: list[str]) -> int | None:
+        waits = {n: self.joined[n].ready for n in order}
+        lost_wait = asyncio.ensure_future(self.lost.get())
+        try:
+            pending = {f for f in waits.values() if f is not None}
+            deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
+            while pending:
+                timeout = deadline - asyncio.get_running_loop().time()
+                if timeout <= 0:
+                    late = [n for n, f in waits.items() if f in pending]
+                    raise SessionError(f"members {late} did not get ready within {READY_TIMEOUT_S:.0f} s")
+                done, pending = await asyncio.wait(pending | {lost_wait}, timeout=timeout,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(lost_wait)
+                if lost_wait in done:
+                    who, reason = lost_wait.result()
+                    return await self._on_lost(who, reason)
+        finally:
+            if not lost_wait.done():
+                lost_wait.cancel()
+        for a, b in zip(order, order[1:] + order[:1], strict=True):
+            fut = waits[a]
+            edge = fut.result() if fut is not None else None
+            if a != b and isinstance(edge, dict):
+                actual = {"direct": "direct", "relay": "relayed"}.get(str(edge.get("actual")), "failed")
+                self.state.set_edge(a, b, actual, edge.get("ready_ms"))
+        return None
+
+    async def _on_lost(self, who: str, reason: str) -> int | None:
+        self.state.lost = f"{who}: {reason}"
+        self.state.update_member(who, status="lost", note=reason)
+        self.state.set_phase("lost", f"member {who} was lost: {reason}")
+        if self.forwarder is not None:
+            self.forwarder.fail_all(f"member {who} was lost: {reason}")
+        if self.api is not None:
+            self.api.chat = None
+        gone = self.joined.pop(who, None)
+        if gone is not None:
+            with contextlib.suppress(KafilaError):
+                await gone.link.close()
+        for j in self.joined.values():
+            with contextlib.suppress(KafilaError):
+                await j.link.send(messages.control("lost", who=who, reason=reason, epoch=self.epoch))
+        # the same loss is often reported by its neighbours and by its own link: keep other losses only
+        others = [self.lost.get_nowait() for _ in range(self.lost.qsize())]
+        for other in others:
+            if other[0] != who and other[0] in self.joined:
+                self.lost.put_nowait(other)
+        if not self.opts.replan or not self.joined:
+            return 1
+        self.state.log("planning again over the remaining members")
+        return None
+
+
+async def run_host(opts: HostOptions, state: SessionState) -> int:
+    """Open a session and run it until it ends; returns an exit status (3: rejected)."""
+    state.role, state.me = "host", "host"
+    model = resolve_model(opts.model)
+    info = describe_model(model)
+    state.model = info.name
+    cache = StageCache(opts.cache_dir)
+    async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
+                            allow_direct=opts.allow_direct) as ep:
+        await ep.probe_nat(opts.rendezvous)
+        code = await ep.create_session(opts.rendezvous, opts.secret)
+        state.code = str(code)
+        await ep.announce({"role": "host", "build": build_tag(build_identity())})
+        state.set_phase("waiting", f"session open; join code {code}")
+        api = None
+        if opts.api_port is not None:
+            api = ApiServer(state, port=opts.api_port)
+            await api.start()
+        try:
+            return await HostRuntime(ep, opts, state, model, info, cache, api).run()
+        finally:
+            if api is not None:
+                await api.stop()

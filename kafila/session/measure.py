@@ -1,0 +1,93 @@
+"""A member's measurements for its announcement: the engine probe (cached), emulation, build identity.
+
+The probe runs once per machine and llama.cpp build and is cached for a day, so several members
+started together on one machine (the demo) do not time each other's noise. Emulation (`--throttle`,
+`--memory`) is applied on top and always reported as such.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kafila.engine.build import BuildIdentity, build_identity
+from kafila.engine.probe import ProbeResult, probe
+from kafila.model.stage_cache import StageCache
+
+PROBE_MAX_AGE_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Slow-down and memory cap applied to a member on one machine; labelled 'emulated' everywhere."""
+
+    throttle: float = 1.0
+    memory_gb: float | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        d: dict[str, float] = {}
+        if self.throttle != 1.0:
+            d["throttle"] = self.throttle
+        if self.memory_gb is not None:
+            d["memory_gb"] = self.memory_gb
+        return d
+
+
+def build_tag(b: BuildIdentity) -> str:
+    """A compact build identity for announcements: version/libs/features-hash."""
+    features = hashlib.sha256(b.features.encode()).hexdigest()[:8]
+    return f"{b.llama_cpp_python}/{b.libs_sha256}/{features}"
+
+
+def build_differences(mine: str, theirs: str) -> list[str]:
+    """What differs between two build tags, for a refusal message."""
+    names = ("llama-cpp-python version", "llama.cpp libraries", "compiled CPU features")
+    a, b = mine.split("/"), theirs.split("/")
+    if len(a) != 3 or len(b) != 3:
+        return [f"build {theirs!r} is not comparable with {mine!r}"]
+    return [f"{n}: {y} there, {x} here" for n, x, y in zip(names, a, b, strict=True) if x != y]
+
+
+def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
+                 fresh: bool = False) -> ProbeResult:
+    """The engine probe, reused from the cache when recent and from this build."""
+    tag = build_tag(build_identity())
+    path = cache.root / "probe.json"
+    if not fresh:
+        try:
+            saved = json.loads(path.read_text())
+            if saved["build"] == tag and time.time() - saved["time"] < PROBE_MAX_AGE_S:
+                r = saved["result"]
+                return ProbeResult(r["bandwidth_bytes_per_s"], r["dispatch_s"], r["memory_bytes"],
+                                   r["available_bytes"], r["runtime_overhead_bytes"],
+                                   tuple(tuple(s) for s in r["samples"]), r["fit_residual"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    result = probe(model, cache, on_step=on_step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".probe.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"build": tag, "time": time.time(), "result": result.as_dict()}))
+    os.replace(tmp, path)
+    return result
+
+
+def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
+    """The announcement's measurement block (kept small: it travels in one UDP datagram)."""
+    t = emulation.throttle
+    memory = result.memory_bytes
+    if emulation.memory_gb is not None:
+        memory = min(memory, int(emulation.memory_gb * 1e9))
+    return {
+        "bw": round(result.bandwidth_bytes_per_s / t),
+        "disp": result.dispatch_s * t,
+        "mem": memory,
+        "samples": [round(b / s / t) for b, s in result.samples],
+        "emu": emulation.as_dict(),
+        "build": build_tag(build_identity()),
+    }

@@ -1,0 +1,305 @@
+"""A member: measure, announce, connect to the host, take a stage, open the ring edges, serve.
+
+One code path whether the member is the head or not, and whether the ring runs on one machine
+or across the world: only the links differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from kafila.engine.embedding import Embedder
+from kafila.engine.stage import ContextConfig, StageEngine
+from kafila.engine.vocab import Vocab
+from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.model.embedded import default_model_path
+from kafila.model.gguf_file import GGUFFile
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint, RingEdges
+from kafila.net.quic import Link
+from kafila.net.trust import VerifiedMember
+from kafila.session import messages
+from kafila.session.api import ApiServer, Forwarder
+from kafila.session.delivery import StageManifest, StageReceiver
+from kafila.session.head import Head
+from kafila.session.measure import Emulation, cached_probe, measurements
+from kafila.session.options import MemberOptions
+from kafila.session.stage_runtime import Inbox, StageWorker, take_frames
+from kafila.session.state import MemberView, SessionState, StageStats
+
+log = logging.getLogger("kafila.member")
+RECV_TIMEOUT_S = 60.0
+
+
+def member_view(vm: VerifiedMember) -> MemberView:
+    """What the dashboard shows of a verified member's announcement."""
+    m = vm.measurements
+    return MemberView(
+        name=vm.name, role=str(m.get("role", "member")), status="joined",
+        bandwidth_bytes_per_s=m.get("bw"), dispatch_s=m.get("disp"), memory_bytes=m.get("mem"),
+        rtt_ms=vm.rtt_ms, nat=vm.nat_class.value,
+        nat_evidence={"mapped": vm.mapped, "local": vm.local, "observed": vm.observed},
+        emulated=dict(m.get("emu") or {}), probe_samples=list(m.get("samples") or []), build=str(m.get("build", "")),
+    )
+
+
+async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
+    """The session's host among the verified members (polls until it is listed)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            for vm in (await ep.members()).verified:
+                if vm.measurements.get("role") == "host":
+                    return vm
+            await asyncio.sleep(0.2)
+
+
+async def pump(link: Link, inbox: Inbox) -> None:
+    """Move every message arriving on `link` into `inbox` until the link fails."""
+    while True:
+        inbox.put(await link.recv())
+
+
+class MemberRuntime:
+    """Everything a member does after it is connected to the host."""
+
+    def __init__(self, ep: PeerEndpoint, control: Link, state: SessionState, opts: MemberOptions,
+                 cache: StageCache, api: ApiServer | None) -> None:
+        self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
+        self.worker: StageWorker | None = None
+        self.head: Head | None = None
+        self.forwarder: Forwarder | None = None
+        self.edges: RingEdges | None = None
+        self.assignment: dict[str, Any] = {}
+        self._serving: asyncio.Task[None] | None = None
+        self._pending: list[dict[str, Any]] = []
+
+    async def send_host(self, t: str, **fields: Any) -> None:
+        await self.control.send(messages.control(t, **fields))
+
+    async def _next_control(self) -> dict[str, Any]:
+        if self._pending:
+            return self._pending.pop(0)
+        while True:
+            raw = await self.control.recv()
+            if messages.kind(raw) == "control":
+                return messages.parse_control(raw)
+            log.warning("ignored a stray %s message from the host", messages.kind(raw))
+
+    async def run(self) -> int:
+        """Follow the host's instructions until it says bye; returns the exit status."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            try:
+                while True:
+                    msg = await self._next_control()
+                    t = msg["t"]
+                    if t == "assign":
+                        await self._stop_serving(None)
+                        await self._setup(msg)
+                    elif t == "admit":
+                        self._serving = tg.create_task(self._serve())
+                        self.state.set_phase("admitted", "admitted: serving")
+                    elif t in ("reject", "refused"):
+                        reason = str(msg.get("reason"))
+                        self.state.rejection = reason
+                        self.state.set_phase("rejected", f"{t}: {reason}")
+                        raise SessionError(f"the session was {'rejected' if t == 'reject' else 'refused'}: {reason}")
+                    elif t == "lost":
+                        reason = f"member {msg.get('who')} was lost: {msg.get('reason')}"
+                        await self._stop_serving(reason)
+                    elif t == "chat" and self.head is not None:
+                        self.head.serve_remote(msg, self.control.send)
+                    elif t == "bye":
+                        self.state.set_phase("closed", f"the host closed the session: {msg.get('reason')}")
+                        return 0
+            finally:
+                await self._stop_serving("this member is leaving")
+
+    # -- setting up an epoch --------------------------------------------------------------------
+    async def _setup(self, msg: dict[str, Any]) -> None:
+        self.assignment = msg
+        me = self.opts.name
+        order: list[str] = messages.field(msg, "order", list)
+        ranges: dict[str, list[int]] = messages.field(msg, "ranges", dict)
+        self.state.plan = messages.field(msg, "plan", dict)
+        self.state.model = str(msg.get("model", ""))
+        self.state.stages = {n: StageStats(float(s)) for n, s in self.state.plan.get("stage_seconds", {}).items()}
+        start, end = ranges[me]
+        is_head = order[0] == me
+        self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
+        path = await self._receive_stage(StageManifest.from_dict(msg["stage"]))
+        config = ContextConfig(**messages.field(msg, "config", dict))
+        self.state.update_member(me, status="loading")
+        engine = await asyncio.to_thread(StageEngine, path, config, is_head)
+        self.worker = StageWorker(engine, self.opts.throttle)
+        self.state.set_phase("connecting", "opening ring edges")
+        by_name = {vm.name: vm for vm in (await self.ep.members()).verified}
+        missing = [n for n in order if n not in by_name]
+        if missing:
+            raise SessionError(f"ring members {missing} are not in the verified member list")
+        self.edges = await self.ep.open_ring([by_name[n] for n in order])
+        edge = None
+        if self.edges.report is not None:
+            r = self.edges.report
+            edge = {"predicted": r.predicted, "actual": r.actual, "ready_ms": r.ready_ms, "error": r.error}
+        await self.send_host("ready", epoch=msg.get("epoch"), edge=edge)
+        self.state.update_member(me, status="ready")
+
+    async def _receive_stage(self, manifest: StageManifest) -> Path:
+        me = self.opts.name
+        receiver = StageReceiver(self.cache.root / "delivered", manifest)
+        missing = receiver.missing()
+        await self.send_host("need", epoch=self.assignment.get("epoch"), chunks=missing)
+        total = manifest.size
+        self.state.delivery[me] = (total - len(missing) * manifest.chunk_size if missing else total, total)
+        self.state.changed()
+        while not receiver.complete:
+            raw = await self.control.recv(timeout=RECV_TIMEOUT_S)
+            if messages.kind(raw) != "chunk":
+                self._pending.append(messages.parse_control(raw))  # handled after the transfer
+                continue
+            index, data = messages.parse_chunk(raw)
+            receiver.accept(index, data)
+            done = min(len(receiver.have) * manifest.chunk_size, total)
+            self.state.delivery[me] = (done, total)
+            self.state.changed()
+        path = await asyncio.to_thread(receiver.finish)
+        self.state.delivery[me] = (total, total)
+        self.state.log(f"stage {manifest.sha256[:12]} verified ({total / 1e6:.1f} MB)")
+        return path
+
+    # -- serving --------------------------------------------------------------------------------
+    async def _serve(self) -> None:
+        assert self.worker is not None and self.edges is not None
+        order: list[str] = self.assignment["order"]
+        is_head = order[0] == self.opts.name
+        config = ContextConfig(**self.assignment["config"])
+        inbox = Inbox()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if self.edges.prev is not None:
+                    tg.create_task(pump(self.edges.prev, inbox))
+                if is_head:
+                    path = self.worker.engine.path
+                    vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
+                    nxt = self.edges.next
+                    self.head = Head(self.worker, Embedder(path), vocab, config, order,
+                                     dict(self.state.plan.get("stage_seconds", {})) if self.state.plan else {},
+                                     nxt.send if nxt is not None else None, inbox)
+                    if self.api:
+                        self.api.chat = self.head.chat
+                    tg.create_task(self.head.run())
+                    tg.create_task(self._report_stats())
+                else:
+                    assert self.edges.next is not None
+                    self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
+                    if self.api:
+                        self.api.chat = self.forwarder.chat
+                    tg.create_task(self._stage_loop(inbox, config))
+                self.state.update_member(self.opts.name, status="serving")
+        except* (NetworkError, ProtocolError) as group:
+            reason = "; ".join(str(e) for e in group.exceptions)
+            peer = self._failed_peer()
+            self.state.lost = f"{peer} lost: {reason}"
+            self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
+            self._fail_requests(f"member {peer} was lost: {reason}")
+            with contextlib.suppress(KafilaError):
+                await self.send_host("lost", who=peer, reason=reason, epoch=self.assignment.get("epoch"))
+
+    def _failed_peer(self) -> str:
+        for link in (self.edges.prev, self.edges.next) if self.edges else ():
+            if link is not None and link.closed is not None:
+                return link.peer.name
+        return "a ring neighbour"
+
+    def _fail_requests(self, reason: str) -> None:
+        if self.head is not None:
+            self.head.fail_all(reason)
+        if self.forwarder is not None:
+            self.forwarder.fail_all(reason)
+        if self.api:
+            self.api.chat = None
+
+    async def _stage_loop(self, inbox: Inbox, config: ContextConfig) -> None:
+        assert self.worker is not None and self.edges is not None and self.edges.next is not None
+        nxt = self.edges.next
+        while True:
+            msg = await inbox.get()
+            if messages.kind(msg) == "frame":
+                batch = take_frames(inbox, msg, config.n_batch)
+                outs, ns = await self.worker.run(batch)
+                for f, out in zip(batch, outs, strict=True):
+                    await nxt.send(f.encode(out, ns))
+                continue
+            c = messages.parse_control(msg)
+            if c["t"] == "free":
+                await self.worker.free(int(messages.field(c, "seq", int)))
+            elif c["t"] == "chat_evt" and self.forwarder is not None and self.forwarder.deliver(c):
+                continue
+            await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
+
+    async def _report_stats(self) -> None:
+        assert self.head is not None
+        while True:
+            await asyncio.sleep(1.0)
+            stats = self.head.stats.as_dict()
+            for name, s in stats["stages"].items():
+                if name in self.state.stages:
+                    self.state.stages[name].measured_s = s["measured_s"]
+            self.state.network_share, self.state.tokens_per_s = stats["network_share"], stats["tokens_per_s"]
+            self.state.changed()
+            await self.send_host("stats", **stats)
+
+    async def _stop_serving(self, reason: str | None) -> None:
+        if reason:
+            self._fail_requests(reason)
+        if self._serving is not None:
+            self._serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KafilaError):
+                await self._serving
+            self._serving = None
+        if self.edges is not None:
+            for link in (self.edges.next, self.edges.prev):
+                if link is not None:
+                    await link.close()
+            self.edges = None
+        if self.worker is not None:
+            await asyncio.to_thread(self.worker.close)
+            self.worker = None
+        self.head = self.forwarder = None
+
+
+async def run_member(opts: MemberOptions, state: SessionState) -> int:
+    """Join a session with a code and serve in it until the host ends it; returns an exit status."""
+    state.role, state.me, state.code = "member", opts.name, opts.code
+    cache = StageCache(opts.cache_dir)
+    emulation = Emulation(opts.throttle, opts.memory_gb)
+    state.set_phase("measuring", "measuring this machine")
+    result = await asyncio.to_thread(cached_probe, default_model_path(), cache)
+    async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
+                            allow_direct=opts.allow_direct) as ep:
+        report = await ep.probe_nat(opts.rendezvous)
+        meas = {**measurements(result, emulation), "role": "member"}
+        await ep.join_session(opts.rendezvous, opts.code)
+        me = await ep.announce(meas)
+        view = member_view(me)
+        view.nat_evidence.update({"alt_port": report.mapped_alt_port, "alt_ip": report.mapped_alt_ip,
+                                  "heard_change_ip_port": report.heard_change_ip_port,
+                                  "heard_change_port": report.heard_change_port})
+        state.upsert_member(view)
+        state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
+        host = await find_host(ep, opts.join_timeout_s)
+        control = await ep.connect(host)
+        api = None
+        if opts.api_port is not None:
+            api = ApiServer(state, port=opts.api_port)
+            await api.start()
+        try:
+            return await MemberRuntime(ep, control, state, opts, cache, api).run()
+        finally:
+            if api:
+                await api.stop()

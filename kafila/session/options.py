@@ -1,0 +1,57 @@
+"""Options of the session flows (filled from the command line, the TUI, or tests)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kafila.errors import SessionError
+
+DEFAULT_RENDEZVOUS = ("127.0.0.1", 3478)
+DEFAULT_API_PORT = 8711
+
+
+def parse_addr(text: str, default_port: int = DEFAULT_RENDEZVOUS[1]) -> tuple[str, int]:
+    """'host:port' or 'host' → (ip, port), resolving a name once."""
+    host, _, port = text.rpartition(":") if ":" in text else (text, "", str(default_port))
+    try:
+        return socket.gethostbyname(host or text), int(port)
+    except (OSError, ValueError):
+        raise SessionError(f"cannot use rendezvous address {text!r}: expected HOST:PORT") from None
+
+
+@dataclass(frozen=True)
+class MemberOptions:
+    """How `kafila join` takes part in a session."""
+
+    code: str
+    rendezvous: tuple[str, int] = DEFAULT_RENDEZVOUS
+    name: str = field(default_factory=socket.gethostname)
+    bind: tuple[str, int] = ("0.0.0.0", 0)
+    api_port: int | None = DEFAULT_API_PORT  # None: no local chat endpoint
+    throttle: float = 1.0  # emulated slow-down (1 = none)
+    memory_gb: float | None = None  # emulated memory cap
+    cache_dir: Path | None = None
+    join_timeout_s: float = 60.0
+    link_idle_timeout_s: float = 5.0  # a silent peer is declared lost after this long
+    allow_direct: bool = True
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """How `kafila host` runs a session."""
+
+    model: Path | None = None  # None: the embedded SmolLM2
+    rendezvous: tuple[str, int] = DEFAULT_RENDEZVOUS
+    members: int = 3  # how many members to wait for
+    wait_s: float = 120.0  # then plan with whoever joined (at least one)
+    concurrency: int = 4
+    context: int = 2048
+    api_port: int | None = DEFAULT_API_PORT
+    bind: tuple[str, int] = ("0.0.0.0", 0)
+    cache_dir: Path | None = None
+    secret: str | None = None  # tests: a fixed secret
+    link_idle_timeout_s: float = 5.0
+    allow_direct: bool = True
+    replan: bool = True  # after losing a member, plan again over the others when the model still fits
