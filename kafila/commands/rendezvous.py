@@ -17,6 +17,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import signal
 
     from rendezvous.server import RendezvousServer
 
@@ -24,8 +25,17 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kafila.rendezvous").setLevel(logging.INFO)
     server = RendezvousServer(args.host, args.port, args.alt_ip)
-    try:
-        asyncio.run(server.serve_forever(args.stats_every))
-    except KeyboardInterrupt:
-        pass
+
+    async def serve() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)  # stop cleanly: sockets closed, a last log line
+        try:
+            await server.serve_forever(args.stats_every)
+        except asyncio.CancelledError:
+            logging.getLogger("kafila.rendezvous").info("rendezvous stopped")
+
+    asyncio.run(serve())
     return 0

@@ -75,7 +75,7 @@ def classify(
 async def probe(request: StunRequester, primary: Addr, timeout_s: float = 0.3, tries: int = 2) -> NatReport:
     """Run the probe sequence against the rendezvous at `primary` (ip, P) and classify."""
     t0 = time.monotonic()
-    first = await request(primary, 0, timeout_s, tries)
+    first = await request(primary, 0, timeout_s, tries + 1)  # an extra try costs nothing when answered
     if first is None or first.mapped is None:
         return NatReport(NatClass.UNKNOWN, None, None, None, False, False, None, None, time.monotonic() - t0)
     rtt_ms = round((time.monotonic() - t0) * 1000.0, 3)

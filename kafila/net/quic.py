@@ -8,6 +8,17 @@ fingerprint against the one in its verified announcement before any application 
 A Link carries length-prefixed messages on stream 0: u32 big-endian length | bytes. The first
 message each way is a handshake word (HELLO from the client, WELCOME from the server), so a
 link counts as usable only once both ends have checked each other's pin.
+
+Link transitions:
+
+    state        event                               -> state        action
+    handshaking  TLS done, peer pin matches          -> pinned       client writes HELLO
+    handshaking  TLS done, pin missing or different  -> closed       CONNECTION_CLOSE with the reason
+    pinned       server reads HELLO                  -> ready        writes WELCOME, hands link to accept()
+    pinned       client reads WELCOME                -> ready        connect() returns
+    pinned       anything else first                 -> closed       "did not start with the handshake"
+    ready        a whole message                     -> ready        queued for recv()
+    any          ConnectionTerminated / close()      -> closed       recv()/send() raise NetworkError
 """
 
 from __future__ import annotations

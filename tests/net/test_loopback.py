@@ -249,3 +249,43 @@ async def test_limits_bound_the_member_count() -> None:
             await b.join_session(rdv, code)
             with pytest.raises(SessionError, match="full"):
                 await c.join_session(rdv, code)
+
+
+async def test_ring_of_three_opens_exactly_its_edges() -> None:
+    async with inprocess_rendezvous() as (rdv, _, _):
+        eps = [PeerEndpoint(bind=("127.0.0.1", 0), name=f"m{i}") for i in range(3)]
+        async with eps[0] as a, eps[1] as b, eps[2] as c:
+            await asyncio.gather(*(e.probe_nat(rdv) for e in (a, b, c)))
+            code = await a.create_session(rdv)
+            await asyncio.gather(b.join_session(rdv, code), c.join_session(rdv, code))
+            await asyncio.gather(*(e.announce() for e in (a, b, c)))
+            mls = await asyncio.gather(*(e.wait_for_members(3, 10) for e in (a, b, c)))
+            order = sorted(mls[0].verified, key=lambda m: m.name)
+            rings = await asyncio.gather(*(e.open_ring(order) for e in (a, b, c)))
+            for e, ring in zip((a, b, c), rings, strict=True):
+                assert ring.next is not None and ring.prev is not None and ring.report is not None
+                assert ring.report.actual in ("direct", "relay") and ring.report.ready_ms is not None
+                assert len(e._links) == 2  # exactly two edges per member
+            # a token goes round the ring: a -> b -> c -> a
+            await rings[0].next.send(b"token")  # type: ignore[union-attr]
+            for i in (1, 2):
+                msg = await rings[i].prev.recv(5)  # type: ignore[union-attr]
+                await rings[i].next.send(msg + bytes([i]))  # type: ignore[union-attr]
+            assert await rings[0].prev.recv(5) == b"token\x01\x02"  # type: ignore[union-attr]
+
+
+async def test_endpoint_survives_garbage_datagrams() -> None:
+    import random
+
+    rng = random.Random(4)
+    async with PeerEndpoint(bind=("127.0.0.1", 0)) as ep:
+        ep.rendezvous = ("127.0.0.1", 9)  # half the garbage claims to come from the rendezvous
+        for _ in range(3000):
+            first = rng.choice([0x00, 0x01, 0x10, 0x11, 0x20, 0x21, 0x30, 0x31, 0x32, 0x40, 0xC0, rng.randrange(256)])
+            data = bytes([first]) + rng.randbytes(rng.randrange(0, 1400))
+            if first == 0x21 and rng.random() < 0.5:  # a relayed QUIC Initial-looking payload
+                data = bytes([0x21]) + rng.randbytes(8) + bytes([0xC3]) + rng.randbytes(1250)
+            src = ep.rendezvous if rng.random() < 0.5 else ("127.0.0.1", rng.randrange(1, 65535))
+            ep._on_datagram(data, src)
+        await asyncio.sleep(0.05)
+        assert not ep._ticker_task.done()
