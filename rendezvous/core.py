@@ -28,7 +28,8 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
   the same session. The payload is never parsed: it is QUIC ciphertext or a MAC'd punch frame.
 
 Everything is bounded (Limits): sessions, members per session, datagram sizes, join/create rate
-per source address and per IP, the retry cache; silent members and idle sessions expire.
+per source address and per IP, relayed datagrams per member, the retry cache; silent members and
+idle sessions expire. Nothing is queued: every answer or relayed datagram is sent at once.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Limits:
     per_source_rate: float = 2.0  # per second
     per_ip_burst: float = 600.0  # creates/joins from one IP (a campus NAT hides many members)
     per_ip_rate: float = 100.0
+    relay_burst: float = 20000.0  # relayed datagrams per member (about 24 MB at 1.2 kB)
+    relay_rate: float = 20000.0  # per second: ~190 Mbit/s per member, more than this process can forward
     max_buckets: int = 20000
     max_cached_replies: int = 8192
     list_page_bytes: int = 1200
@@ -336,6 +339,9 @@ class RendezvousCore:
             self.stats.dropped += 1
             return []
         sender.last_seen = now  # relayed traffic also counts as the member being alive
+        if not self._rate_ok(("relay", sender.member_id), self.limits.relay_burst, self.limits.relay_rate, now):
+            self.stats.rate_limited += 1
+            return []  # QUIC sees a loss and slows down
         self.stats.relayed += 1
         self.stats.relayed_bytes += len(frame.payload)
         return [(wire.encode_relay(wire.RELAYED, sender.member_id, frame.payload), target.local, target.addr)]

@@ -401,7 +401,9 @@ class PeerEndpoint(LinkOwner):
                     wake = min(wake, w)
             if now >= self._next_rdv_ping and self.code is not None and self.rendezvous is not None:
                 self._next_rdv_ping = now + self.rendezvous_ping_s
-                self._send_control({"op": "ping", "session": self.code.session_id, "member": self.member_id.hex()})
+                # a re-join, not a bare ping: if our NAT rebinds, the rendezvous learns the new address
+                self._send_control({"op": "join", "session": self.code.session_id, "member": self.member_id.hex(),
+                                    "token": self.code.join_token.hex()})
             self._wake.clear()
             if self._closing:
                 return

@@ -149,3 +149,24 @@ def test_fuzz_control_bodies_get_an_answer(body: dict) -> None:
     c = core()
     r = ask(c, body)
     assert r["ok"] in (True, False)
+
+
+def test_rejoin_from_a_new_address_moves_the_relay_registration() -> None:
+    c = core()
+    sid = new_session(c)
+    a1, a2, b = ("10.0.0.1", 1000), ("10.0.0.1", 1001), ("10.0.0.2", 2000)
+    assert join(c, sid, b"a" * 8, a1, rid=2)["ok"] and join(c, sid, b"b" * 8, b, rid=3)["ok"]
+    assert join(c, sid, b"a" * 8, a2, rid=4)["ok"]  # the NAT rebound: same member, new address
+    assert a1 not in c.by_addr and c.by_addr[a2] == (sid, b"a" * 8)
+    out = c.handle(wire.encode_relay(wire.RELAY, b"a" * 8, b"\x45x"), b, A, 1.0)
+    assert out[0][2] == a2
+
+
+def test_relay_rate_is_bounded_per_member() -> None:
+    c = core(relay_burst=5, relay_rate=0.0)
+    sid = new_session(c)
+    a, b = ("10.0.0.1", 1000), ("10.0.0.2", 2000)
+    join(c, sid, b"a" * 8, a, rid=2)
+    join(c, sid, b"b" * 8, b, rid=3)
+    sent = [len(c.handle(wire.encode_relay(wire.RELAY, b"b" * 8, b"\x45x"), a, A, 1.0)) for _ in range(8)]
+    assert sent == [1] * 5 + [0] * 3
