@@ -1,61 +1,76 @@
-"""`kafila demo`: the embedded model, split into three stages, answering a chat on this machine."""
+"""`kafila demo`: a real ring on this machine (rendezvous, host, three emulated members) and a chat through it."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from kafila.commands._common import add_model_arg, add_sampling_args, byte_progress
-
-HELP = "chat with the embedded model split into a chain of three stages on this machine"
+HELP = "run a whole session on this machine (rendezvous, host, 3 emulated members) and chat through the ring"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p)
-    add_sampling_args(p)
-    p.add_argument("--split", default="10,20", help="block boundaries (default 10,20)")
-    p.add_argument("--prompt", default=None, help="answer this one message and exit")
+    p.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--prompt", default=None, help="answer this one message, print the reply and exit")
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply (default 256)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0 = greedy)")
+    p.add_argument("--throttle", default="1,2,4",
+                   help="EMULATION: slow-down of each member, comma-separated (default 1,2,4: three members)")
+    p.add_argument("--memory", default=None, help="EMULATION: memory cap in GB of each member, comma-separated")
+    p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
+    p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
+    p.add_argument("--api-port", type=int, default=8711, help="the chat API port (default 8711; 0: any free one)")
+    p.add_argument("--json", action="store_true", help="with --prompt: print one JSON object (text, plan, timings)")
+
+
+def _members(args: argparse.Namespace) -> tuple:
+    from kafila.errors import KafilaError
+    from kafila.session.demo import DemoMember
+
+    names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]
+    try:
+        throttles = [float(t) for t in args.throttle.split(",")]
+        mems = [float(m) if m else None for m in args.memory.split(",")] if args.memory else [None] * len(throttles)
+    except ValueError:
+        raise KafilaError("--throttle and --memory take comma-separated numbers") from None
+    if not 1 <= len(throttles) <= len(names) or len(mems) != len(throttles) or min(throttles) < 1:
+        raise KafilaError(f"give 1 to {len(names)} throttles (each >= 1), and as many --memory values")
+    return tuple(DemoMember(n, t, m) for n, t, m in zip(names, throttles, mems, strict=False))
 
 
 def run(args: argparse.Namespace) -> int:
-    from kafila.engine.chain import open_chain
-    from kafila.engine.request import Request
-    from kafila.engine.sampler import Sampler, SamplingParams
-    from kafila.engine.stage import ContextConfig
-    from kafila.model.embedded import resolve_model
-    from kafila.model.stage_cache import StageCache
+    import json
+    import sys
 
-    config = ContextConfig(n_ctx_per_seq=args.context, n_seq_max=1)
-    with byte_progress("cutting stages") as progress:
-        chain = open_chain(resolve_model(args.model), args.split, config, StageCache(), progress)
-    history: list[dict[str, str]] = []
-    try:
-        interactive = args.prompt is None
-        if interactive:
-            print(f"Kafila demo: {len(chain.stages)} stages (split {args.split}). Type a message; Ctrl-D quits.")
-        while True:
-            if interactive:
-                try:
-                    line = input("you> ").strip()
-                except EOFError:
-                    print()
-                    return 0
-                if not line:
-                    continue
-            else:
-                line = args.prompt
-            history.append({"role": "user", "content": line})
-            tokens = chain.vocab.chat_tokens(history)
-            request = Request(0, tokens, args.max_tokens, args.context,
-                              Sampler(SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)), chain.vocab)
-            reply = []
-            for _, piece in chain.run([request]):
-                reply.append(piece)
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+    from rich.console import Console
+
+    from kafila.errors import SessionError
+    from kafila.session.background import SessionThread
+    from kafila.session.demo import DemoOptions, run_demo
+    from kafila.session.report import plan_summary, reply_via_api
+
+    from pathlib import Path
+
+    opts = DemoOptions(model=Path(args.model) if args.model else None, members=_members(args),
+                       concurrency=args.concurrency, context=args.context, api_port=args.api_port)
+    console = Console(stderr=True, highlight=False)
+    with SessionThread(lambda state: run_demo(opts, state), console=None if args.json else console) as session:
+        state = session.wait_settled(timeout_s=600)
+        if state.phase != "admitted":
+            raise SessionError(state.rejection or state.lost or f"the demo session did not start ({state.phase}); "
+                               f"see the logs in the cache's demo-logs folder")
+        if not args.json:
+            console.print(plan_summary(state))
+        if args.prompt is None:
+            from kafila.commands import chat
+
+            return chat.run(argparse.Namespace(api=state.api_url, max_tokens=args.max_tokens,
+                                               temperature=args.temperature))
+        text, stats = reply_via_api(state.api_url or "", args.prompt, args.max_tokens, args.temperature,
+                                    echo=None if args.json else sys.stdout)
+        if args.json:
+            print(json.dumps({"text": text, "admitted": True, "plan": state.plan, "rejection": None,
+                              "tokens_per_s": stats.get("tokens_per_s"), "stages": stats.get("stages"),
+                              "network_share": stats.get("network_share"),
+                              "members": {n: {"emulated": m.emulated} for n, m in state.members.items()}}))
+        else:
             sys.stdout.write("\n")
-            history.append({"role": "assistant", "content": "".join(reply)})
-            if not interactive:
-                return 0
-    finally:
-        chain.close()
+    return 0

@@ -11,19 +11,23 @@ from rich.console import Console
 from kafila.session.state import SessionState
 
 
+class EventPrinter:
+    """A state listener that prints each new event line once."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._printed = 0
+
+    def __call__(self, state: SessionState) -> None:
+        for t, text in state.events[self._printed:]:
+            self.console.print(f"[dim]{time.strftime('%H:%M:%S', time.localtime(t))}[/] {text}", highlight=False)
+        self._printed = len(state.events)
+
+
 def run_printing(flow: Callable[[SessionState], Awaitable[int]], console: Console | None = None) -> int:
-    """Run `flow` with a fresh state, printing each new event line and the join code; returns its status."""
-    console = console or Console(stderr=True)
+    """Run `flow` with a fresh state, printing its events; returns its exit status."""
     state = SessionState()
-    printed = 0
-
-    def show(s: SessionState) -> None:
-        nonlocal printed
-        for t, text in s.events[printed:]:
-            console.print(f"[dim]{time.strftime('%H:%M:%S', time.localtime(t))}[/] {text}", highlight=False)
-        printed = len(s.events)
-
-    state.subscribe(show)
+    state.subscribe(EventPrinter(console or Console(stderr=True)))
     try:
         return asyncio.run(flow(state))
     except KeyboardInterrupt:

@@ -97,7 +97,6 @@ class SessionState:
     def log(self, text: str) -> None:
         """Add a line to the session's event log."""
         self.events.append((time.time(), text))
-        del self.events[:-200]
         self.changed()
 
     def set_phase(self, phase: str, text: str | None = None) -> None:

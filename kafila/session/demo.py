@@ -1,0 +1,136 @@
+"""The demo session on one machine: a rendezvous, the host (in this process) and three members, on loopback.
+
+Members run as separate processes (`kafila join`), each with an emulated slow-down, so the planner
+sees a heterogeneous fleet; everything else is the real thing (QUIC over UDP, the rendezvous, stage
+delivery, llama.cpp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kafila.errors import SessionError
+from kafila.model.embedded import default_model_path
+from kafila.model.stage_cache import StageCache
+from kafila.session.host import run_host
+from kafila.session.measure import cached_probe
+from kafila.session.options import DEFAULT_API_PORT, HostOptions
+from kafila.session.state import SessionState
+
+log = logging.getLogger("kafila.demo")
+STOP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class DemoMember:
+    """One emulated member: its name, slow-down factor and (optional) memory cap."""
+
+    name: str
+    throttle: float = 1.0
+    memory_gb: float | None = None
+
+
+DEFAULT_MEMBERS = (DemoMember("ada", 1.0), DemoMember("bo", 2.0), DemoMember("cy", 4.0))
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What `kafila demo` (and `kafila tui --demo`) starts."""
+
+    model: Path | None = None
+    members: tuple[DemoMember, ...] = DEFAULT_MEMBERS
+    concurrency: int = 4
+    context: int = 2048
+    api_port: int | None = DEFAULT_API_PORT
+    cache_dir: Path | None = None
+    log_dir: Path | None = None  # members' and rendezvous' output (default: <cache>/demo-logs)
+
+
+def kafila_argv() -> list[str]:
+    """How to start another kafila process: the frozen binary itself, or this interpreter on kafila.py."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, str(Path(__file__).resolve().parents[2] / "kafila.py")]
+
+
+def free_udp_pair(host: str = "127.0.0.1") -> int:
+    """A port P such that UDP P and P+1 are both free (the rendezvous probes from both)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
+            a.bind((host, 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+                try:
+                    b.bind((host, port + 1))
+                except OSError:
+                    continue
+            return int(port)
+    raise SessionError("no free pair of UDP ports on 127.0.0.1 for the rendezvous")
+
+
+async def _start(argv: list[str], log_path: Path) -> asyncio.subprocess.Process:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env={**os.environ}
+        )
+
+
+async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
+    for p in procs:
+        if p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    for p in procs:
+        try:
+            await asyncio.wait_for(p.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            await p.wait()
+
+
+async def run_demo(opts: DemoOptions, state: SessionState) -> int:
+    """Run the demo session until the host ends it (or the task is cancelled); returns the host's status."""
+    cache = StageCache(opts.cache_dir)
+    log_dir = opts.log_dir or cache.root / "demo-logs"
+    env_cache = {"KAFILA_CACHE_DIR": str(cache.root)}
+    os.environ.update(env_cache)  # members share this cache: the probe and the stage files
+    state.log("measuring this machine once for all members")
+    await asyncio.to_thread(cached_probe, default_model_path(), cache)
+    port = free_udp_pair()
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        procs.append(await _start([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
+                                  log_dir / "rendezvous.log"))
+        await asyncio.sleep(0.5)
+        host = asyncio.create_task(run_host(HostOptions(
+            model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
+            concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port, cache_dir=cache.root,
+        ), state))
+        async with asyncio.timeout(30):
+            while state.code is None and not host.done():
+                await asyncio.sleep(0.05)
+        if host.done():
+            return host.result()
+        state.log(f"starting members {', '.join(m.name for m in opts.members)} "
+                  f"(emulated slow-downs {', '.join(f'×{m.throttle:g}' for m in opts.members)}); logs in {log_dir}")
+        for m in opts.members:
+            argv = [*kafila_argv(), "join", state.code or "", "--rendezvous", f"127.0.0.1:{port}", "--name", m.name,
+                    "--api-port", "-1", "--throttle", str(m.throttle)]
+            if m.memory_gb is not None:
+                argv += ["--memory", str(m.memory_gb)]
+            procs.append(await _start(argv, log_dir / f"{m.name}.log"))
+        return await host
+    finally:
+        await _stop(procs[1:])
+        await _stop(procs[:1])
