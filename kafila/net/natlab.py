@@ -13,8 +13,16 @@ masquerade, restrictive = masquerade random), always with the WAN input-drop cha
 "ordinary" measures as restrictive. Rules can be reloaded between runs (`set_nat`), and conntrack
 is flushed so no stale mapping carries over.
 
-Use:  with NatLab() as lab: lab.set_nat(1, NatClass.ORDINARY); lab.spawn(lab.host(1), [...])
-      `python -m kafila.net.natlab member ...` is the member program the pair runner starts.
+NatLab(nats=N) builds N such NAT+host pairs (WAN 100.64.0.(10+i), LAN 10.i.0.0/24) for a whole
+session. Use:
+
+    with NatLab(nats=3) as lab:
+        lab.set_nat(1, NatClass.ORDINARY)                       # and 2, 3 ...
+        rdv = await start_rendezvous(lab)                       # kafila rendezvous on RDV_IP/RDV_ALT_IP
+        p = await asyncio.create_subprocess_exec(*lab.command(lab.host(1), argv), ...)
+        lab.track(p)                                            # killed before the namespaces go
+
+`python -m kafila.net.natlab member ...` is the member program the pair runner starts.
 Needs root (CAP_NET_ADMIN) and the `nft` binary; `available()` says why not when it cannot run.
 """
 
@@ -114,7 +122,10 @@ def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.
 class NatLab:
     """The namespaces, links and routers; a context manager that always tears everything down."""
 
-    def __init__(self, prefix: str | None = None) -> None:
+    def __init__(self, prefix: str | None = None, nats: int = 2) -> None:
+        if not 1 <= nats <= 50:
+            raise ValueError("1 to 50 NATs")
+        self.nats = nats  # NAT i (1-based) has WAN 100.64.0.(10+i) and one host 10.i.0.2 behind it
         self.prefix = prefix or f"kl{os.getpid() % 100000}{secrets.token_hex(2)}"
         self.pub = f"{self.prefix}pub"
         self._made: list[str] = []
@@ -148,7 +159,8 @@ class NatLab:
 
     def _build(self) -> None:
         t0 = time.monotonic()
-        for ns in (self.pub, self.router(1), self.router(2), self.host(1), self.host(2)):
+        names = [self.pub] + [self.router(i) for i in range(1, self.nats + 1)]
+        for ns in names + [self.host(i) for i in range(1, self.nats + 1)]:
             _run("ip", "netns", "add", ns)
             self._made.append(ns)
             self._ns(ns, "ip", "link", "set", "lo", "up")
@@ -157,12 +169,12 @@ class NatLab:
         self._ns(pub, "ip", "addr", "add", f"{RDV_IP}/24", "dev", "br0")
         self._ns(pub, "ip", "addr", "add", f"{RDV_ALT_IP}/24", "dev", "br0")
         self._ns(pub, "ip", "link", "set", "br0", "up")
-        for i in (1, 2):
+        for i in range(1, self.nats + 1):
             r, h = self.router(i), self.host(i)
             _run("ip", "link", "add", "wan", "netns", r, "type", "veth", "peer", "name", f"p{i}", "netns", pub)
             self._ns(pub, "ip", "link", "set", f"p{i}", "master", "br0")
             self._ns(pub, "ip", "link", "set", f"p{i}", "up")
-            self._ns(r, "ip", "addr", "add", f"100.64.0.1{i}/24", "dev", "wan")
+            self._ns(r, "ip", "addr", "add", f"100.64.0.{10 + i}/24", "dev", "wan")
             self._ns(r, "ip", "link", "set", "wan", "up")
             _run("ip", "link", "add", "lan", "netns", r, "type", "veth", "peer", "name", "eth0", "netns", h)
             self._ns(r, "ip", "addr", "add", f"10.{i}.0.1/24", "dev", "lan")

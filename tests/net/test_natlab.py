@@ -39,3 +39,15 @@ async def test_nine_class_pairs_connect_as_predicted() -> None:
         assert not (r.predicted == "direct" and r.verified != "direct"), table  # no unsafe error
         assert r.predicted == r.verified, table  # the lab's target: 9 of 9
         assert r.ready_ms is not None and r.ready_ms < 1000, table
+
+
+def test_lab_with_three_nats_builds_and_leaves_nothing_behind() -> None:
+    _require_lab()
+    with natlab.NatLab(nats=3) as lab:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        assert all(lab.host(i) in names and lab.router(i) in names for i in (1, 2, 3))
+        for i in (1, 2, 3):
+            lab.set_nat(i, natlab.CLASSES[i - 1])
+        prefix = lab.prefix
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert prefix not in names
