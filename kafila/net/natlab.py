@@ -37,6 +37,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,6 +132,7 @@ class NatLab:
         self._made: list[str] = []
         self._procs: list[subprocess.Popen[str] | asyncio.subprocess.Process] = []
         self.has_conntrack = shutil.which("conntrack") is not None
+        self.workdir = Path(tempfile.gettempdir()) / f"{self.prefix}-lab"  # made in __enter__
 
     def router(self, i: int) -> str:
         """The namespace of NAT i (1 or 2)."""
@@ -148,6 +150,7 @@ class NatLab:
         if why:
             raise RuntimeError(why)
         try:
+            self.workdir.mkdir(mode=0o700)
             self._build()
         except BaseException:
             self.close()
@@ -217,6 +220,7 @@ class NatLab:
         for ns in reversed(self._made):
             _run("ip", "netns", "del", ns, check=False)
         self._made.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 # ---- running one pair of members -------------------------------------------------------
@@ -268,24 +272,19 @@ async def start_rendezvous(lab: NatLab, timeout_s: float = 15.0) -> asyncio.subp
     """`kafila rendezvous` inside the public namespace, on both addresses; waits until it listens."""
     argv = [sys.executable, str(REPO / "kafila.py"), "rendezvous", "--host", RDV_IP, "--port", str(RDV_PORT),
             "--alt-ip", RDV_ALT_IP]
-    proc = await asyncio.create_subprocess_exec(*lab.command(lab.pub, argv), cwd=REPO,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    log_path = lab.workdir / "rendezvous.log"  # kept until the lab closes: useful when a pair fails
+    with open(log_path, "ab") as log_file:
+        proc = await asyncio.create_subprocess_exec(*lab.command(lab.pub, argv), cwd=REPO,
+                                                    stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
     lab.track(proc)
-    assert proc.stderr is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        line = await asyncio.wait_for(proc.stderr.readline(), max(0.01, deadline - time.monotonic()))
-        if not line:
-            raise RuntimeError("the rendezvous exited at start")
-        if b"listening" in line:
-            asyncio.get_running_loop().create_task(_drain(proc.stderr))
+        if b"listening" in log_path.read_bytes():
             return proc
+        if proc.returncode is not None:
+            raise RuntimeError(f"the rendezvous exited at start: {log_path.read_text()[-500:]}")
+        await asyncio.sleep(0.02)
     raise TimeoutError("the rendezvous did not start listening")
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
 
 
 async def run_pair(lab: NatLab, a: NatClass, b: NatClass, timeout_s: float = 25.0) -> PairResult:
