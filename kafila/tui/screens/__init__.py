@@ -1,0 +1,1 @@
+"""The dashboard's screens: the tabbed dashboard and the "session lost" dialog."""

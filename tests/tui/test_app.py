@@ -1,0 +1,249 @@
+"""Pilot tests of the dashboard: each screen from constructed/recorded states, the chat against the contract server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Input, TabbedContent
+
+from kafila.errors import SessionError
+from kafila.session.state import MemberView, SessionState
+from kafila.tui.app import KafilaApp
+from kafila.tui.screens.lost import LostScreen
+from kafila.tui.widgets.chat import ChatPane, MessageView
+from tests.tui import states
+from tests.tui.contract_server import Script
+from tests.tui.screen_text import screen_text
+
+SMALL = (80, 24)
+
+
+async def until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait for the app to reach a condition (workers and timers run meanwhile)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def started(app: KafilaApp, pilot: Pilot[int]) -> None:
+    """Wait for the first render: it picks the tab (chat when admitted), so keys pressed before it are lost."""
+    await until(lambda: app.rendered)
+    await pilot.pause()
+
+
+def active_tab(app: KafilaApp) -> str:
+    return str(app.dashboard.query_one(TabbedContent).active)
+
+
+async def test_members_appear_as_they_join() -> None:
+    full = states.members_state()
+    st = SessionState(role="host", phase="waiting", code="kf-1")
+    app = KafilaApp(st, tick_s=0.05)
+    async with app.run_test(size=SMALL) as pilot:
+        table = app.dashboard.query_one(DataTable)
+        await started(app, pilot)
+        assert table.row_count == 0 and "Waiting for members" in screen_text(app)
+        for i, view in enumerate(full.members.values()):
+            st.upsert_member(view)  # the session code's update; the app re-renders on its next tick
+            await until(lambda i=i: table.row_count == i + 1)
+        st.update_member("rtx3060-laptop", status="measuring", probe_samples=[1e9, 2e9, 3e9])
+        await until(lambda: "measuring" in str(table.get_cell("rtx3060-laptop", "status")))
+        text = screen_text(app)
+        assert "old-i7-desktop EMU" in text and "22.0*" in text  # emulation marked where it is shown
+        assert "mbp-m3pro-18gb" in text and "NAT ordinary from: mapped=" in text  # detail of the first member
+        assert "5 members" in text
+        await pilot.press("down", "down")  # the cursor moves: the detail follows
+        await until(lambda: "EMULATED ÷4 bw, 24 GB cap" in screen_text(app))
+
+
+async def test_matrix_shows_predicted_and_verified_edges_and_the_wrong_one() -> None:
+    app = KafilaApp(states.admitted_state())
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+        assert active_tab(app) == "reach"
+        text = screen_text(app)
+        assert "predicted reachability" in text and "1  2  3  4  5" in text
+        assert "[D]" in text  # ring edges verified direct
+        assert "!D!" in text  # rtx3060 → old-i7: predicted direct, found relayed
+        row = next(line for line in text.splitlines() if line.lstrip().startswith("3→4"))
+        assert "direct" in row and "relayed" in row and "✗ WRONG" in row
+        assert sum("✓" in line for line in text.splitlines()) == 4
+        assert "an all-direct ring exists" in text
+
+
+async def test_plan_shows_ranges_to_scale_bottleneck_and_baselines() -> None:
+    state = states.admitted_state()
+    app = KafilaApp(state)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await started(app, pilot)
+        await pilot.press("f3")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "head mbp-m3pro-18gb" in text and "(head)" in text
+        for name, (a, b) in state.plan["ranges"].items():  # type: ignore[index]
+            row = next(line for line in text.splitlines() if f"[{a},{b})" in line and name[:10] in line)
+            assert "█" in row
+        bottleneck_row = next(line for line in text.splitlines() if "◀" in line)
+        assert "old-i7-desktop" in bottleneck_row and "6.43" in bottleneck_row
+        assert "utilisation 91%" in text
+        lines = text.splitlines()
+        top = lines.index(next(line for line in lines if "strategies side by side" in line))
+        compare = {line.split()[0]: line for line in lines[top + 2:top + 5]}
+        assert "1.00×" in compare["kafila"] and "5.90×" in compare["uniform"] and "10.70×" in compare["memory"]
+
+
+async def test_rejection_shows_reasons_and_what_would_admit() -> None:
+    app = KafilaApp(states.rejected_state())
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        assert active_tab(app) == "admission"  # a rejection opens the reasons
+        text = screen_text(app)
+        assert "REJECTED" in text and "does not fit in memory" in text
+        assert "What would admit the session" in text
+        assert "→ at most 11 concurrent requests of 32768 tokens" in text
+        assert "✗ rejected" in text
+        prompt = app.dashboard.query_one("#prompt", Input)
+        assert prompt.disabled
+
+
+async def test_chat_streams_a_reply_and_saves_it(api: str, script: Script, data_dir: Path) -> None:
+    state = states.admitted_state()
+    state.api_url = api
+    script.delay_s = 0.05
+    app = KafilaApp(state)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        assert active_tab(app) == "chat"  # admission opens the chat
+        chat = app.dashboard.query_one(ChatPane)
+        prompt = app.dashboard.query_one("#prompt", Input)
+        assert app.focused is prompt
+        await pilot.press(*"what is 1+2?")  # digits go to the prompt, not to the tab keys
+        conv = chat.conversations[0]
+        await until(lambda: conv.draft_path.exists())
+        assert conv.draft_path.read_text() == "what is 1+2?"  # saved as typed
+        await pilot.press("enter")
+        await until(lambda: chat.streaming)
+        await until(lambda: not chat.streaming)
+        replies = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"]
+        assert replies[-1].body == "Hello, ring!" and replies[-1].error is None
+        text = screen_text(app)
+        assert "Hello, ring!" in text and "42.5 tok/s" in text and "network 18%" in text
+        assert "alpha" in text and "4.5/4.0" in text
+        assert script.requests[0]["messages"] == [{"role": "user", "content": "what is 1+2?"}]
+        lines = [json.loads(x) for x in conv.path.read_text().splitlines()]
+        assert [r["type"] for r in lines] == ["meta", "user", "delta", "delta", "delta", "delta", "end"]
+        assert conv.path.parent == data_dir / "chats"
+
+        # A second conversation starts empty and sends no history; the first keeps its own.
+        await pilot.press("ctrl+n")
+        assert len(chat.conversations) == 2 and not list(app.dashboard.query(MessageView))
+        await pilot.press(*"again", "enter")
+        await until(lambda: len(script.requests) == 2 and not chat.streaming)
+        assert script.requests[1]["messages"] == [{"role": "user", "content": "again"}]
+        chat.switch_to(0)
+        await pilot.pause()
+        assert [m.body for m in app.dashboard.query(MessageView)] == ["what is 1+2?", "Hello, ring!"]
+
+
+async def test_chat_error_is_shown_and_recorded(api: str, script: Script) -> None:
+    state = states.admitted_state()
+    state.api_url = api
+    script.status, script.error_message = 503, "the ring is reloading"
+    app = KafilaApp(state)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        chat = app.dashboard.query_one(ChatPane)
+        await pilot.press(*"hi", "enter")
+        await until(lambda: len(script.requests) == 1 and not chat.streaming)
+        assert "the ring is reloading" in screen_text(app)
+        recs = [json.loads(x) for x in chat.conversations[0].path.read_text().splitlines()]
+        assert recs[-1]["type"] == "end" and "the ring is reloading" in recs[-1]["error"]
+
+
+async def test_session_lost_is_clear_and_keeps_the_dashboard() -> None:
+    state = states.admitted_state()
+    app = KafilaApp(state, tick_s=0.05)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        state.lost = "rtx3060-laptop stopped answering"
+        state.set_phase("lost", "lost rtx3060-laptop")
+        await until(lambda: isinstance(app.screen, LostScreen))
+        await pilot.pause()
+        text = screen_text(app)
+        assert "SESSION LOST" in text and "rtx3060-laptop stopped answering" in text
+        assert "conversations are saved in" in text
+        await pilot.press("escape")
+        await until(lambda: not isinstance(app.screen, LostScreen))
+        assert app.dashboard.query_one("#prompt", Input).disabled
+        assert " LOST " in screen_text(app)
+
+
+async def test_flow_runs_as_a_worker_and_drives_the_screens(api: str) -> None:
+    """A stand-in for the runner: it updates the state as run_host would, from the app's own loop."""
+    full = states.admitted_state()
+    full.api_url = api
+
+    async def flow(state: SessionState) -> int:
+        state.role, state.code, state.model = "host", full.code, full.model
+        state.set_phase("waiting", "session open")
+        for view in full.members.values():
+            await asyncio.sleep(0.02)
+            state.upsert_member(MemberView(view.name, nat=view.nat, probe_samples=view.probe_samples[:3]))
+        state.set_phase("planning")
+        state.plan, state.predicted, state.edges = full.plan, full.predicted, full.edges
+        state.api_url, state.stages = full.api_url, full.stages
+        state.set_phase("admitted", "admitted")
+        await asyncio.Event().wait()  # a session runs until cancelled
+        return 0
+
+    app = KafilaApp(flow=flow, tick_s=0.05)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(lambda: active_tab(app) == "chat")
+        assert app.dashboard.query_one(DataTable).row_count == 5
+        await pilot.press("f3")
+        await pilot.pause()
+        assert "◀" in screen_text(app)
+
+
+async def test_flow_failure_becomes_the_lost_state() -> None:
+    async def flow(state: SessionState) -> int:
+        state.set_phase("waiting")
+        raise SessionError("the rendezvous at 10.0.0.1:3478 does not answer")
+
+    app = KafilaApp(flow=flow, tick_s=0.05)
+    async with app.run_test(size=SMALL) as pilot:
+        await until(lambda: isinstance(app.screen, LostScreen))
+        await pilot.pause()
+        assert "the rendezvous at 10.0.0.1:3478 does not answer" in screen_text(app)
+
+
+async def test_attach_follows_a_running_session(api: str, script: Script) -> None:
+    script.state = states.admitted_state().to_json()
+    script.state["api_url"] = None  # the poller fills in the URL it attached to
+    app = KafilaApp(SessionState(phase="connecting"), attach=api, tick_s=0.05)
+    async with app.run_test(size=SMALL):
+        await until(lambda: app.state.phase == "admitted")
+        await until(lambda: active_tab(app) == "chat")
+        assert app.state.api_url == api
+        assert app.dashboard.query_one(DataTable).row_count == 5
+
+
+async def test_every_tab_renders_at_80x24() -> None:
+    for make in states.ALL.values():
+        app = KafilaApp(make())
+        async with app.run_test(size=SMALL) as pilot:
+            await started(app, pilot)
+            for key in ("f1", "f2", "f3", "f4", "f5"):
+                if isinstance(app.screen, LostScreen):
+                    await pilot.press("escape")
+                await pilot.press(key)
+                await pilot.pause()
+                lines = screen_text(app).splitlines()
+                assert len(lines) == 24 and "KAFILA" in lines[0] and "Quit" in lines[-1]
