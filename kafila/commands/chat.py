@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kafila.session.api_client import ApiClient
-    from kafila.session.transcripts import Conversation, chats_dir
+    from kafila.session.transcripts import Conversation, chats_dir, shown
 
     console = Console(highlight=False)
     api = ApiClient(args.api)
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     models = asyncio.run(_models(api))
     model = models[0] if models else "kafila"
     console.print(f"[bold]Kafila chat[/] at {api.url} (model {model}). {COMMANDS_HELP}.", soft_wrap=True)
-    console.print(f"[dim]transcripts are saved in {chats_dir()}[/]")
+    console.print(f"[dim]transcripts are saved in {shown(chats_dir())}[/]")
     conv: Conversation | None = None
     try:
         while True:

@@ -49,6 +49,15 @@ def _title(first_message: str) -> str:
     return text.splitlines()[0][:40] if text else ""
 
 
+def shown(path: Path) -> str:
+    """A path as a person reads it: the home directory as ~."""
+    home = Path.home()
+    try:
+        return "~/" + str(path.relative_to(home))
+    except ValueError:
+        return str(path)
+
+
 @dataclass
 class Message:
     """One chat message; an assistant reply may still be streaming or may have been interrupted."""

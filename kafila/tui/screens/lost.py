@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from kafila.session.transcripts import chats_dir
+from kafila.session.transcripts import chats_dir, shown
 
 
 class LostScreen(ModalScreen[None]):
@@ -35,7 +35,7 @@ class LostScreen(ModalScreen[None]):
             yield Static("SESSION LOST", id="lost-title")
             yield Static(Text(self.reason))
             yield Static(Text.assemble(
-                "\nNothing you typed is lost: conversations are saved in\n", (str(chats_dir()), "bold"),
+                "\nNothing you typed is lost: conversations are saved in\n", (shown(chats_dir()), "bold"),
                 "\n\nStart a new session with `kafila tui --demo`, `--host` or `--join`.\n",
                 ("Esc", "bold"), " look at the dashboard as it was · ", ("Ctrl+Q", "bold"), " quit"))
 

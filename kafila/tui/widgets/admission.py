@@ -74,6 +74,9 @@ def rejection_block(text: str) -> RenderableType:
             # "would admit: A; or B; or C" reads better as one option per line.
             head, _, rest = line.partition(":")
             options = [o.strip() for o in rest.split(";")] if head.lower() == "would admit" and rest else [line]
+            if line.lower().startswith("no "):  # what would not help, e.g. "no smaller quantisation helps"
+                parts.append(Text("✗ " + line, style="dim"))
+                continue
             parts += [Text("→ ", style="green") + Text(o.removeprefix("or ")) for o in options]
     return Group(*parts)
 
@@ -86,7 +89,7 @@ def delivery_block(state: SessionState, width: int) -> RenderableType | None:
     for name, (done, total) in state.delivery.items():
         row = Text(f"{short(name, 16):<17}")
         row.append_text(value_bar(done, total or 1, max(width - 40, 10), "green" if done >= total else "cyan"))
-        row.append(f" {gb(done)}/{gb(total)} GB")
+        row.append(f" {done / total if total else 1.0:4.0%} of {gb(total)} GB")
         rows.append(row)
     return Group(*rows)
 

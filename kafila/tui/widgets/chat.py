@@ -17,7 +17,7 @@ from textual.widgets.option_list import Option
 
 from kafila.session.api_client import ApiClient, ReplyStats
 from kafila.session.state import SessionState
-from kafila.session.transcripts import Conversation, chats_dir
+from kafila.session.transcripts import Conversation, chats_dir, shown
 from kafila.tui.format import ms, pct, short
 
 
@@ -63,7 +63,8 @@ class MessageView(Static):
 
     def _render_text(self) -> None:
         user = self.role == "user"
-        t = Text("you  " if user else "ring ", style="bold cyan" if user else "bold green")
+        t = Text()
+        t.append("you  " if user else "ring ", style="bold cyan" if user else "bold green")
         t.append(self.body or ("…" if self.role == "assistant" and self.error is None else ""))
         if self.error:
             t.append(f"\n⚠ {self.error}", style="bold red")
@@ -136,14 +137,14 @@ class ChatPane(Horizontal):
         prompt = self.query_one("#prompt", Input)
         prompt.disabled = not self.available
         if state.phase == "lost":
-            prompt.placeholder = f"session lost — conversations are saved in {chats_dir()}"
+            prompt.placeholder = f"session lost — conversations are saved in {shown(chats_dir())}"
         elif not self.available:
             prompt.placeholder = f"the chat opens when the session is admitted (now: {state.phase})"
         else:
             prompt.placeholder = "type a message, Enter sends · Ctrl+N new chat · Esc stops a reply"
         if self.available and not was:
             hint = self.query_one("#chat-hint", Static)
-            hint.update(f"Admitted: the ring serves {self.model}. Type below; transcripts go to {chats_dir()}.")
+            hint.update(f"Admitted: the ring serves {self.model}. Type below; transcripts go to {shown(chats_dir())}.")
             if not self.conversations:
                 self.new_conversation()
         if self._last_stats is None and (state.tokens_per_s is not None or state.stages):

@@ -11,7 +11,7 @@ from kafila.session.state import MemberView, SessionState
 from kafila.tui.format import gb, gbps, ms, sparkline
 
 COLUMNS = (("name", "member"), ("status", "status"), ("bw", "GB/s"), ("probe", "probe"), ("mem", "mem GB"),
-           ("dispatch", "disp ms"), ("rtt", "RTT ms"), ("nat", "NAT"), ("emu", "emulation"))
+           ("dispatch", "disp ms"), ("rtt", "RTT ms"), ("nat", "NAT"))
 STATUS_STYLE = {"ready": "green", "serving": "bold green", "measuring": "yellow", "loading": "cyan",
                 "joined": "", "lost": "bold red", "refused": "bold red"}
 EMULATED = "magenta"
@@ -23,10 +23,10 @@ def emulation_text(view: MemberView) -> Text:
         return Text("—", style="dim")
     bits = []
     if view.emulated.get("throttle", 1) not in (None, 1, 1.0):
-        bits.append(f"÷{view.emulated['throttle']:g} bw")
+        bits.append(f"÷{view.emulated['throttle']:g} bw")  # bandwidth divided by the throttle
     if view.emulated.get("memory_gb") is not None:
-        bits.append(f"{view.emulated['memory_gb']:g} GB cap")
-    return Text("EMULATED " + ", ".join(bits), style=f"bold {EMULATED}")
+        bits.append(f"≤{view.emulated['memory_gb']:g} GB")
+    return Text("EMULATED " + " ".join(bits), style=f"bold {EMULATED}")
 
 
 def row_cells(view: MemberView) -> dict[str, Text]:
@@ -48,7 +48,6 @@ def row_cells(view: MemberView) -> dict[str, Text]:
         "dispatch": Text(ms(view.dispatch_s), justify="right"),
         "rtt": Text("—" if view.rtt_ms is None else f"{view.rtt_ms:.1f}", justify="right"),
         "nat": Text(view.nat or "probing…", style="" if view.nat else "dim"),
-        "emu": emulation_text(view),
     }
 
 
@@ -74,13 +73,17 @@ def detail_text(view: MemberView) -> Text:
 
 
 class MembersPane(Vertical):
-    """A table with one stable row per member, and the highlighted member's details and probe below."""
+    """A table with one stable row per member, and the highlighted member's details and probe below.
+
+    Emulated numbers are magenta with a * and the name carries an EMU tag; the detail spells out what
+    was emulated.
+    """
 
     DEFAULT_CSS = """
     MembersPane DataTable { height: auto; max-height: 60%; }
     MembersPane #member-detail { height: auto; padding: 0 1; }
     MembersPane #probe-label { height: 1; padding: 0 1; color: $text-muted; }
-    MembersPane Sparkline { height: 3; margin: 0 1; }
+    MembersPane Sparkline { height: 2; margin: 0 1; }
     MembersPane #members-empty { padding: 1 2; color: $text-muted; }
     """
 

@@ -63,10 +63,10 @@ def edges_table(state: SessionState) -> Table:
     table = Table(box=None, padding=(0, 1), show_edge=False, pad_edge=False,
                   title="ring edges, verified with real packets", title_justify="left", title_style="bold")
     table.add_column("edge", no_wrap=True)
-    table.add_column("predicted", no_wrap=True)
-    table.add_column("verified", no_wrap=True)
-    table.add_column("ready ms", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
+    table.add_column("predicted", no_wrap=True, min_width=9)
+    table.add_column("verified", no_wrap=True, min_width=8)
+    table.add_column("ready ms", justify="right", no_wrap=True, min_width=8)
+    table.add_column("", no_wrap=True, min_width=7)
     table.add_column("members", no_wrap=True, overflow="ellipsis", ratio=1)
     for e in state.edges:
         if e.state == "pending":
