@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -75,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _first_kafila_error(group: BaseExceptionGroup) -> KafilaError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, KafilaError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (inner := _first_kafila_error(exc)):
+            return inner
+    return None
+
+
+def _terminate(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; KafilaError becomes a one-line message and exit status 1."""
     parser = build_parser()
@@ -84,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    # SIGTERM unwinds like Ctrl-C, so sessions say goodbye and child processes are stopped.
+    signal.signal(signal.SIGTERM, _terminate)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -91,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except KafilaError as exc:
         print(f"kafila: error: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:  # raised out of a TaskGroup: report its first user-facing error
+        first = _first_kafila_error(group)
+        if first is None:
+            raise
+        print(f"kafila: error: {first}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("kafila: interrupted", file=sys.stderr)

@@ -25,8 +25,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.throttle < 1.0:
         raise SessionError(f"--throttle must be at least 1 (it emulates a slower machine), got {args.throttle}")
+    import os
+    from pathlib import Path
+
+    trace = os.environ.get("KAFILA_TRACE")  # tests: where the head records its batches
     opts = MemberOptions(
         code=args.code, rendezvous=parse_addr(args.rendezvous), name=args.name,
         api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory,
+        trace_path=Path(trace) if trace else None,
     )
     return run_printing(lambda state: run_member(opts, state))

@@ -4,7 +4,7 @@ Layout (little-endian, because the rows are little-endian float32 straight from 
 
     offset  size        field
     0       4           magic b"KFA1"
-    4       1           version (1)
+    4       1           version (2)
     5       1           phase: 0 prefill, 1 decode
     6       1           dtype: 0 float32 (the only one for now)
     7       1           n_times: number of per-stage compute times that follow the positions
@@ -12,6 +12,7 @@ Layout (little-endian, because the rows are little-endian float32 straight from 
     16      4           u32 rows
     20      4           u32 width (n_embd)
     24      4*rows      u32 position of each row
+    ...     2*rows      u16 KV-cache sequence of each row (rows of several requests share a frame)
     ...     8*n_times   u64 compute time of each stage so far, nanoseconds (appended hop by hop)
     ...     4*rows*width  float32 rows, row-major
 
@@ -29,7 +30,7 @@ import numpy as np
 from kafila.errors import ProtocolError
 
 MAGIC = b"KFA1"
-VERSION = 1
+VERSION = 2
 MAX_ROWS = 1 << 16
 MAX_WIDTH = 1 << 16
 MAX_TIMES = 64
@@ -57,6 +58,7 @@ class ActivationHeader:
     width: int
     dtype: int = 0
     stage_times_ns: tuple[int, ...] = ()
+    seqs: tuple[int, ...] = ()  # one per row
 
     @property
     def payload_bytes(self) -> int:
@@ -68,8 +70,8 @@ def encode(header: ActivationHeader, rows: np.ndarray | bytes) -> bytes:
     """Serialise a header and its rows (an array of shape rows x width, or the raw bytes)."""
     if header.dtype not in DTYPES:
         raise ValueError(f"unsupported dtype code {header.dtype}")
-    if len(header.positions) != header.rows:
-        raise ValueError("one position per row is required")
+    if len(header.positions) != header.rows or len(header.seqs) != header.rows:
+        raise ValueError("one position and one sequence per row are required")
     in_bounds = 0 <= header.rows <= MAX_ROWS and 0 <= header.width <= MAX_WIDTH
     if not in_bounds or len(header.stage_times_ns) > MAX_TIMES:
         raise ValueError("frame shape out of bounds")
@@ -86,6 +88,7 @@ def encode(header: ActivationHeader, rows: np.ndarray | bytes) -> bytes:
     return b"".join([
         head,
         struct.pack(f"<{header.rows}I", *header.positions),
+        struct.pack(f"<{header.rows}H", *header.seqs),
         struct.pack(f"<{len(header.stage_times_ns)}Q", *header.stage_times_ns),
         payload,
     ])
@@ -108,14 +111,17 @@ def decode(buf: bytes | memoryview) -> tuple[ActivationHeader, memoryview]:
     if rows > MAX_ROWS or width > MAX_WIDTH or n_times > MAX_TIMES:
         raise ProtocolError(f"activation shape {rows}x{width} (or {n_times} stage times) out of bounds")
     o = _FIXED.size
-    need = o + 4 * rows + 8 * n_times + rows * width * DTYPES[dtype].itemsize
+    need = o + 6 * rows + 8 * n_times + rows * width * DTYPES[dtype].itemsize
     if len(mv) != need:
         raise ProtocolError(f"activation frame is {len(mv)} bytes, its header says {need}")
     positions = struct.unpack_from(f"<{rows}I", mv, o)
     o += 4 * rows
+    seqs = struct.unpack_from(f"<{rows}H", mv, o)
+    o += 2 * rows
     times = struct.unpack_from(f"<{n_times}Q", mv, o)
     o += 8 * n_times
-    header = ActivationHeader(request_id, Phase(phase), tuple(positions), rows, width, dtype, tuple(times))
+    header = ActivationHeader(request_id, Phase(phase), tuple(positions), rows, width, dtype, tuple(times),
+                              tuple(seqs))
     return header, mv[o:]
 
 

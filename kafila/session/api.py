@@ -139,7 +139,8 @@ class ApiServer:
                 "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
                              "finish_reason": done.get("finish_reason")}],
-                "usage": {"prompt_tokens": done.get("prompt_tokens"), "completion_tokens": done.get("completion_tokens")},
+                "usage": {"prompt_tokens": done.get("prompt_tokens"),
+                          "completion_tokens": done.get("completion_tokens")},
                 "kafila": done,
             })
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -153,7 +154,8 @@ class ApiServer:
         await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
         async for evt in events:
             if "delta" in evt:
-                await send({**base, "choices": [{"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}]})
+                delta = {"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}
+                await send({**base, "choices": [delta]})
             elif "error" in evt:
                 await send({"error": {"message": str(evt["error"]), "type": "kafila_error"}})
                 break

@@ -9,6 +9,7 @@ the whole ring and comes back; only then is the slot reused, so no stage ever mi
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import time
@@ -27,7 +28,7 @@ from kafila.errors import EngineError, KafilaError, SessionError
 from kafila.net import frames
 from kafila.net.frames import ActivationHeader, Phase
 from kafila.session import messages
-from kafila.session.stage_runtime import Frame, Inbox, StageWorker, take_frames
+from kafila.session.stage_runtime import Frame, StageWorker
 
 log = logging.getLogger("kafila.head")
 EMA = 0.2  # weight of the newest sample in the running stage-time averages
@@ -93,7 +94,8 @@ class Head:
         order: list[str],
         predicted: dict[str, float],
         send_next: Callable[[bytes], Awaitable[None]] | None,
-        inbox: Inbox,
+        inbox: asyncio.Queue[bytes],
+        trace: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
         self.order = order
@@ -103,9 +105,11 @@ class Head:
         self._free_slots = list(range(config.n_seq_max))
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
-        self._in_flight: dict[int, tuple[Chunk, int]] = {}
+        self._in_flight: dict[int, tuple[list[tuple[int, Chunk]], int]] = {}  # frame id -> chunks, sent at
         self._wake = asyncio.Event()
         self._ids = itertools.count()
+        self._frame_ids = itertools.count()
+        self.trace = trace  # records every batch and free in the order all stages compute them
         self.failed: str | None = None
         self._tg: asyncio.TaskGroup | None = None
 
@@ -178,53 +182,67 @@ class Head:
                 assert job.request is not None
                 job.request.seq = slot
                 self._active[slot] = job
-            for slot, job in list(self._active.items()):
-                req = job.request
-                assert req is not None
-                chunk = req.take(self.config.n_batch)
-                if chunk is None:
-                    continue
-                rows = self.embedder.rows(chunk.tokens)
-                phase = Phase.DECODE if req.fed >= len(req.prompt) else Phase.PREFILL
-                header = ActivationHeader(slot, phase, tuple(range(chunk.start_pos, chunk.start_pos + len(rows))),
-                                          rows.shape[0], rows.shape[1])
-                self._in_flight[slot] = (chunk, time.perf_counter_ns())
-                msg = frames.encode(header, rows)
-                if self.send_next is None:
-                    self.inbox.put(msg)
-                else:
-                    await self.send_next(msg)
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
+        """Pack the next chunk of every ready request into one frame and send it into the ring."""
+        budget = self.config.n_batch
+        taken: list[tuple[int, Chunk]] = []
+        decode_only = True
+        for slot, job in self._active.items():
+            assert job.request is not None
+            chunk = job.request.take(budget)
+            if chunk is not None:
+                taken.append((slot, chunk))
+                budget -= len(chunk.tokens)
+                decode_only &= chunk.start_pos >= len(job.request.prompt)
+        if not taken:
+            return
+        tokens = [t for _, c in taken for t in c.tokens]
+        seqs = tuple(slot for slot, c in taken for _ in c.tokens)
+        positions = tuple(p for _, c in taken for p in range(c.start_pos, c.start_pos + len(c.tokens)))
+        rows = self.embedder.rows(tokens)
+        fid = next(self._frame_ids)
+        header = ActivationHeader(fid, Phase.DECODE if decode_only else Phase.PREFILL, positions, rows.shape[0],
+                                  rows.shape[1], seqs=seqs)
+        if self.trace:
+            self.trace({"frame": fid, "tokens": tokens, "seqs": list(seqs), "positions": list(positions),
+                        "want": [c.wants_logits for _, c in taken], "sizes": [len(c.tokens) for _, c in taken]})
+        self._in_flight[fid] = (taken, time.perf_counter_ns())
+        msg = frames.encode(header, rows)
+        if self.send_next is None:
+            self.inbox.put_nowait(msg)
+        else:
+            await self.send_next(msg)
 
     async def _collect_loop(self) -> None:
         while True:
             msg = await self.inbox.get()
             kind = messages.kind(msg)
             if kind == "frame":
-                await self._finish_frames(take_frames(self.inbox, msg, self.config.n_batch))
+                await self._finish_frame(Frame.decode(msg))
             elif kind == "control":
                 await self._on_control(messages.parse_control(msg))
 
-    async def _finish_frames(self, batch: list[Frame]) -> None:
+    async def _finish_frame(self, frame: Frame) -> None:
         arrived = time.perf_counter_ns()
-        live = [f for f in batch if f.header.request_id in self._in_flight]  # stale after a failure: drop
-        if not live:
-            return
-        chunks = [self._in_flight[f.header.request_id][0] for f in live]
-        want = np.concatenate([
-            (np.arange(f.header.rows) == f.header.rows - 1) & c.wants_logits for f, c in zip(live, chunks, strict=True)
-        ])
+        entry = self._in_flight.pop(frame.header.request_id, None)
+        if entry is None:
+            return  # sent before a failure reset the ring: stale
+        taken, sent = entry
+        want = np.concatenate([(np.arange(len(c.tokens)) == len(c.tokens) - 1) & c.wants_logits for _, c in taken])
         try:
-            (logits,), head_ns = await self.worker.run(live, want)
+            logits, head_ns = await self.worker.run(frame, want)
         except EngineError as exc:
             self.fail_all(f"the head's stage failed: {exc}")
             return
+        if self.trace:
+            self.trace({"logits": frame.header.request_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
+        if frame.header.phase == Phase.DECODE:
+            self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
+                           arrived - sent + head_ns)
         i = 0
-        for f, chunk in zip(live, chunks, strict=True):
-            slot = f.header.request_id
-            _, sent = self._in_flight.pop(slot)
-            if f.header.phase == Phase.DECODE and f.header.rows == 1:
-                self.stats.add(self.order[1:] + self.order[:1], (*f.header.stage_times_ns, head_ns),
-                               arrived - sent + head_ns)
+        for slot, chunk in taken:
             row = None
             if chunk.wants_logits:
                 row, i = logits[i], i + 1
@@ -251,6 +269,8 @@ class Head:
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None, **self.stats.as_dict()}
         job.events.put_nowait({"done": done})
         del self._active[slot]
+        if self.trace:
+            self.trace({"free": slot})
         if self.send_next is None:
             await self._release(slot)
         else:

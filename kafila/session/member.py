@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from kafila.session.delivery import StageManifest, StageReceiver
 from kafila.session.head import Head
 from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
-from kafila.session.stage_runtime import Inbox, StageWorker, take_frames
+from kafila.session.stage_runtime import Frame, StageWorker
 from kafila.session.state import MemberView, SessionState, StageStats
 
 log = logging.getLogger("kafila.member")
@@ -57,10 +59,10 @@ async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
             await asyncio.sleep(0.2)
 
 
-async def pump(link: Link, inbox: Inbox) -> None:
+async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
     """Move every message arriving on `link` into `inbox` until the link fails."""
     while True:
-        inbox.put(await link.recv())
+        inbox.put_nowait(await link.recv())
 
 
 class MemberRuntime:
@@ -178,7 +180,7 @@ class MemberRuntime:
         order: list[str] = self.assignment["order"]
         is_head = order[0] == self.opts.name
         config = ContextConfig(**self.assignment["config"])
-        inbox = Inbox()
+        inbox: asyncio.Queue[bytes] = asyncio.Queue()
         try:
             async with asyncio.TaskGroup() as tg:
                 if self.edges.prev is not None:
@@ -189,7 +191,7 @@ class MemberRuntime:
                     nxt = self.edges.next
                     self.head = Head(self.worker, Embedder(path), vocab, config, order,
                                      dict(self.state.plan.get("stage_seconds", {})) if self.state.plan else {},
-                                     nxt.send if nxt is not None else None, inbox)
+                                     nxt.send if nxt is not None else None, inbox, self._trace_writer())
                     if self.api:
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
@@ -199,7 +201,7 @@ class MemberRuntime:
                     self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
                     if self.api:
                         self.api.chat = self.forwarder.chat
-                    tg.create_task(self._stage_loop(inbox, config))
+                    tg.create_task(self._stage_loop(inbox))
                 self.state.update_member(self.opts.name, status="serving")
         except* (NetworkError, ProtocolError) as group:
             reason = "; ".join(str(e) for e in group.exceptions)
@@ -224,16 +226,27 @@ class MemberRuntime:
         if self.api:
             self.api.chat = None
 
-    async def _stage_loop(self, inbox: Inbox, config: ContextConfig) -> None:
+    def _trace_writer(self) -> Callable[[dict[str, Any]], None] | None:
+        """Appends the head's batches as JSON lines to opts.trace_path (tests replay them on one context)."""
+        path = self.opts.trace_path
+        if path is None:
+            return None
+
+        def write(entry: dict[str, Any]) -> None:
+            with open(path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+        return write
+
+    async def _stage_loop(self, inbox: asyncio.Queue[bytes]) -> None:
         assert self.worker is not None and self.edges is not None and self.edges.next is not None
         nxt = self.edges.next
         while True:
             msg = await inbox.get()
             if messages.kind(msg) == "frame":
-                batch = take_frames(inbox, msg, config.n_batch)
-                outs, ns = await self.worker.run(batch)
-                for f, out in zip(batch, outs, strict=True):
-                    await nxt.send(f.encode(out, ns))
+                frame = Frame.decode(msg)
+                out, ns = await self.worker.run(frame)
+                await nxt.send(frame.encode(out, ns))
                 continue
             c = messages.parse_control(msg)
             if c["t"] == "free":

@@ -36,6 +36,7 @@ class MemberOptions:
     join_timeout_s: float = 60.0
     link_idle_timeout_s: float = 5.0  # a silent peer is declared lost after this long
     allow_direct: bool = True
+    trace_path: Path | None = None  # as the head: record every batch (for exactness tests)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ subscribes and re-renders. `to_json()`/`from_json()` let tests record a real run
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 PHASES = ("starting", "waiting", "measuring", "planning", "delivering", "connecting",
@@ -125,10 +126,14 @@ class SessionState:
 
     # -- recording ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("_listeners")
+        # field by field: asdict() would deep-copy the listeners (consoles, locks) too
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_listeners"}
+        d["members"] = {k: asdict(v) for k, v in self.members.items()}
+        d["edges"] = [asdict(e) for e in self.edges]
+        d["stages"] = {k: asdict(v) for k, v in self.stages.items()}
         d["delivery"] = {k: list(v) for k, v in self.delivery.items()}
-        return d
+        d["events"] = [list(e) for e in self.events]
+        return json.loads(json.dumps(d, default=str))  # a deep, JSON-safe copy
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SessionState:

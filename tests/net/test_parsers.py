@@ -41,7 +41,7 @@ def test_control_body_too_large_is_refused() -> None:
 
 def test_activation_round_trip() -> None:
     rows = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)
-    h = frames.ActivationHeader(7, frames.Phase.DECODE, (10, 11, 12), 3, 5, 0, (1000, 2000))
+    h = frames.ActivationHeader(7, frames.Phase.DECODE, (10, 11, 12), 3, 5, 0, (1000, 2000), (0, 3, 1))
     buf = frames.encode(h, rows)
     h2, payload = frames.decode(buf)
     assert h2 == h
@@ -100,7 +100,7 @@ def test_fuzz_activation(data: bytes) -> None:
 @FUZZ
 @given(st.integers(0, 300), st.integers(0, 300), st.integers(0, 70), st.binary(max_size=300))
 def test_fuzz_activation_with_valid_prefix(rows: int, width: int, n_times: int, rest: bytes) -> None:
-    head = frames._FIXED.pack(frames.MAGIC, 1, 0, 0, n_times, 1, rows, width)
+    head = frames._FIXED.pack(frames.MAGIC, frames.VERSION, 0, 0, n_times, 1, rows, width)
     try:
         frames.decode(head + rest)
     except ProtocolError:
