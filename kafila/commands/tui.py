@@ -30,6 +30,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--members", type=int, default=None, help="members to wait for (--host)")
     p.add_argument("--concurrency", type=int, default=None, help="concurrent requests to admit")
     p.add_argument("--context", type=int, default=None, help="tokens of context per request")
+    p.add_argument("--api-port", type=int, default=None,
+                   help="serve the chat API on this loopback port (default 8711; 0: any free one)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per chat reply (default 512)")
     p.add_argument("--temperature", type=float, default=0.7, help="chat sampling temperature (default 0.7)")
     p.add_argument("--record", metavar="STATE.json", help="write the session's last state here on exit "

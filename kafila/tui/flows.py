@@ -39,13 +39,22 @@ def _find(name: str) -> Any:
                        "use --replay STATE.json or --attach URL")
 
 
+OPTION_PLACES = ("kafila.session.options", "kafila.session.demo", "kafila.session.runner")
+
+
 def _options(class_name: str, **fields: Any) -> Any:
     """Build the runner's option dataclass, passing only the fields it has (it is still evolving)."""
     import dataclasses
 
-    from kafila.session import options
-
-    cls = getattr(options, class_name, None)
+    cls = None
+    for module_name in OPTION_PLACES:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name, None)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+        if cls is not None:
+            break
     if cls is None:
         raise SessionError(f"this build of Kafila has no {class_name}; use --replay or --attach")
     known = {f.name for f in dataclasses.fields(cls)}
@@ -60,12 +69,13 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
 
         rendezvous = parse_addr(args.rendezvous)
     if args.demo:
-        opts = _options("DemoOptions", rendezvous=rendezvous, concurrency=args.concurrency, context=args.context)
+        opts = _options("DemoOptions", concurrency=args.concurrency, context=args.context,
+                        api_port=args.api_port)
         return partial(_find("run_demo"), opts), "demo"
     if args.host is not None:
         model = Path(args.host).expanduser() if args.host else None
         opts = _options("HostOptions", model=model, rendezvous=rendezvous, members=args.members,
-                        concurrency=args.concurrency, context=args.context)
+                        concurrency=args.concurrency, context=args.context, api_port=args.api_port)
         return partial(_find("run_host"), opts), "host"
-    opts = _options("MemberOptions", code=args.join, rendezvous=rendezvous, name=args.name)
+    opts = _options("MemberOptions", code=args.join, rendezvous=rendezvous, name=args.name, api_port=args.api_port)
     return partial(_find("run_member"), opts), "member"

@@ -217,6 +217,8 @@ async def test_flow_runs_as_a_worker_and_drives_the_screens(api: str) -> None:
     app = KafilaApp(flow=flow, tick_s=0.05)
     async with app.run_test(size=SMALL) as pilot:
         await until(lambda: active_tab(app) == "chat")
+        await pilot.press("f1")
+        await pilot.pause()
         assert app.dashboard.query_one(DataTable).row_count == 5
         await pilot.press("f3")
         await pilot.pause()
@@ -239,10 +241,12 @@ async def test_attach_follows_a_running_session(api: str, script: Script) -> Non
     script.state = states.admitted_state().to_json()
     script.state["api_url"] = None  # the poller fills in the URL it attached to
     app = KafilaApp(SessionState(phase="connecting"), attach=api, tick_s=0.05)
-    async with app.run_test(size=SMALL):
+    async with app.run_test(size=SMALL) as pilot:
         await until(lambda: app.state.phase == "admitted")
         await until(lambda: active_tab(app) == "chat")
         assert app.state.api_url == api
+        await pilot.press("f1")
+        await pilot.pause()
         assert app.dashboard.query_one(DataTable).row_count == 5
 
 
@@ -258,3 +262,25 @@ async def test_every_tab_renders_at_80x24() -> None:
                 await pilot.pause()
                 lines = screen_text(app).splitlines()
                 assert len(lines) == 24 and "KAFILA" in lines[0] and "Quit" in lines[-1]
+
+
+async def test_state_recorded_from_a_real_demo_run() -> None:
+    """`kafila tui --demo --record` on a real run, replayed: the screens render what the session reported."""
+    recorded = json.loads((Path(__file__).parent / "data" / "demo-admitted.json").read_text())
+    state = SessionState.from_json(recorded)
+    app = KafilaApp(state)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        assert app.dashboard.query_one(DataTable).row_count == 3
+        text = screen_text(app)
+        assert "bo EMU" in text and "cy EMU" in text and "ada EMU" not in text
+        await pilot.press("f2")
+        await pilot.pause()
+        text = screen_text(app)
+        assert sum("✓" in line for line in text.splitlines()) == 3 and "WRONG" not in text
+        await pilot.press("f3")
+        await pilot.pause()
+        text = screen_text(app)
+        assert f"head {state.plan['head']}" in text and "◀" in text  # type: ignore[index]

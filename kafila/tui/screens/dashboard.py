@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import on
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
@@ -18,6 +19,10 @@ TABS = (("members", "Members"), ("reach", "Reachability"), ("plan", "Plan"), ("a
         ("chat", "Chat"))
 
 
+PANES: dict[str, type[MembersPane | ReachabilityPane | PlanPane | AdmissionPane]] = {
+    "members": MembersPane, "reach": ReachabilityPane, "plan": PlanPane, "admission": AdmissionPane}
+
+
 class DashboardScreen(Screen[None]):
     """Renders a SessionState given to `show` into every tab."""
 
@@ -31,6 +36,7 @@ class DashboardScreen(Screen[None]):
     def __init__(self, settings: ChatSettings | None = None, mode: str = "") -> None:
         super().__init__()
         self.settings, self.mode = settings, mode
+        self._state: SessionState | None = None
 
     def compose(self) -> ComposeResult:
         yield SessionBar(id="session-bar")
@@ -48,13 +54,24 @@ class DashboardScreen(Screen[None]):
         yield Footer()
 
     def show(self, state: SessionState) -> None:
-        """Attributes down: each pane renders its part of the state."""
+        """Attributes down: the bar, the chat (it must know when it may send) and the visible tab render.
+
+        Hidden tabs render when they are opened: the session's head may share this loop, so a
+        token's state change should cost one pane's redraw, not five.
+        """
+        self._state = state
         self.query_one(SessionBar).show(state, self.mode)
-        self.query_one(MembersPane).show(state)
-        self.query_one(ReachabilityPane).show(state)
-        self.query_one(PlanPane).show(state)
-        self.query_one(AdmissionPane).show(state)
         self.query_one(ChatPane).show(state)
+        self._show_active()
+
+    def _show_active(self) -> None:
+        pane = PANES.get(self.active_tab)
+        if pane is not None and self._state is not None:
+            self.query_one(pane).show(self._state)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_opened(self, event: TabbedContent.TabActivated) -> None:
+        self._show_active()
 
     @property
     def active_tab(self) -> str:

@@ -108,6 +108,7 @@ class MembersPane(Vertical):
         table: DataTable[Text] = self.query_one(DataTable)
         members = list(state.members.values())
         self.query_one("#members-empty").display = not members
+        self.query_one(Sparkline).display = bool(members)
         known = {str(key.value) for key in table.rows}
         for view in members:
             cells = row_cells(view)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -43,12 +44,16 @@ def matrix_cell(state: SessionState, a: str, b: str, edges: dict[frozenset[str],
     return Text(f"[{letter}]", style=VERIFIED_STYLE.get(edge.state, ""))
 
 
+def matrix_block(state: SessionState) -> Group:
+    """The matrix under its heading (a table title would wrap to the narrow matrix's width)."""
+    return Group(Text("predicted reachability", style="bold"), matrix_table(state))
+
+
 def matrix_table(state: SessionState) -> Table:
     """The m×m matrix, rows named and numbered, columns numbered (narrow enough for 80 columns)."""
     names = member_order(state)
     edges = ring_edges(state)
-    table = Table(box=None, padding=(0, 0), show_edge=False, pad_edge=False,
-                  title="predicted reachability", title_justify="left", title_style="bold")
+    table = Table(box=None, padding=(0, 0), show_edge=False, pad_edge=False)
     table.add_column("", no_wrap=True)
     for i in range(len(names)):
         table.add_column(f"{i + 1:^3}", justify="center", no_wrap=True)
@@ -128,7 +133,7 @@ class ReachabilityPane(VerticalScroll):
         if not state.predicted and not state.members:
             self.query_one("#reach-matrix", Static).update(Text("No members yet.", style="dim"))
         else:
-            self.query_one("#reach-matrix", Static).update(matrix_table(state))
+            self.query_one("#reach-matrix", Static).update(matrix_block(state))
         edges = self.query_one("#reach-edges", Static)
         edges.update(edges_table(state) if state.edges else
                      Text("The ring's edges are verified once there is a plan.", style="dim"))

@@ -1,0 +1,48 @@
+"""Pilot against a real loopback session: the dashboard runs the demo flow (rendezvous, three member
+processes, the host in this loop) as its worker, and a chat streams a reply through the ring."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+
+import pytest
+from textual.widgets import DataTable
+
+from kafila.model.stage_cache import StageCache
+from kafila.session.demo import DemoOptions, run_demo
+from kafila.tui.app import KafilaApp
+from kafila.tui.widgets.chat import ChatPane, ChatSettings, MessageView
+from tests.tui.screen_text import screen_text
+from tests.tui.test_app import until
+
+
+async def test_live_demo_session_in_pilot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # run_demo exports KAFILA_CACHE_DIR for its members; keep that change inside this test.
+    monkeypatch.setenv("KAFILA_CACHE_DIR", os.environ.get("KAFILA_CACHE_DIR", str(StageCache().root)))
+    flow = partial(run_demo, DemoOptions(api_port=0))
+    app = KafilaApp(flow=flow, mode="demo", settings=ChatSettings(max_tokens=8, temperature=0.0), tick_s=0.1)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(lambda: app.state.phase in ("admitted", "rejected", "lost"), timeout=300)
+        assert app.state.phase == "admitted", app.state.rejection or app.state.lost
+        await until(lambda: app.dashboard.active_tab == "chat")
+        chat = app.dashboard.query_one(ChatPane)
+        await pilot.press(*"Hi", "enter")
+        await until(lambda: chat.streaming, timeout=10)
+        await until(lambda: not chat.streaming, timeout=240)
+        reply = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
+        assert reply.error is None and reply.body.strip()
+        assert "tok/s" in screen_text(app)
+
+        await pilot.press("f1")
+        await pilot.pause()
+        assert app.dashboard.query_one(DataTable).row_count == len(app.state.members) == 3
+        assert "EMU" in screen_text(app)  # the demo's members are emulated slow-downs
+        await pilot.press("f2")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "ring edges, verified with real packets" in text
+        assert all(e.state in ("direct", "relayed") for e in app.state.edges)
+        await pilot.press("f3")
+        await pilot.pause()
+        assert "◀" in screen_text(app) and app.state.plan and app.state.plan["feasible"]
