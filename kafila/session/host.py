@@ -267,6 +267,8 @@ class HostRuntime:
             if a != b and isinstance(edge, dict):
                 actual = {"direct": "direct", "relay": "relayed"}.get(str(edge.get("actual")), "failed")
                 self.state.set_edge(a, b, actual, edge.get("ready_ms"))
+                self.state.log(f"edge {a} → {b}: predicted {self.state.predicted[a][b]}, {actual}"
+                               f" (usable after {edge.get('ready_ms')} ms)")
         return None
 
     async def _on_lost(self, who: str, reason: str) -> int | None:

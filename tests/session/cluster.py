@@ -24,11 +24,11 @@ CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
 class Proc:
     """A kafila process whose output is collected line by line."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> None:
         self.name = name
         self.lines: list[str] = []
         self.popen = subprocess.Popen(
-            [sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [*(prefix or []), sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         )
         threading.Thread(target=self._read, daemon=True).start()

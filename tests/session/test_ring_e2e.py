@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import itertools
 import json
 import time
 import urllib.request
@@ -53,7 +54,7 @@ def test_admitted_plan_uses_every_member(ring: Cluster) -> None:
     assert plan["feasible"] and sorted(plan["order"]) == ["ada", "bo", "cy"]
     ranges = sorted(plan["ranges"].values())
     assert ranges[0][0] == 0 and ranges[-1][1] == 30
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # contiguous, every block once
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # contiguous, every block once
     assert plan["ranges"][plan["head"]][1] == 30  # the head's range is last
     assert {e["state"] for e in state["edges"]} <= {"direct", "relayed"}
     assert state["members"]["cy"]["emulated"] == {"throttle": 3.0}
@@ -149,8 +150,12 @@ def test_member_killed_mid_generation(tmp_path: Path) -> None:
         assert "error" in reply, reply
         assert victim in reply["error"]["message"] and "lost" in reply["error"]["message"]
         assert waited < 10, f"the request took {waited:.1f} s to fail"
-        assert cluster.wait_phase({"lost", "admitted", "planning", "delivering", "connecting"}, 30)["lost"] \
-            or victim in cluster.host.output
+        assert f"member {victim} was lost" in cluster.host.output
+        # the model still fits on the other two: the host plans again and new requests are served
+        state = cluster.wait_phase({"admitted"}, 120)
+        assert sorted(state["plan"]["order"]) == sorted(n for n in ("ada", "bo", "cy") if n != victim)
+        again = cluster.chat("What is the capital of France?", 8)
+        assert again["choices"][0]["message"]["content"], again
     finally:
         assert set(cluster.stop()) <= set(), "processes hung after a member was killed"
 
