@@ -21,7 +21,7 @@ from kafila.errors import KafilaError
 from kafila.session.state import SessionState
 from kafila.tui.screens.dashboard import TABS, DashboardScreen
 from kafila.tui.screens.lost import LostScreen
-from kafila.tui.widgets.chat import ChatSettings
+from kafila.tui.widgets.chat import ChatPane, ChatSettings
 
 log = logging.getLogger("kafila.tui")
 
@@ -99,6 +99,11 @@ class KafilaApp(App[int]):
         elif phase == "lost":
             self.push_screen(LostScreen(self.state.lost or "the session ended"))
 
+    def on_chat_pane_reply_finished(self, message: ChatPane.ReplyFinished) -> None:
+        """A reply failed while another tab is shown: say so, the chat tab shows the details."""
+        if message.error and self.dashboard.active_tab != "chat":
+            self.notify(message.error, title="chat reply failed", severity="error", timeout=8)
+
     def action_open_tab(self, tab: str) -> None:
         """F1–F5: switch tabs (a dialog on top is closed first)."""
         if isinstance(self.screen, LostScreen):
@@ -135,7 +140,7 @@ class KafilaApp(App[int]):
             while True:
                 try:
                     got = await api.state()
-                    got.api_url = got.api_url or url
+                    got.api_url = url  # chat where we attached: that URL is known to answer from here
                     self._attach_failures = 0
                     self.set_state(got)
                 except KafilaError as exc:

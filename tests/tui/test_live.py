@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import os
 from functools import partial
+from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable
 
 from kafila.model.stage_cache import StageCache
 from kafila.session.demo import DemoOptions, run_demo
+from kafila.session.member import run_member
+from kafila.session.options import MemberOptions
 from kafila.tui.app import KafilaApp
+from kafila.tui.screens.lost import LostScreen
 from kafila.tui.widgets.chat import ChatPane, ChatSettings, MessageView
+from tests.session.cluster import Cluster
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
 
@@ -46,3 +51,32 @@ async def test_live_demo_session_in_pilot(monkeypatch: pytest.MonkeyPatch) -> No
         await pilot.press("f3")
         await pilot.pause()
         assert "◀" in screen_text(app) and app.state.plan and app.state.plan["feasible"]
+
+
+async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_session(tmp_path: Path) -> None:
+    """`kafila tui --join`: this process is a member of a real session (host and another member are
+    processes); the chat goes through this member's own API to the head; killing the host loses it."""
+    cluster = Cluster(tmp_path, [("ada", [])], host_args=["--members", "2"])
+    try:
+        opts = MemberOptions(code=cluster.code, rendezvous=("127.0.0.1", cluster.port), name="tui-member",
+                             api_port=0, cache_dir=tmp_path / "cache", join_timeout_s=180.0)
+        app = KafilaApp(flow=partial(run_member, opts), mode="member",
+                        settings=ChatSettings(max_tokens=6, temperature=0.0), tick_s=0.1)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(lambda: app.state.phase in ("admitted", "rejected", "lost"), timeout=300)
+            assert app.state.phase == "admitted", app.state.rejection or app.state.lost
+            assert app.state.api_url and app.state.api_url != cluster.url  # this member's own endpoint
+            await until(lambda: app.dashboard.active_tab == "chat")
+            chat = app.dashboard.query_one(ChatPane)
+            await pilot.press(*"Hello", "enter")
+            await until(lambda: chat.streaming, timeout=10)
+            await until(lambda: not chat.streaming, timeout=240)
+            reply = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
+            assert reply.error is None and reply.body.strip()
+
+            cluster.host.popen.kill()  # the head goes away
+            await until(lambda: isinstance(app.screen, LostScreen), timeout=60)
+            await pilot.pause()
+            assert "SESSION LOST" in screen_text(app)
+    finally:
+        cluster.stop()

@@ -135,13 +135,17 @@ class ChatPane(Horizontal):
         was = self.available
         self.available = url is not None
         prompt = self.query_one("#prompt", Input)
-        prompt.disabled = not self.available
         if state.phase == "lost":
-            prompt.placeholder = f"session lost — conversations are saved in {shown(chats_dir())}"
+            placeholder = f"session lost — conversations are saved in {shown(chats_dir())}"
         elif not self.available:
-            prompt.placeholder = f"the chat opens when the session is admitted (now: {state.phase})"
+            placeholder = f"the chat opens when the session is admitted (now: {state.phase})"
         else:
-            prompt.placeholder = "type a message, Enter sends · Ctrl+N new chat · Esc stops a reply"
+            placeholder = "type a message, Enter sends · Ctrl+N new chat · Esc stops a reply"
+        # Assign only on change: each assignment repaints, and this runs on every state change.
+        if prompt.disabled == self.available:
+            prompt.disabled = not self.available
+        if prompt.placeholder != placeholder:
+            prompt.placeholder = placeholder
         if self.available and not was:
             hint = self.query_one("#chat-hint", Static)
             hint.update(f"Admitted: the ring serves {self.model}. Type below; transcripts go to {shown(chats_dir())}.")
