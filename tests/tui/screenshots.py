@@ -47,7 +47,7 @@ async def main(out: Path) -> list[Path]:
     """Every screen, one file each."""
     out.mkdir(parents=True, exist_ok=True)
     written = [
-        await shot(out, "members", states.measuring_state(), ("f1",)),
+        await shot(out, "members", states.measuring_state(), ("f1", "down", "down")),  # the emulated one
         await shot(out, "reachability", states.admitted_state(), ("f2",)),
         await shot(out, "plan", states.admitted_state(), ("f3",)),
         await shot(out, "admission-progress", states.delivering_state(), ("f4",)),

@@ -284,3 +284,23 @@ async def test_state_recorded_from_a_real_demo_run() -> None:
         await pilot.pause()
         text = screen_text(app)
         assert f"head {state.plan['head']}" in text and "◀" in text  # type: ignore[index]
+
+
+async def test_escape_stops_a_reply_and_keeps_what_arrived(api: str, script: Script) -> None:
+    state = states.admitted_state()
+    state.api_url = api
+    script.pieces, script.delay_s = [f"w{i} " for i in range(100)], 0.05
+    app = KafilaApp(state)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        chat = app.dashboard.query_one(ChatPane)
+        await pilot.press(*"long one", "enter")
+        conv = chat.conversations[0]
+        await until(lambda: '"delta"' in conv.path.read_text())
+        await pilot.press("escape")
+        await until(lambda: not chat.streaming)
+        reply = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
+        assert reply.body.startswith("w0 ") and "w99" not in reply.body and reply.error == "stopped before the end"
+        recs = [json.loads(x) for x in conv.path.read_text().splitlines()]
+        assert recs[-1]["type"] == "end" and recs[-1]["error"] == "stopped before the end"
+        assert conv.history() == [{"role": "user", "content": "long one"}]  # a cut-off reply is not resent

@@ -245,8 +245,8 @@ class ChatPane(Horizontal):
                 box.scroll_end(animate=False)
         except KafilaError as exc:
             error = str(exc)
-        except BaseException:
-            error = "stopped"
+        except BaseException:  # Esc (the worker is cancelled) or the app closing
+            error = "stopped before the end"
             raise
         finally:
             conv.end_reply(stats=stats.raw if stats else None, error=error)
