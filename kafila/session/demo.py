@@ -51,6 +51,8 @@ class DemoOptions:
     api_port: int | None = DEFAULT_API_PORT
     cache_dir: Path | None = None
     log_dir: Path | None = None  # members' and rendezvous' output (default: <cache>/demo-logs)
+    strategy: str = "kafila"
+    fresh_probe: bool = False  # measure again even when a recent probe is cached
 
 
 def kafila_argv() -> list[str]:
@@ -106,7 +108,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     env_cache = {"KAFILA_CACHE_DIR": str(cache.root)}
     os.environ.update(env_cache)  # members share this cache: the probe and the stage files
     state.log("measuring this machine once for all members")
-    await asyncio.to_thread(cached_probe, default_model_path(), cache)
+    await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe)
     port = free_udp_pair()
     procs: list[asyncio.subprocess.Process] = []
     try:
@@ -116,6 +118,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
         host = asyncio.create_task(run_host(HostOptions(
             model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
             concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port, cache_dir=cache.root,
+            strategy=opts.strategy,
         ), state))
         async with asyncio.timeout(30):
             while state.code is None and not host.done():

@@ -24,6 +24,7 @@ from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.planner import Member, ModelSpec, Plan, Workload, make_plan, predict_edge
+from kafila.planner.placement import Placement
 from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
 from kafila.session.delivery import StageManifest, manifest_for, read_chunk
@@ -60,7 +61,7 @@ class Joined:
 
     peer: VerifiedMember
     link: Link
-    ready: asyncio.Future[dict[str, Any] | None] | None = None
+    replies: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)  # "loaded", "ready"
     manifest: StageManifest | None = None
     stage_path: Path | None = None
     sending: set[asyncio.Task[None]] = field(default_factory=set)
@@ -153,14 +154,14 @@ class HostRuntime:
     async def _on_message(self, name: str, msg: dict[str, Any]) -> None:
         j = self.joined.get(name)
         t = msg["t"]
-        if j is None or (msg.get("epoch", self.epoch) != self.epoch and t in ("need", "ready")):
+        if j is None or (msg.get("epoch", self.epoch) != self.epoch and t in ("need", "loaded", "ready")):
             return
         if t == "need":
             task = self._tg.create_task(self._send_chunks(j, [int(i) for i in messages.field(msg, "chunks", list)]))
             j.sending.add(task)
             task.add_done_callback(j.sending.discard)
-        elif t == "ready" and j.ready is not None and not j.ready.done():
-            j.ready.set_result(msg.get("edge"))
+        elif t in ("loaded", "ready") and t in j.replies and not j.replies[t].done():
+            j.replies[t].set_result(msg)
         elif t == "lost":
             self.lost.put_nowait((str(msg.get("who")), str(msg.get("reason"))))
         elif t == "stats":
@@ -194,38 +195,46 @@ class HostRuntime:
         members = [planner_member(self.joined[n].peer) for n in names]
         workload = Workload(self.opts.concurrency, self.opts.context)
         plan = make_plan(members, model_spec(self.info), workload)
+        placement = plan.placement(self.opts.strategy)
         self.plan = plan
-        self.state.plan = plan.to_json()
+        self.state.plan = plan.to_json(self.opts.strategy)
         self.state.predicted = {a.name: {b.name: predict_edge(a.nat, b.nat) for b in members if b.name != a.name}
                                 for a in members}
-        if not plan.feasible:
-            reason = plan.admission.text if plan.admission else str(self.state.plan.get("reason"))
+        if not placement.feasible:
+            reason = plan.admission.text if plan.admission else str(placement.reason)
             self.state.rejection = reason
             self.state.set_phase("rejected", f"rejected: {reason}")
             for j in self.joined.values():
                 with contextlib.suppress(KafilaError):
                     await j.link.send(messages.control("reject", reason=reason))
             return EXIT_REJECTED
-        order = list(plan.order)
+        order = list(placement.order)
         self.state.edges = [EdgeView(a, b, self.state.predicted[a][b])
                             for a, b in zip(order, order[1:] + order[:1], strict=True) if a != b]
         self.state.stages = {n: StageStats(float(s)) for n, s in self.state.plan["stage_seconds"].items()}
-        self.state.set_phase("delivering", f"ring {' → '.join(order)} (head {plan.head}); cutting stages")
-        await self._assign(plan)
-        status = await self._wait_ready(order)
-        if status is not None:
-            return status
+        self.state.set_phase("delivering", f"ring {' → '.join(order)} (head {placement.head}); cutting stages")
+        # two steps, so that nobody opens ring edges while a neighbour is still receiving its stage
+        await self._assign(placement)
+        loss = await self._wait_all(order, "loaded")
+        if loss is None:
+            for n in order:
+                await self.joined[n].link.send(messages.control("connect", epoch=self.epoch))
+            self.state.set_phase("connecting", "every stage is loaded; opening the ring's edges")
+            loss = await self._wait_all(order, "ready")
+        if loss is not None:
+            return await self._on_lost(*loss)
+        self._record_edges(order)
         self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
         if self.api is not None:
             self.api.chat = self.forwarder.chat
         for n in order:
             await self.joined[n].link.send(messages.control("admit", epoch=self.epoch))
         self.state.lost = None
-        self.state.set_phase("admitted", f"admitted: {len(order)} members, head {plan.head}")
+        self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
         who, reason = await self.lost.get()
         return await self._on_lost(who, reason)
 
-    async def _assign(self, plan: Plan) -> None:
+    async def _assign(self, plan: Placement) -> None:
         order = list(plan.order)
         config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": N_BATCH}
         for name in order:
@@ -234,42 +243,45 @@ class HostRuntime:
             j = self.joined[name]
             j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, spec)
             j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
-            j.ready = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            j.replies = {"loaded": loop.create_future(), "ready": loop.create_future()}
             self.state.delivery[name] = (0, j.manifest.size)
             await j.link.send(messages.control(
                 "assign", epoch=self.epoch, order=order, head=plan.head,
                 ranges={n: list(r) for n, r in plan.ranges.items()}, config=config, plan=self.state.plan,
                 model=self.info.name, stage=j.manifest.as_dict()))
 
-    async def _wait_ready(self, order: list[str]) -> int | None:
-        waits = {n: self.joined[n].ready for n in order}
+    async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
+        """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
+        waits = {n: self.joined[n].replies[kind] for n in order}
         lost_wait = asyncio.ensure_future(self.lost.get())
         try:
-            pending = {f for f in waits.values() if f is not None}
+            pending = set(waits.values())
             deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
             while pending:
                 timeout = deadline - asyncio.get_running_loop().time()
                 if timeout <= 0:
                     late = [n for n, f in waits.items() if f in pending]
-                    raise SessionError(f"members {late} did not get ready within {READY_TIMEOUT_S:.0f} s")
+                    raise SessionError(f"members {late} did not report '{kind}' within {READY_TIMEOUT_S:.0f} s")
                 done, pending = await asyncio.wait(pending | {lost_wait}, timeout=timeout,
                                                    return_when=asyncio.FIRST_COMPLETED)
                 pending.discard(lost_wait)
                 if lost_wait in done:
-                    who, reason = lost_wait.result()
-                    return await self._on_lost(who, reason)
+                    return lost_wait.result()
         finally:
             if not lost_wait.done():
                 lost_wait.cancel()
+        return None
+
+    def _record_edges(self, order: list[str]) -> None:
+        """Each member's `ready` reports its outgoing ring edge: predicted against what happened."""
         for a, b in zip(order, order[1:] + order[:1], strict=True):
-            fut = waits[a]
-            edge = fut.result() if fut is not None else None
+            edge = self.joined[a].replies["ready"].result().get("edge")
             if a != b and isinstance(edge, dict):
                 actual = {"direct": "direct", "relay": "relayed"}.get(str(edge.get("actual")), "failed")
                 self.state.set_edge(a, b, actual, edge.get("ready_ms"))
                 self.state.log(f"edge {a} → {b}: predicted {self.state.predicted[a][b]}, {actual}"
                                f" (usable after {edge.get('ready_ms')} ms)")
-        return None
 
     async def _on_lost(self, who: str, reason: str) -> int | None:
         self.state.lost = f"{who}: {reason}"

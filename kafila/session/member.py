@@ -102,6 +102,8 @@ class MemberRuntime:
                     if t == "assign":
                         await self._stop_serving(None)
                         await self._setup(msg)
+                    elif t == "connect":
+                        await self._connect()
                     elif t == "admit":
                         self._serving = tg.create_task(self._serve())
                         self.state.set_phase("admitted", "admitted: serving")
@@ -138,6 +140,12 @@ class MemberRuntime:
         self.state.update_member(me, status="loading")
         engine = await asyncio.to_thread(StageEngine, path, config, is_head)
         self.worker = StageWorker(engine, self.opts.throttle)
+        await self.send_host("loaded", epoch=msg.get("epoch"))
+        self.state.update_member(me, status="loaded")
+
+    async def _connect(self) -> None:
+        """Open this member's two ring edges (when the host says every stage is loaded)."""
+        order: list[str] = self.assignment["order"]
         self.state.set_phase("connecting", "opening ring edges")
         by_name = {vm.name: vm for vm in (await self.ep.members()).verified}
         missing = [n for n in order if n not in by_name]
@@ -148,8 +156,8 @@ class MemberRuntime:
         if self.edges.report is not None:
             r = self.edges.report
             edge = {"predicted": r.predicted, "actual": r.actual, "ready_ms": r.ready_ms, "error": r.error}
-        await self.send_host("ready", epoch=msg.get("epoch"), edge=edge)
-        self.state.update_member(me, status="ready")
+        await self.send_host("ready", epoch=self.assignment.get("epoch"), edge=edge)
+        self.state.update_member(self.opts.name, status="ready")
 
     async def _receive_stage(self, manifest: StageManifest) -> Path:
         me = self.opts.name

@@ -11,6 +11,8 @@ Control types (host ⇄ member on the control link; ring messages on ring links)
     assign     host → member   epoch, order [names], head, ranges, config, plan, stage {sha256, size,
                                chunk_size, chunks [sha256 per chunk]}, api_port
     need       member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
+    loaded     member → host   epoch (stage received, verified and loaded into llama.cpp)
+    connect    host → member   epoch (every stage is loaded: open the ring edges now)
     ready      member → host   epoch, edge {predicted, actual, ready_ms} (its outgoing ring edge)
     admit      host → member   epoch
     reject     host → member   reason (the planner's text)
@@ -36,7 +38,8 @@ from kafila.errors import ProtocolError
 FRAME_MAGIC = b"KFA1"
 CHUNK_MAGIC = b"KFC1"
 CONTROL_TYPES = frozenset(
-    {"assign", "need", "ready", "admit", "reject", "refused", "lost", "stats", "free", "chat", "chat_evt", "bye"}
+    {"assign", "need", "loaded", "connect", "ready", "admit", "reject", "refused", "lost", "stats", "free", "chat",
+     "chat_evt", "bye"}
 )
 MAX_CONTROL = 4 * 1024 * 1024
 

@@ -1,0 +1,151 @@
+"""`kafila bench ring`: the loopback ring against one llama.cpp context, and Kafila's split against the baselines.
+
+(a) decode latency per token of a 3-member ring (no slow-down) against one local context;
+(b) aggregate throughput with 1 and 4 concurrent users on an emulated heterogeneous fleet, for
+    Kafila's plan, the uniform split and the memory-proportional split;
+(c) the median error of the planner's predicted stage time against the measured one.
+Every session is real: rendezvous and members are processes, links are QUIC over UDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+HELP = "ring vs one llama.cpp context; Kafila vs uniform vs memory-proportional throughput; prediction error"
+PROMPTS = ["Tell me about the history of paper.", "Explain how a bicycle works.", "Describe a busy market.",
+           "Write about the sea at night."]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens", type=int, default=64, help="tokens per reply (default 64)")
+    p.add_argument("--throttles", default="1,2,4,8", help="EMULATION: slow-downs of the heterogeneous fleet")
+    p.add_argument("--strategies", default="kafila,uniform,memory", help="splits to compare")
+
+
+async def _replies(url: str, n_users: int, tokens: int) -> tuple[float, int, list[dict[str, Any]]]:
+    """n_users chats at once; (wall seconds, completion tokens, final stats of each)."""
+    from kafila.session.api_client import ApiClient, ReplyStats
+
+    async def one(prompt: str) -> tuple[int, dict[str, Any]]:
+        async with ApiClient(url, read_timeout=600) as api:
+            stats: dict[str, Any] = {}
+            async for item in api.stream_chat([{"role": "user", "content": prompt}], max_tokens=tokens,
+                                              temperature=0):
+                if isinstance(item, ReplyStats):
+                    stats = dict(item.raw)
+            return int(stats.get("completion_tokens") or 0), stats
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)]) for i in range(n_users)))
+    return time.perf_counter() - t0, sum(n for n, _ in results), [s for _, s in results]
+
+
+def _session(members: tuple, strategy: str, fresh: bool) -> Any:
+    from kafila.session.background import SessionThread
+    from kafila.session.demo import DemoOptions, run_demo
+
+    opts = DemoOptions(members=members, strategy=strategy, api_port=0, context=1024, fresh_probe=fresh)
+    return SessionThread(lambda state: run_demo(opts, state))
+
+
+def _local_ms_per_token(tokens: int) -> float:
+    """Median ms per decode step of one llama.cpp context on the whole file (same settings as a stage)."""
+    import numpy as np
+
+    from kafila.engine.reference import ReferenceContext
+    from kafila.engine.stage import ContextConfig, Rows
+    from kafila.model.embedded import default_model_path
+
+    ref = ReferenceContext(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_seq_max=4, n_batch=128))
+    try:
+        times, token = [], 1
+        for pos in range(tokens):
+            rows = Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool))
+            t0 = time.perf_counter()
+            token = int(np.argmax(ref.run(np.array([token], np.int32), rows)[0]))
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+    finally:
+        ref.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kafila.bench.report import emit, envelope
+    from kafila.errors import SessionError
+    from kafila.session.demo import DemoMember
+
+    console = Console(stderr=True)
+    names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]
+    throttles = [float(t) for t in args.throttles.split(",")]
+    hetero = tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False))
+    even = tuple(DemoMember(n) for n in names[:3])
+
+    console.log("(a) 3-member ring without slow-down against one local context")
+    local_ms = _local_ms_per_token(args.tokens)
+    with _session(even, "kafila", fresh=True) as s:
+        state = s.wait_settled(600)
+        if state.phase != "admitted":
+            raise SessionError(f"the bench ring was not admitted: {state.rejection}")
+        asyncio.run(_replies(state.api_url or "", 1, 8))  # warm-up
+        wall, n, stats = asyncio.run(_replies(state.api_url or "", 1, args.tokens))
+    ring_ms = 1e3 / stats[0]["tokens_per_s"] if stats and stats[0].get("tokens_per_s") else wall * 1e3 / max(n, 1)
+    latency = {"local_ms_per_token": local_ms, "ring_ms_per_token": ring_ms, "ratio": ring_ms / local_ms,
+               "target": "ring <= 1.25x local", "target_met": ring_ms / local_ms <= 1.25}
+
+    throughput: dict[str, Any] = {}
+    errors: list[float] = []
+    for strategy in args.strategies.split(","):
+        console.log(f"(b) {strategy} split on the fleet with slow-downs {throttles}")
+        with _session(hetero, strategy, fresh=False) as s:
+            state = s.wait_settled(600)
+            if state.phase != "admitted":
+                throughput[strategy] = {"admitted": False, "reason": state.rejection}
+                continue
+            asyncio.run(_replies(state.api_url or "", 1, 8))  # warm-up
+            one_wall, one_n, one_stats = asyncio.run(_replies(state.api_url or "", 1, args.tokens))
+            four_wall, four_n, _ = asyncio.run(_replies(state.api_url or "", 4, args.tokens))
+            plan = state.plan or {}
+        stages = one_stats[0].get("stages", {}) if one_stats else {}
+        stage_err = {n: abs(v["measured_s"] - v["predicted_s"]) / v["predicted_s"] for n, v in stages.items()
+                     if v.get("measured_s") and v.get("predicted_s")}
+        if strategy == "kafila":
+            errors += stage_err.values()
+        throughput[strategy] = {
+            "admitted": True, "order": plan.get("order"), "ranges": plan.get("ranges"),
+            "bottleneck_predicted_s": plan.get("bottleneck_seconds"),
+            "one_user_tokens_per_s": one_n / one_wall, "four_users_tokens_per_s": four_n / four_wall,
+            "four_vs_one": (four_n / four_wall) / (one_n / one_wall),
+            "stages": stages, "stage_error": stage_err,
+        }
+    base = throughput.get("kafila", {}).get("one_user_tokens_per_s")
+    for t in throughput.values():
+        if base and t.get("admitted"):
+            t["four_users_vs_kafila_one_user"] = t["four_users_tokens_per_s"] / base
+    median_err = statistics.median(errors) if errors else None
+    results = {"latency": latency, "throughput": throughput, "fleet_throttles": throttles,
+               "prediction": {"median_relative_error": median_err, "target": "<= 10%",
+                              "target_met": median_err is not None and median_err <= 0.10}}
+    emit(envelope("ring", results), args.json, args.out)
+    if not args.json:
+        out = Console()
+        out.print(f"(a) decode: ring {ring_ms:.2f} ms/token, local {local_ms:.2f} ms/token, "
+                  f"ratio {ring_ms / local_ms:.2f} (target <= 1.25)")
+        table = Table("split", "1 user tok/s", "4 users tok/s", "4 users ÷ 1 user", "4 users ÷ Kafila 1 user",
+                      title=f"(b) emulated fleet, slow-downs {throttles}")
+        for k, t in throughput.items():
+            if not t.get("admitted"):
+                table.add_row(k, "not admitted", t.get("reason") or "", "", "")
+                continue
+            table.add_row(k, f"{t['one_user_tokens_per_s']:.1f}", f"{t['four_users_tokens_per_s']:.1f}",
+                          f"{t['four_vs_one']:.2f}×", f"{t.get('four_users_vs_kafila_one_user', 0):.2f}×")
+        out.print(table)
+        if median_err is not None:
+            out.print(f"(c) median |measured − predicted| / predicted stage time: {median_err:.1%} (target <= 10%)")
+    return 0
