@@ -36,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from kafila.session.api_client import ApiClient
     from kafila.session.transcripts import Conversation, chats_dir, shown
 
+    try:
+        import readline  # noqa: F401  (line editing and history for input(), where the platform has it)
+    except ImportError:
+        pass
     console = Console(highlight=False)
     api = ApiClient(args.api)
     # Fail early, with the message that says how to start a session, before the user types.

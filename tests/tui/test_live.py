@@ -80,3 +80,18 @@ async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_sessi
             assert "SESSION LOST" in screen_text(app)
     finally:
         cluster.stop()
+
+
+async def test_live_rejection_shows_its_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real demo session asked for far more context than three members hold: rejected, with the remedies."""
+    monkeypatch.setenv("KAFILA_CACHE_DIR", os.environ.get("KAFILA_CACHE_DIR", str(StageCache().root)))
+    flow = partial(run_demo, DemoOptions(api_port=0, concurrency=64, context=1_000_000))
+    app = KafilaApp(flow=flow, mode="demo", tick_s=0.1)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(lambda: app.state.phase in ("admitted", "rejected", "lost"), timeout=300)
+        assert app.state.phase == "rejected", app.state.lost
+        await until(lambda: app.dashboard.active_tab == "admission")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "REJECTED" in text and "What would admit the session" in text
+        assert app.dashboard.query_one("#prompt").disabled

@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.widgets import RichLog, Static
+from textual.widgets import Static
 
 from kafila.session.state import SessionState
 from kafila.tui.format import gb, short, value_bar
@@ -18,7 +18,7 @@ REMEDY_PREFIXES = ("would admit", "or ", "no smaller", "a smaller", "try ", "few
 
 
 def progress_text(phase: str) -> Text:
-    """'✓ waiting › ✓ measuring › ● planning › delivering …' with the current step highlighted.
+    """'✓waiting › ✓measuring › ●planning › delivering …' with the current step highlighted.
 
     A rejection stops the steps after planning, a loss after the last step reached.
     """
@@ -32,22 +32,21 @@ def progress_text(phase: str) -> Text:
     else:
         current, stop = -1, None
     for i, step in enumerate(STEPS):
-        if stop is not None and i == current:
-            t.append(f" {stop}", style="bold white on red" if stop.startswith("✗") else "bold")
-            break
         if i:
-            t.append(" ›", style="dim")
-        t.append(" ")
+            t.append(" › ", style="dim")
+        if stop is not None and i == current:
+            t.append(stop, style="bold white on red" if stop.startswith("✗") else "bold")
+            break
         if i < current:
-            t.append(f"✓ {step}", style="green")
+            t.append(f"✓{step}", style="green")
         elif i == current:
-            t.append(f"● {step}", style="bold reverse")
+            t.append(f"●{step}", style="bold reverse")
         else:
             t.append(step, style="dim")
     else:
         if stop is not None:
-            t.append(" ›", style="dim")
-            t.append(f" {stop}", style="bold white on red" if stop.startswith("✗") else "bold")
+            t.append(" › ", style="dim")
+            t.append(stop, style="bold white on red" if stop.startswith("✗") else "bold")
     return t
 
 
@@ -112,14 +111,13 @@ def outcome_block(state: SessionState) -> RenderableType:
     return Text(f"The session is {state.phase}…", style="dim")
 
 
-def new_events(events: list[tuple[float, str]], last: tuple[float, str] | None) -> list[tuple[float, str]]:
-    """The events after `last` (the log keeps only its newest lines, so count-based bookkeeping would fail)."""
-    if last is None:
-        return list(events)
-    for i in range(len(events) - 1, -1, -1):
-        if tuple(events[i]) == tuple(last):
-            return list(events[i + 1:])
-    return list(events)
+def events_text(events: list[tuple[float, str]], limit: int = 40) -> Text:
+    """The newest events first (under the outcome, where they are seen without scrolling)."""
+    t = Text("events, newest first\n", style="bold")
+    for when, line in reversed(events[-limit:]):
+        t.append(time.strftime("%H:%M:%S ", time.localtime(when)), style="dim")
+        t.append(line.replace("\n", "\n         ") + "\n")
+    return t
 
 
 class AdmissionPane(VerticalScroll):
@@ -127,18 +125,17 @@ class AdmissionPane(VerticalScroll):
 
     DEFAULT_CSS = """
     AdmissionPane > Static { height: auto; padding: 0 1; margin-bottom: 1; }
-    AdmissionPane RichLog { height: auto; max-height: 12; min-height: 4; border-top: solid $primary; }
+    AdmissionPane #adm-events { border-top: solid $primary; }
     """
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._last: tuple[float, str] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="adm-progress")
         yield Static(id="adm-outcome")
         yield Static(id="adm-delivery")
-        yield RichLog(id="adm-events", wrap=True, markup=False, auto_scroll=True)
+        yield Static(id="adm-events")
 
     def show(self, state: SessionState) -> None:
         """Render the phase, the outcome and any new event lines."""
@@ -149,7 +146,4 @@ class AdmissionPane(VerticalScroll):
         delivery.display = block is not None and state.phase in ("delivering", "connecting")
         if block is not None:
             delivery.update(block)
-        log = self.query_one(RichLog)
-        for when, line in new_events(state.events, self._last):
-            log.write(Text(time.strftime("%H:%M:%S ", time.localtime(when)), style="dim") + Text(line))
-        self._last = state.events[-1] if state.events else None
+        self.query_one("#adm-events", Static).update(events_text(state.events))
