@@ -1,0 +1,82 @@
+"""The pure rendering helpers: bars to scale, sparklines, the matrix cells, the rejection's split."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kafila.session.state import EdgeView, SessionState
+from kafila.tui.format import range_bar, sparkline, value_bar
+from kafila.tui.widgets.admission import progress_text, split_rejection
+from kafila.tui.widgets.plan import bottleneck_member, total_blocks
+from kafila.tui.widgets.reachability import matrix_cell, ring_edges
+from tests.tui import states
+
+
+@given(st.integers(1, 200), st.integers(1, 120), st.data())
+def test_range_bar_is_to_scale_and_never_empty(total: int, width: int, data: st.DataObject) -> None:
+    start = data.draw(st.integers(0, total - 1))
+    end = data.draw(st.integers(start + 1, total))
+    bar = range_bar(start, end, total, width, "red").plain
+    assert len(bar) == width
+    filled = [i for i, c in enumerate(bar) if c == "█"]
+    assert filled and filled == list(range(filled[0], filled[-1] + 1))  # one contiguous run
+    assert abs(filled[0] - start * width / total) <= 1  # starts where the range starts, to the cell
+
+
+@given(st.lists(st.integers(0, 10), min_size=2, max_size=8))
+def test_contiguous_ranges_tile_the_bar(cuts: list[int]) -> None:
+    """Ranges that partition the blocks give bars that, laid over each other, cover every cell."""
+    bounds = sorted({0, *(c * 10 for c in cuts), 100})
+    covered: set[int] = set()
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        bar = range_bar(a, b, 100, 50, "x").plain
+        covered |= {i for i, c in enumerate(bar) if c == "█"}
+    assert covered == set(range(50))
+
+
+@given(st.floats(0, 10), st.floats(0.01, 10), st.integers(1, 60))
+def test_value_bar_width(value: float, scale: float, width: int) -> None:
+    assert len(value_bar(value, scale, width, "x").plain) == width
+
+
+def test_sparkline_scales_to_its_own_range() -> None:
+    assert sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5, 5, 5]) == "▅▅▅"
+    assert sparkline(list(range(100)), width=10) == sparkline(list(range(90, 100)))
+    assert sparkline([]) == ""
+
+
+def test_matrix_cells() -> None:
+    s = SessionState(predicted={"a": {"b": "direct", "c": "relay"}, "b": {"a": "direct", "c": "direct"},
+                                "c": {"a": "relay", "b": "direct"}},
+                     edges=[EdgeView("a", "b", "direct", "relayed"), EdgeView("b", "c", "direct", "direct"),
+                            EdgeView("c", "a", "relay", "pending")])
+    edges = ring_edges(s)
+    assert matrix_cell(s, "a", "a", edges).plain == " · "
+    assert matrix_cell(s, "a", "b", edges).plain == "!D!"  # wrong: predicted direct, found relayed
+    assert matrix_cell(s, "b", "a", edges).plain == "!D!"  # the matrix is symmetric
+    assert matrix_cell(s, "b", "c", edges).plain == "[D]"
+    assert matrix_cell(s, "a", "c", edges).plain == "[R]"
+    s.edges = []
+    assert matrix_cell(s, "a", "c", {}).plain == " R "
+
+
+def test_rejection_split_into_why_and_remedies() -> None:
+    text = states.rejected_state().rejection or ""
+    why, remedies = split_rejection(text)
+    assert why[0].startswith("does not fit in memory") and why[1].startswith("closest layout")
+    assert remedies[0].startswith("would admit:") and remedies[-1].startswith("no smaller quantisation")
+
+
+def test_progress_marks_the_outcome() -> None:
+    assert progress_text("planning").plain.startswith("✓waiting › ✓measuring › ●planning › delivering")
+    assert progress_text("rejected").plain.endswith("✓planning › ✗ rejected")
+    assert progress_text("lost").plain.endswith("✓admitted › ✗ lost")
+
+
+def test_plan_helpers_on_a_real_plan() -> None:
+    plan = states.admitted_state().plan
+    assert plan is not None
+    assert total_blocks(plan) == 36  # Qwen3-8B
+    assert bottleneck_member(plan) == "old-i7-desktop"
