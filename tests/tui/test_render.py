@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,7 +31,7 @@ def test_contiguous_ranges_tile_the_bar(cuts: list[int]) -> None:
     """Ranges that partition the blocks give bars that, laid over each other, cover every cell."""
     bounds = sorted({0, *(c * 10 for c in cuts), 100})
     covered: set[int] = set()
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         bar = range_bar(a, b, 100, 50, "x").plain
         covered |= {i for i, c in enumerate(bar) if c == "█"}
     assert covered == set(range(50))
