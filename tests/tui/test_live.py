@@ -3,7 +3,9 @@ processes, the host in this loop) as its worker, and a chat streams a reply thro
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -11,12 +13,14 @@ import pytest
 from textual.widgets import DataTable
 
 from kafila.model.stage_cache import StageCache
+from kafila.session.api_client import ApiClient
 from kafila.session.demo import DemoOptions, run_demo
 from kafila.session.member import run_member
 from kafila.session.options import MemberOptions
 from kafila.tui.app import KafilaApp
 from kafila.tui.screens.lost import LostScreen
 from kafila.tui.widgets.chat import ChatPane, ChatSettings, MessageView
+from tests.conftest import REPO
 from tests.session.cluster import Cluster
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
@@ -38,6 +42,19 @@ async def test_live_demo_session_in_pilot(monkeypatch: pytest.MonkeyPatch) -> No
         reply = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
         assert reply.error is None and reply.body.strip()
         assert "tok/s" in screen_text(app)
+
+        # The same session from outside: the attach path reads the real /kafila/state, and `kafila chat`
+        # (a subprocess; this loop keeps serving the head meanwhile) chats through the real API.
+        async with ApiClient(app.state.api_url or "") as api:
+            seen = await api.state()
+        assert seen.phase == "admitted" and set(seen.members) == set(app.state.members)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "kafila.py"), "chat", "--api", app.state.api_url or "", "--max-tokens", "6",
+            "--temperature", "0", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=REPO)
+        out, err = await asyncio.wait_for(proc.communicate(b"Hi\n/quit\n"), 240)
+        assert proc.returncode == 0, err.decode()
+        assert "kafila> " in out.decode() and "tok/s" in out.decode()
 
         await pilot.press("f1")
         await pilot.pause()
