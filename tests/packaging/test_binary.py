@@ -2,21 +2,30 @@
 
 Builds `kafila` with build.spec once per session (see conftest.py; KAFILA_SKIP_BINARY=1 skips),
 then runs it with a clean environment from a folder outside the repository. The Python run of
-the same command is the ground truth.
+the same command is the ground truth. `kafila demo` from the binary starts the rendezvous and the
+members as the binary itself (kafila.session.demo.kafila_argv), so a whole loopback ring made of
+the binary alone must answer as the Python ring does, and leave no process or unpacked bundle behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from kafila.session.demo import free_udp_pair
 from tests.conftest import run_kafila
-from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary
+from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary, clean_env
 
 # The build happens in the first test's setup: allow for it on a busy two-core machine.
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 600)
@@ -77,3 +86,160 @@ def test_generate_matches_python(kafila_binary: Binary) -> None:
     REPORT["generate vs Python"] = "identical" if frozen == python else "DIFFERENT"
     assert frozen == python
     assert frozen.strip()
+
+
+# --- every role from the binary ------------------------------------------------------------------
+
+DEMO_ARGS = ("demo", "--prompt", "What is the capital of France?", "--max-tokens", "24", "--temperature", "0",
+             "--json", "--api-port", "0")
+DEMO_TIMEOUT_S = 600  # the demo waits up to 600 s for admission itself; normally about a minute here
+STOP_GRACE_S = 30.0
+
+
+def _run_gently(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """subprocess.run, except that a run past `timeout` is stopped with SIGINT, then SIGTERM.
+
+    SIGKILL on a one-file binary kills only its bootloader and orphans the Python process (and
+    everything that process started), so it is the last resort here.
+    """
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, encoding="utf-8", env=env, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            proc.send_signal(sig)
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        pytest.fail(f"{argv[1:3]} ran past {timeout:.0f} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _processes_marked(*markers: str) -> dict[int, str]:
+    """Live processes whose command line or environment holds one of `markers` (paths unique to a test).
+
+    Like `pgrep -f MARKER`, plus the environment: every process a run starts inherits its HOME,
+    TMPDIR and KAFILA_CACHE_DIR, whatever its command line says.
+    """
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, a zombie, or someone else's
+            continue
+        if any(m.encode() in cmdline or m.encode() in environ for m in markers):
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def _leftovers(*markers: str, settle_s: float = 10.0) -> dict[int, str]:
+    """The marked processes still alive `settle_s` after the run ended; each is then sent SIGTERM."""
+    deadline = time.monotonic() + settle_s
+    while (left := _processes_marked(*markers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:  # leave nothing running on the machine, whatever the test concludes
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    return left
+
+
+def _check_ring(result: dict, who: str) -> None:
+    plan = result["plan"]
+    assert result["admitted"] is True and plan["feasible"] is True, f"{who}: {result}"
+    assert sorted(plan["order"]) == ["ada", "bo", "cy"] == sorted(plan["ranges"]), f"{who}: {plan}"
+    assert sorted(result["members"]) == ["ada", "bo", "cy"], f"{who}: {result['members']}"
+    # three stages that together hold every block once
+    ranges = sorted(plan["ranges"].values())
+    assert ranges[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), f"{who}: {plan}"
+    assert all(a[0] < a[1] for a in ranges), f"{who}: {plan}"
+
+
+def test_demo_ring_matches_python(kafila_binary: Binary, tmp_path: Path) -> None:
+    """A rendezvous, the host and three members, every one of them the binary, answer as the Python run does.
+
+    The members and the rendezvous are `sys.executable join|rendezvous ...`: PyInstaller (6.22 here) runs
+    such children of a one-file program as sub-processes of the same instance, in the parent's
+    $TMPDIR/_MEIxxxxxx, so the bundle is unpacked once; the demo stops them before it exits.
+    """
+    frozen_dir, python_dir = tmp_path / "frozen", tmp_path / "python"
+    for sub in ("home", "tmp", "cache"):
+        (frozen_dir / sub).mkdir(parents=True)
+    env = {**clean_env(frozen_dir / "home", frozen_dir / "tmp"), "KAFILA_CACHE_DIR": str(frozen_dir / "cache")}
+    start = time.perf_counter()
+    frozen = _run_gently([str(kafila_binary.path), *DEMO_ARGS], env=env, cwd=frozen_dir, timeout=DEMO_TIMEOUT_S)
+    frozen_s = time.perf_counter() - start
+    left = _leftovers(str(frozen_dir), str(kafila_binary.path))
+    unpacked = list((frozen_dir / "tmp").glob("_MEI*"))
+    logs = frozen_dir / "cache" / "demo-logs"
+    if frozen.returncode != 0:  # a module or data file missing from the bundle shows in a member's log
+        tails = "".join(f"\n--- {f.name}:\n{f.read_text(errors='replace')[-1500:]}" for f in sorted(logs.glob("*.log")))
+        pytest.fail(f"the binary's demo exited {frozen.returncode}\nstderr:\n{frozen.stderr[-3000:]}{tails}")
+    frozen_result = json.loads(frozen.stdout)  # stdout is the one JSON object and nothing else
+
+    python_env = {**os.environ, "KAFILA_CACHE_DIR": str(python_dir / "cache")}
+    start = time.perf_counter()
+    python = _run_gently([sys.executable, str(REPO / "kafila.py"), *DEMO_ARGS], env=python_env, cwd=REPO,
+                         timeout=DEMO_TIMEOUT_S)
+    python_s = time.perf_counter() - start
+    python_left = _leftovers(str(python_dir))
+
+    python_result = json.loads(_ok(python))
+    same = frozen_result["text"] == python_result["text"]
+    REPORT["demo ring from the binary"] = (f"{frozen_s:.0f} s (the Python run {python_s:.0f} s), "
+                                           f"text {'identical' if same else 'DIFFERENT'}")
+    _check_ring(python_result, "python")
+    _check_ring(frozen_result, "binary")
+    assert frozen_result["text"].strip()
+    assert frozen_result["text"] == python_result["text"]
+    for name in ("ada", "bo", "cy"):
+        assert "admitted: serving" in (logs / f"{name}.log").read_text(), (logs / f"{name}.log").read_text()
+    assert "rendezvous listening" in (logs / "rendezvous.log").read_text()
+    assert not left, f"the binary's processes outlived the demo: {left}"
+    assert not python_left, f"the Python demo's processes outlived it: {python_left}"
+    assert not unpacked, f"the binary left its unpacked bundle behind: {unpacked}"
+
+
+@pytest.mark.parametrize("command", ["rendezvous", "join", "tui"])
+def test_role_help_matches_python(kafila_binary: Binary, command: str) -> None:
+    frozen = _ok(kafila_binary.run(command, "--help"))
+    assert frozen == _ok(run_kafila(command, "--help", env={"COLUMNS": "80"}))
+
+
+def test_rendezvous_and_join_run_directly(kafila_binary: Binary, tmp_path: Path) -> None:
+    """`kafila rendezvous` from the binary serves `kafila join` from the binary, and stops on SIGTERM."""
+    for sub in ("home", "tmp", "cache"):
+        (tmp_path / sub).mkdir()
+    env = {**clean_env(tmp_path / "home", tmp_path / "tmp"), "KAFILA_CACHE_DIR": str(tmp_path / "cache")}
+    port = free_udp_pair()
+    log = tmp_path / "rendezvous.log"
+    with log.open("wb") as out:
+        rdv = subprocess.Popen([str(kafila_binary.path), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
+                               stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while b"listening" not in log.read_bytes():
+            assert rdv.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        # An unknown session: the member measures this machine, reaches the rendezvous over QUIC and
+        # is told there is no such session. Everything a real join does up to the host.
+        joined = _run_gently([str(kafila_binary.path), "join", "zzzzzzzz-aaaa-aaaa-aaaa-aaaa",
+                              "--rendezvous", f"127.0.0.1:{port}", "--name", "ada", "--api-port", "-1"],
+                             env=env, cwd=tmp_path, timeout=180)
+        assert joined.returncode == 1, joined
+        assert "expired, or the join code is mistyped" in joined.stderr and "Traceback" not in joined.stderr, joined
+    finally:
+        rdv.send_signal(signal.SIGTERM)  # to the bootloader, which passes it on to the Python process
+        try:
+            rdv.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            rdv.send_signal(signal.SIGINT)
+            rdv.wait(STOP_GRACE_S)
+    assert "rendezvous stopped" in log.read_text(), log.read_text()
+    assert not _leftovers(str(tmp_path))
+    assert not list((tmp_path / "tmp").glob("_MEI*"))
