@@ -39,6 +39,7 @@ def _members(args: argparse.Namespace) -> tuple:
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
+    from pathlib import Path
 
     from rich.console import Console
 
@@ -46,8 +47,6 @@ def run(args: argparse.Namespace) -> int:
     from kafila.session.background import SessionThread
     from kafila.session.demo import DemoOptions, run_demo
     from kafila.session.report import plan_summary, reply_via_api
-
-    from pathlib import Path
 
     opts = DemoOptions(model=Path(args.model) if args.model else None, members=_members(args),
                        concurrency=args.concurrency, context=args.context, api_port=args.api_port)

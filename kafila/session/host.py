@@ -162,6 +162,7 @@ class HostRuntime:
             task.add_done_callback(j.sending.discard)
         elif t in ("loaded", "ready") and t in j.replies and not j.replies[t].done():
             j.replies[t].set_result(msg)
+            self.state.update_member(name, status=t)
         elif t == "lost":
             self.lost.put_nowait((str(msg.get("who")), str(msg.get("reason"))))
         elif t == "stats":
@@ -229,6 +230,7 @@ class HostRuntime:
             self.api.chat = self.forwarder.chat
         for n in order:
             await self.joined[n].link.send(messages.control("admit", epoch=self.epoch))
+            self.state.update_member(n, status="serving")
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
         who, reason = await self.lost.get()

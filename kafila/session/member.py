@@ -51,12 +51,15 @@ def member_view(vm: VerifiedMember) -> MemberView:
 
 async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
     """The session's host among the verified members (polls until it is listed)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            for vm in (await ep.members()).verified:
-                if vm.measurements.get("role") == "host":
-                    return vm
-            await asyncio.sleep(0.2)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                for vm in (await ep.members()).verified:
+                    if vm.measurements.get("role") == "host":
+                        return vm
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
 
 async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
