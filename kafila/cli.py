@@ -50,16 +50,6 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _load(module_name: str) -> object | None:
-    """Import a command module; a command whose module is not written yet is left out."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None
-        raise
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, one sub-command per module in kafila.commands."""
     parser = argparse.ArgumentParser(prog="kafila", description="Pool a trusted group's machines into one LLM ring.")
@@ -67,9 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
-        module = _load(f"kafila.commands.{module_name}")
-        if module is None:
-            continue
+        module = importlib.import_module(f"kafila.commands.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.configure(p)
         p.set_defaults(_run=module.run)

@@ -25,7 +25,8 @@ def smollm() -> Path:
 def synthetic_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One tiny random model per supported architecture, plus an untied-output llama."""
     d = tmp_path_factory.mktemp("synthetic")
-    models = {arch: write_synthetic(d / f"{arch}.gguf", arch, seed=i) for i, arch in enumerate(("llama", "qwen2", "qwen3"))}
+    archs = ("llama", "qwen2", "qwen3")
+    models = {arch: write_synthetic(d / f"{arch}.gguf", arch, seed=i) for i, arch in enumerate(archs)}
     models["llama-untied"] = write_synthetic(d / "llama-untied.gguf", "llama", seed=7, tied=False)
     return models
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-
-from kafila.cli import _load
+import importlib
 
 HELP = "run a benchmark (engine, planner, nat, ring) and write a report"
 
@@ -20,9 +19,7 @@ BENCHES: dict[str, str] = {
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", metavar="NAME", required=True)
     for name, module_name in BENCHES.items():
-        module = _load(f"kafila.bench.{module_name}")
-        if module is None:
-            continue
+        module = importlib.import_module(f"kafila.bench.{module_name}")
         bp = sub.add_parser(name, help=module.HELP, description=module.HELP)
         bp.add_argument("--json", action="store_true", help="print the report as JSON")
         bp.add_argument("--out", default=None, help="also write the report to this file")

@@ -13,6 +13,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class Rows:
         return len(self.seq)
 
 
-def make_context_params(config: ContextConfig) -> object:
+def make_context_params(config: ContextConfig) -> Any:
     """Context params shared by stages and by the single-context reference."""
     lc = llama()
     params = lc.llama_context_default_params()
@@ -63,7 +64,7 @@ def make_context_params(config: ContextConfig) -> object:
     return params
 
 
-def load_model(path: Path) -> object:
+def load_model(path: Path) -> Any:
     """Load a GGUF into llama.cpp (CPU, mmap); a refusal becomes an EngineError."""
     lc = llama()
     mparams = lc.llama_model_default_params()

@@ -95,8 +95,7 @@ class ApiServer:
             await site.start()
         except OSError as exc:
             raise NetworkError(f"cannot serve the chat API on {self.host}:{self.port}: {exc.strerror}") from None
-        server = site._server
-        port = server.sockets[0].getsockname()[1] if server and server.sockets else self.port  # type: ignore[union-attr]
+        port = self._runner.addresses[0][1]  # the real port when 0 asked for any
         self.url = f"http://{self.host}:{port}"
         self.state.api_url = self.url
         self.state.changed()

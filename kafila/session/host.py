@@ -258,7 +258,7 @@ class HostRuntime:
         waits = {n: self.joined[n].replies[kind] for n in order}
         lost_wait = asyncio.ensure_future(self.lost.get())
         try:
-            pending = set(waits.values())
+            pending: set[asyncio.Future[Any]] = set(waits.values())
             deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
             while pending:
                 timeout = deadline - asyncio.get_running_loop().time()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from rich.console import Console
 
@@ -24,7 +25,7 @@ class EventPrinter:
         self._printed = len(state.events)
 
 
-def run_printing(flow: Callable[[SessionState], Awaitable[int]], console: Console | None = None) -> int:
+def run_printing(flow: Callable[[SessionState], Coroutine[Any, Any, int]], console: Console | None = None) -> int:
     """Run `flow` with a fresh state, printing its events; returns its exit status."""
     state = SessionState()
     state.subscribe(EventPrinter(console or Console(stderr=True)))

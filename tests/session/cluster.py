@@ -24,7 +24,8 @@ CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
 class Proc:
     """A kafila process whose output is collected line by line."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], prefix: list[str] | None = None) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str],
+                 prefix: list[str] | None = None) -> None:
         self.name = name
         self.lines: list[str] = []
         self.popen = subprocess.Popen(
