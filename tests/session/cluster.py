@@ -29,8 +29,8 @@ class Proc:
         self.name = name
         self.lines: list[str] = []
         self.popen = subprocess.Popen(
-            [*(prefix or []), sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
+            [*(prefix or []), sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         )
         threading.Thread(target=self._read, daemon=True).start()
 
