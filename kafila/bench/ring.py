@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
@@ -44,11 +45,12 @@ async def _replies(url: str, n_users: int, tokens: int) -> tuple[float, int, lis
     return time.perf_counter() - t0, sum(n for n, _ in results), [s for _, s in results]
 
 
-def _session(members: tuple, strategy: str, fresh: bool) -> Any:
+def _session(members: tuple, strategy: str, fresh: bool, threads: int | None = None) -> Any:
     from kafila.session.background import SessionThread
     from kafila.session.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(members=members, strategy=strategy, api_port=0, context=1024, fresh_probe=fresh)
+    opts = DemoOptions(members=members, strategy=strategy, api_port=0, context=1024, fresh_probe=fresh,
+                       threads=threads)
     return SessionThread(lambda state: run_demo(opts, state))
 
 
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
     console.log("(a) 3-member ring without slow-down against one local context")
     local_ms = _local_ms_per_token(args.tokens)
-    with _session(even, "kafila", fresh=True) as s:
+    # one user: the stages compute one after another, so each may use every core
+    with _session(even, "kafila", fresh=True, threads=os.cpu_count() or 1) as s:
         state = s.wait_settled(600)
         if state.phase != "admitted":
             raise SessionError(f"the bench ring was not admitted: {state.rejection}")

@@ -13,6 +13,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rendezvous", default="127.0.0.1:3478", help="rendezvous HOST:PORT (default 127.0.0.1:3478)")
     p.add_argument("--name", default=socket.gethostname(), help="this member's name (default: the host name)")
     p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; 0: any; -1: none)")
+    p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default 0: all cores)")
     p.add_argument("--throttle", type=float, default=1.0, help="EMULATION: run this many times slower")
     p.add_argument("--memory", type=float, default=None, metavar="GB", help="EMULATION: report at most this memory")
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     trace = os.environ.get("KAFILA_TRACE")  # tests: where the head records its batches
     opts = MemberOptions(
         code=args.code, rendezvous=parse_addr(args.rendezvous), name=args.name,
-        api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory,
+        api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory, threads=args.threads,
         trace_path=Path(trace) if trace else None,
     )
     return run_printing(lambda state: run_member(opts, state))

@@ -125,13 +125,14 @@ def probe(
     calls: int = 30,
     warmup: int = 3,
     on_step: Callable[[str, int, int], None] | None = None,
+    threads: int = 0,
 ) -> ProbeResult:
-    """Measure this machine with cuts of `model` of the given block counts."""
+    """Measure this machine with cuts of `model` of the given block counts, on `threads` threads (0: all)."""
     info = describe_model(model)
     sizes = tuple(sorted({min(s, info.n_blocks) for s in sizes}))
     if len(sizes) < 2:
         raise EngineError("probing needs at least two different cut sizes")
-    config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=8)
+    config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=8, n_threads=threads)
     total = warmup + calls
     engines: list[StageEngine] = []
     try:

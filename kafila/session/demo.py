@@ -53,6 +53,12 @@ class DemoOptions:
     log_dir: Path | None = None  # members' and rendezvous' output (default: <cache>/demo-logs)
     strategy: str = "kafila"
     fresh_probe: bool = False  # measure again even when a recent probe is cached
+    threads: int | None = None  # llama.cpp threads per member (default: the cores shared out among them)
+
+    def member_threads(self) -> int:
+        """Threads per member: members on one machine compute at once, and ggml's threads spin-wait at
+        every op, so more threads than cores in all makes every member crawl."""
+        return self.threads or max(1, (os.cpu_count() or 1) // len(self.members))
 
 
 def kafila_argv() -> list[str]:
@@ -108,7 +114,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     env_cache = {"KAFILA_CACHE_DIR": str(cache.root)}
     os.environ.update(env_cache)  # members share this cache: the probe and the stage files
     state.log("measuring this machine once for all members")
-    await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe)
+    threads = opts.member_threads()
+    await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe, threads)
     port = free_udp_pair()
     procs: list[asyncio.subprocess.Process] = []
     try:
@@ -129,7 +136,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                   f"(emulated slow-downs {', '.join(f'×{m.throttle:g}' for m in opts.members)}); logs in {log_dir}")
         for m in opts.members:
             argv = [*kafila_argv(), "join", state.code or "", "--rendezvous", f"127.0.0.1:{port}", "--name", m.name,
-                    "--api-port", "-1", "--throttle", str(m.throttle)]
+                    "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
             if m.memory_gb is not None:
                 argv += ["--memory", str(m.memory_gb)]
             procs.append(await _start(argv, log_dir / f"{m.name}.log"))

@@ -55,10 +55,10 @@ def build_differences(mine: str, theirs: str) -> list[str]:
 
 
 def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
-                 fresh: bool = False) -> ProbeResult:
-    """The engine probe, reused from the cache when recent and from this build."""
+                 fresh: bool = False, threads: int = 0) -> ProbeResult:
+    """The engine probe on `threads` threads (0: all), reused from the cache when recent and from this build."""
     tag = build_tag(build_identity())
-    path = cache.root / "probe.json"
+    path = cache.root / f"probe-{threads or 'all'}-threads.json"
     if not fresh:
         try:
             saved = json.loads(path.read_text())
@@ -69,7 +69,7 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
                                    tuple(tuple(s) for s in r["samples"]), r["fit_residual"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    result = probe(model, cache, on_step=on_step)
+    result = probe(model, cache, on_step=on_step, threads=threads)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".probe.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"build": tag, "time": time.time(), "result": result.as_dict()}))

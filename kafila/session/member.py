@@ -82,6 +82,10 @@ class MemberRuntime:
         self._serving: asyncio.Task[None] | None = None
         self._pending: list[dict[str, Any]] = []
 
+    def _config(self) -> ContextConfig:
+        """The host's context settings for every stage, with this machine's own thread count."""
+        return ContextConfig(**{**messages.field(self.assignment, "config", dict), "n_threads": self.opts.threads})
+
     async def send_host(self, t: str, **fields: Any) -> None:
         await self.control.send(messages.control(t, **fields))
 
@@ -139,7 +143,7 @@ class MemberRuntime:
         is_head = order[0] == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
         path = await self._receive_stage(StageManifest.from_dict(msg["stage"]))
-        config = ContextConfig(**messages.field(msg, "config", dict))
+        config = self._config()
         self.state.update_member(me, status="loading")
         engine = await asyncio.to_thread(StageEngine, path, config, is_head)
         self.worker = StageWorker(engine, self.opts.throttle)
@@ -190,7 +194,7 @@ class MemberRuntime:
         assert self.worker is not None and self.edges is not None
         order: list[str] = self.assignment["order"]
         is_head = order[0] == self.opts.name
-        config = ContextConfig(**self.assignment["config"])
+        config = self._config()
         inbox: asyncio.Queue[bytes] = asyncio.Queue()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -303,7 +307,7 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
     cache = StageCache(opts.cache_dir)
     emulation = Emulation(opts.throttle, opts.memory_gb)
     state.set_phase("measuring", "measuring this machine")
-    result = await asyncio.to_thread(cached_probe, default_model_path(), cache)
+    result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct) as ep:
         report = await ep.probe_nat(opts.rendezvous)

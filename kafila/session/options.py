@@ -37,6 +37,7 @@ class MemberOptions:
     link_idle_timeout_s: float = 5.0  # a silent peer is declared lost after this long
     allow_direct: bool = True
     trace_path: Path | None = None  # as the head: record every batch (for exactness tests)
+    threads: int = 0  # llama.cpp threads (0: all cores); several members on one machine must share them
 
 
 @dataclass(frozen=True)
