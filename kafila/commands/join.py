@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     trace = os.environ.get("KAFILA_TRACE")  # tests: where the head records its batches
     opts = MemberOptions(
         code=args.code, rendezvous=parse_addr(args.rendezvous), name=args.name,
-        api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory, threads=args.threads,
+        api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory,
+        threads=args.threads,
         trace_path=Path(trace) if trace else None,
     )
     return run_printing(lambda state: run_member(opts, state))
