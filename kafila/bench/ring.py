@@ -104,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
 
     throughput: dict[str, Any] = {}
     errors: list[float] = []
-    for strategy in args.strategies.split(","):
+    for i, strategy in enumerate(args.strategies.split(",")):
         console.log(f"(b) {strategy} split on the fleet with slow-downs {throttles}")
-        with _session(hetero, strategy, fresh=False) as s:
+        with _session(hetero, strategy, fresh=i == 0) as s:
             state = s.wait_settled(600)
             if state.phase != "admitted":
                 throughput[strategy] = {"admitted": False, "reason": state.rejection}

@@ -26,6 +26,9 @@ from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.demo")
 STOP_GRACE_S = 5.0
+# Several members share this machine: their OpenMP threads must not spin long after a call
+# (libgomp spins ~300k iterations by default), or they steal the cores the next stage computes on.
+SHARED_MACHINE_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ async def _start(argv: list[str], log_path: Path) -> asyncio.subprocess.Process:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env={**os.environ}
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env={**os.environ, **SHARED_MACHINE_ENV}
         )
 
 
