@@ -17,8 +17,9 @@ command and the TUI can show it as is.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -157,21 +158,13 @@ class ApiClient:
         return self._session
 
     async def _get_json(self, path: str) -> Any:
-        import aiohttp
-
         url = self.url + path
-        try:
+        with self._errors_named():
             async with self._http().get(url) as resp:
                 body = await _read_body(resp)
                 if resp.status >= 400:
                     raise ApiError(self.url, _error_message(body) or f"{path} answered {resp.reason}", resp.status)
                 return body
-        except TimeoutError:
-            raise ApiTimeout(self.url, self.read_timeout) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise ApiUnreachable(self.url, _why(exc)) from None
-        except aiohttp.ClientError as exc:
-            raise ApiLost(self.url, _why(exc)) from None
 
     async def models(self) -> list[str]:
         """The model ids the session serves (also a cheap "is anyone there?" check)."""
@@ -200,11 +193,9 @@ class ApiClient:
 
         Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
         """
-        import aiohttp
-
         payload = {"model": model, "messages": messages, "stream": True,
                    "max_tokens": max_tokens, "temperature": temperature}
-        try:
+        with self._errors_named():
             async with self._http().post(self.url + "/v1/chat/completions", json=payload) as resp:
                 if resp.status >= 400:
                     body = await _read_body(resp)
@@ -216,6 +207,14 @@ class ApiClient:
                     return
                 async for item in _events(self.url, resp):
                     yield item
+
+    @contextlib.contextmanager
+    def _errors_named(self) -> Iterator[None]:
+        """aiohttp's failures as this module's errors, each naming the URL."""
+        import aiohttp
+
+        try:
+            yield
         except TimeoutError:
             raise ApiTimeout(self.url, self.read_timeout) from None
         except aiohttp.ClientConnectorError as exc:

@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafila.errors import SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
+from kafila.net.ports import free_udp_pair
 from kafila.session.host import run_host
 from kafila.session.measure import cached_probe
 from kafila.session.options import DEFAULT_API_PORT, HostOptions
@@ -69,23 +68,6 @@ def kafila_argv() -> list[str]:
     if getattr(sys, "frozen", False):
         return [sys.executable]
     return [sys.executable, str(Path(__file__).resolve().parents[2] / "kafila.py")]
-
-
-def free_udp_pair(host: str = "127.0.0.1") -> int:
-    """A port P such that UDP P and P+1 are both free (the rendezvous probes from both)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
-            a.bind((host, 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
-                try:
-                    b.bind((host, port + 1))
-                except OSError:
-                    continue
-            return int(port)
-    raise SessionError("no free pair of UDP ports on 127.0.0.1 for the rendezvous")
 
 
 async def _start(argv: list[str], log_path: Path) -> asyncio.subprocess.Process:

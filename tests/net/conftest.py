@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -11,31 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from kafila.net.ports import free_udp_pair
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port_pair(ip: str = "127.0.0.1", alt_ip: str | None = "127.0.0.2") -> int:
     """A port P such that P and P+1 are free for UDP on ip (and alt_ip)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((ip, 0))
-            port = s.getsockname()[1]
-        if port >= 65534:
-            continue
-        try:
-            socks = []
-            for host in [ip] + ([alt_ip] if alt_ip else []):
-                for p in (port, port + 1):
-                    t = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                    socks.append(t)
-                    t.bind((host, p))
-            return port
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no free UDP port pair found")
+    return free_udp_pair(ip, alt_ip)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kafila.session.demo import free_udp_pair
+from kafila.net.ports import free_udp_pair
 from tests.conftest import run_kafila
 from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary, clean_env
 

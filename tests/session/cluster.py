@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kafila.session.demo import free_udp_pair
+from kafila.net.ports import free_udp_pair
 
 REPO = Path(__file__).resolve().parents[2]
 CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
