@@ -62,6 +62,12 @@ class Cluster:
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
                     "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
+        # one probe for all members on this machine (as `kafila demo` does), not several at once
+        from kafila.model.embedded import default_model_path
+        from kafila.model.stage_cache import StageCache
+        from kafila.session.measure import cached_probe
+
+        cached_probe(default_model_path(), StageCache(tmp / "cache"))
         self.port = free_udp_pair()
         self.api_port = _free_tcp_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
@@ -70,7 +76,8 @@ class Cluster:
                                        self.env)]
         time.sleep(0.5)
         self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
-                                  "--api-port", str(self.api_port), "--context", "512", *(host_args or [])], self.env)
+                                  "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
+                                  *(host_args or [])], self.env)
         self.procs.append(self.host)
         self.code = self.host.wait_for(CODE_RE, 60).group(1)
         self.members = {name: Proc(name, ["join", self.code, "--rendezvous", self.rdv, "--name", name,
