@@ -24,6 +24,7 @@ from kafila.model.stage_cache import StageCache
 
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
+EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
 
 
 @dataclass(frozen=True)
@@ -98,15 +99,18 @@ def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
                       on_call: Callable[[int], None] | None = None) -> list[float]:
     """Median seconds of a single-row decode call for each engine.
 
-    Calls go round-robin over the engines, so machine noise spreads over every size alike and
-    no stage runs with caches its own previous call warmed more than a ring neighbour's would.
+    Calls go round-robin over the engines, so machine noise spreads over every size alike, and each
+    call starts with cold caches: small cuts would otherwise run from cache and hide the fixed cost
+    of a call (in a ring, the neighbours' work evicts a stage's weights between its calls).
     """
     rng = np.random.default_rng(0)
     times: list[list[float]] = [[] for _ in engines]
+    evict = np.ones(EVICT_BYTES // 4, np.float32)
     for i in range(warmup + calls):
         for k, engine in enumerate(engines):
             x = rng.standard_normal((1, engine.n_embd)).astype(np.float32)
             rows = Rows(np.zeros(1, np.int32), np.array([i], np.int32), np.ones(1, bool))
+            evict.max()  # read past the caches, as a member's weights are after its neighbours ran
             t0 = time.perf_counter()
             engine.run(x, rows)
             if i >= warmup:
