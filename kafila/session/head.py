@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kafila.engine.chain import pack
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler, SamplingParams
@@ -105,7 +106,8 @@ class Head:
         self._free_slots = list(range(config.n_seq_max))
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
-        self._in_flight: dict[int, tuple[list[tuple[int, Chunk]], int]] = {}  # frame id -> chunks, sent at
+        # frame id -> (its chunks, which rows want logits, when it was sent)
+        self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int]] = {}
         self._wake = asyncio.Event()
         self._ids = itertools.count()
         self._frame_ids = itertools.count()
@@ -187,29 +189,27 @@ class Head:
     async def _dispatch(self) -> None:
         """Pack the next chunk of every ready request into one frame and send it into the ring."""
         budget = self.config.n_batch
-        taken: list[tuple[int, Chunk]] = []
+        taken: list[Chunk] = []
         decode_only = True
-        for slot, job in self._active.items():
+        for job in self._active.values():
             assert job.request is not None
             chunk = job.request.take(budget)
             if chunk is not None:
-                taken.append((slot, chunk))
+                taken.append(chunk)
                 budget -= len(chunk.tokens)
                 decode_only &= chunk.start_pos >= len(job.request.prompt)
         if not taken:
             return
-        tokens = [t for _, c in taken for t in c.tokens]
-        seqs = tuple(slot for slot, c in taken for _ in c.tokens)
-        positions = tuple(p for _, c in taken for p in range(c.start_pos, c.start_pos + len(c.tokens)))
-        rows = self.embedder.rows(tokens)
+        tokens, rows = pack(taken)
+        embd = self.embedder.rows(tokens)
         fid = next(self._frame_ids)
-        header = ActivationHeader(fid, Phase.DECODE if decode_only else Phase.PREFILL, positions, rows.shape[0],
-                                  rows.shape[1], seqs=seqs)
+        header = ActivationHeader(fid, Phase.DECODE if decode_only else Phase.PREFILL, tuple(rows.pos.tolist()),
+                                  embd.shape[0], embd.shape[1], seqs=tuple(rows.seq.tolist()))
         if self.trace:
-            self.trace({"frame": fid, "tokens": tokens, "seqs": list(seqs), "positions": list(positions),
-                        "want": [c.wants_logits for _, c in taken], "sizes": [len(c.tokens) for _, c in taken]})
-        self._in_flight[fid] = (taken, time.perf_counter_ns())
-        msg = frames.encode(header, rows)
+            self.trace({"frame": fid, "tokens": tokens.tolist(), "seqs": rows.seq.tolist(),
+                        "positions": rows.pos.tolist(), "want": rows.want.tolist()})
+        self._in_flight[fid] = (taken, rows.want, time.perf_counter_ns())
+        msg = frames.encode(header, embd)
         if self.send_next is None:
             self.inbox.put_nowait(msg)
         else:
@@ -229,8 +229,7 @@ class Head:
         entry = self._in_flight.pop(frame.header.request_id, None)
         if entry is None:
             return  # sent before a failure reset the ring: stale
-        taken, sent = entry
-        want = np.concatenate([(np.arange(len(c.tokens)) == len(c.tokens) - 1) & c.wants_logits for _, c in taken])
+        taken, want, sent = entry
         try:
             logits, head_ns = await self.worker.run(frame, want)
         except EngineError as exc:
@@ -242,7 +241,8 @@ class Head:
             self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
                            arrived - sent + head_ns)
         i = 0
-        for slot, chunk in taken:
+        for chunk in taken:
+            slot = chunk.seq
             row = None
             if chunk.wants_logits:
                 row, i = logits[i], i + 1

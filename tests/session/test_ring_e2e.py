@@ -80,9 +80,8 @@ def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
         for line in trace_path.read_text().splitlines():
             e = json.loads(line)
             if "tokens" in e:
-                want = np.concatenate([np.arange(n) == n - 1 if w else np.zeros(n, bool)
-                                       for n, w in zip(e["sizes"], e["want"], strict=True)])
-                rows = Rows(np.array(e["seqs"], np.int32), np.array(e["positions"], np.int32), want)
+                rows = Rows(np.array(e["seqs"], np.int32), np.array(e["positions"], np.int32),
+                            np.array(e["want"], bool))
                 logits = ref.run(np.array(e["tokens"], np.int32), rows)
                 theirs[e["frame"]] = hashlib.sha256(logits.tobytes()).hexdigest()
             elif "logits" in e:
