@@ -70,11 +70,11 @@ def kafila_argv() -> list[str]:
     return [sys.executable, str(Path(__file__).resolve().parents[2] / "kafila.py")]
 
 
-async def _start(argv: list[str], log_path: Path) -> asyncio.subprocess.Process:
+async def _start(argv: list[str], log_path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env={**os.environ, **SHARED_MACHINE_ENV}
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env={**os.environ, **env}
         )
 
 
@@ -96,8 +96,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     """Run the demo session until the host ends it (or the task is cancelled); returns the host's status."""
     cache = StageCache(opts.cache_dir)
     log_dir = opts.log_dir or cache.root / "demo-logs"
-    env_cache = {"KAFILA_CACHE_DIR": str(cache.root)}
-    os.environ.update(env_cache)  # members share this cache: the probe and the stage files
+    # members share this cache (the probe and the stage files) and this machine's cores
+    env = {"KAFILA_CACHE_DIR": str(cache.root), **SHARED_MACHINE_ENV}
     state.log("measuring this machine once for all members")
     threads = opts.member_threads()
     await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe, threads)
@@ -105,7 +105,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     procs: list[asyncio.subprocess.Process] = []
     try:
         procs.append(await _start([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
-                                  log_dir / "rendezvous.log"))
+                                  log_dir / "rendezvous.log", env))
         await asyncio.sleep(0.5)
         host = asyncio.create_task(run_host(HostOptions(
             model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
@@ -124,7 +124,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                     "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
             if m.memory_gb is not None:
                 argv += ["--memory", str(m.memory_gb)]
-            procs.append(await _start(argv, log_dir / f"{m.name}.log"))
+            procs.append(await _start(argv, log_dir / f"{m.name}.log", env))
         return await host
     finally:
         await _stop(procs[1:])

@@ -4,15 +4,13 @@ processes, the host in this loop) as its worker, and a chat streams a reply thro
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-import pytest
 from textual.widgets import DataTable
 
-from kafila.model.stage_cache import StageCache
 from kafila.session.api_client import ApiClient
 from kafila.session.demo import DemoOptions, run_demo
 from kafila.session.member import run_member
@@ -31,19 +29,22 @@ def reply_finished(app: KafilaApp, chat: ChatPane) -> bool:
     replies = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"]
     return bool(replies) and not chat.streaming and bool(replies[-1].body.strip() or replies[-1].error)
 
-async def test_live_demo_session_in_pilot(monkeypatch: pytest.MonkeyPatch) -> None:
-    # run_demo exports KAFILA_CACHE_DIR for its members; keep that change inside this test.
-    monkeypatch.setenv("KAFILA_CACHE_DIR", os.environ.get("KAFILA_CACHE_DIR", str(StageCache().root)))
+
+async def admitted_then_chat(app: KafilaApp, pilot: Any, text: str) -> MessageView:
+    """Wait for admission, type `text` into the chat that opens, and return the finished reply."""
+    await until(lambda: app.state.phase in ("admitted", "rejected", "lost"), timeout=300)
+    assert app.state.phase == "admitted", app.state.rejection or app.state.lost
+    await until(lambda: app.dashboard.active_tab == "chat")
+    chat = app.dashboard.query_one(ChatPane)
+    await pilot.press(*text, "enter")
+    await until(lambda: reply_finished(app, chat), timeout=240)
+    return [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
+
+async def test_live_demo_session_in_pilot() -> None:
     flow = partial(run_demo, DemoOptions(api_port=0))
     app = KafilaApp(flow=flow, mode="demo", settings=ChatSettings(max_tokens=8, temperature=0.0), tick_s=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(lambda: app.state.phase in ("admitted", "rejected", "lost"), timeout=300)
-        assert app.state.phase == "admitted", app.state.rejection or app.state.lost
-        await until(lambda: app.dashboard.active_tab == "chat")
-        chat = app.dashboard.query_one(ChatPane)
-        await pilot.press(*"Hi", "enter")
-        await until(lambda: reply_finished(app, chat), timeout=240)
-        reply = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
+        reply = await admitted_then_chat(app, pilot, "Hi")
         assert reply.error is None and reply.body.strip()
         assert "tok/s" in screen_text(app)
 
@@ -84,14 +85,8 @@ async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_sessi
         app = KafilaApp(flow=partial(run_member, opts), mode="member",
                         settings=ChatSettings(max_tokens=6, temperature=0.0), tick_s=0.1)
         async with app.run_test(size=(100, 30)) as pilot:
-            await until(lambda: app.state.phase in ("admitted", "rejected", "lost"), timeout=300)
-            assert app.state.phase == "admitted", app.state.rejection or app.state.lost
+            reply = await admitted_then_chat(app, pilot, "Hello")
             assert app.state.api_url and app.state.api_url != cluster.url  # this member's own endpoint
-            await until(lambda: app.dashboard.active_tab == "chat")
-            chat = app.dashboard.query_one(ChatPane)
-            await pilot.press(*"Hello", "enter")
-            await until(lambda: reply_finished(app, chat), timeout=240)
-            reply = [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
             assert reply.error is None and reply.body.strip()
 
             cluster.host.popen.kill()  # the head goes away
@@ -102,9 +97,8 @@ async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_sessi
         cluster.stop()
 
 
-async def test_live_rejection_shows_its_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_live_rejection_shows_its_reasons() -> None:
     """A real demo session asked for far more context than three members hold: rejected, with the remedies."""
-    monkeypatch.setenv("KAFILA_CACHE_DIR", os.environ.get("KAFILA_CACHE_DIR", str(StageCache().root)))
     flow = partial(run_demo, DemoOptions(api_port=0, concurrency=64, context=1_000_000))
     app = KafilaApp(flow=flow, mode="demo", tick_s=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
