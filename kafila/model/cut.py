@@ -11,7 +11,6 @@ Tensor data is copied as raw bytes, never re-quantised.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,11 @@ import gguf
 import numpy as np
 
 from kafila.errors import ModelError
-from kafila.model.describe import describe_file
+from kafila.model.describe import BLOCK_TENSOR, describe_file
 from kafila.model.gguf_file import GGUFFile
 
 Progress = Callable[[int, int], None]  # (bytes written, total bytes)
 
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 # The smallest vocabulary llama.cpp's gpt2 loader accepts: it refuses an empty merges list.
 STUB_TOKENS = ["a", "b", "ab", "</s>"]
 STUB_MERGES = ["a b"]
@@ -85,7 +83,7 @@ def _stage_tensors(
     """(new name, raw bytes, tensor type) for every tensor of the stage, in the source file's order."""
     out = []
     for t in gf.tensors.values():
-        m = _BLOCK_RE.match(t.name)
+        m = BLOCK_TENSOR.match(t.name)
         if m:
             i = int(m.group(1))
             if spec.start <= i < spec.end:

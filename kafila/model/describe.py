@@ -14,7 +14,7 @@ from kafila.model.gguf_file import GGUFFile
 
 # llama.cpp's default KV cache type is f16.
 KV_BYTES_PER_ELEMENT = 2
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")  # group 1: block index, group 2: the tensor within it
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
     tensors = gf.tensors
     blocks = [0] * n_blocks
     for t in tensors.values():
-        m = _BLOCK_RE.match(t.name)
+        m = BLOCK_TENSOR.match(t.name)
         if m:
             i = int(m.group(1))
             if i >= n_blocks:
