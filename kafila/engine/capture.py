@@ -1,0 +1,71 @@
+"""Copies one named tensor out of a llama.cpp graph as it is computed, with the C eval callback in capture.c.
+
+`make setup` compiles capture.c into `_capture.so` beside this file (the one-file binary carries it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kafila.engine.llama_lib import GGML_TYPE_F32, ggml
+from kafila.errors import EngineError
+
+LIBRARY = Path(__file__).with_name("_capture.so")
+
+
+class _State(ctypes.Structure):
+    _fields_ = [
+        ("get_name", ctypes.c_void_p),
+        ("tensor_get", ctypes.c_void_p),
+        ("target", ctypes.c_char * 64),
+        ("dest", ctypes.c_void_p),
+        ("capacity", ctypes.c_int64),
+        ("hits", ctypes.c_int32),
+        ("type", ctypes.c_int32),
+        ("ne", ctypes.c_int64 * 4),
+    ]
+
+
+@cache
+def _library() -> ctypes.CDLL:
+    if not LIBRARY.is_file():
+        raise EngineError(f"the stage engine's C helper {LIBRARY.name} is missing: run `make setup`")
+    return ctypes.CDLL(str(LIBRARY))
+
+
+class TensorCapture:
+    """Eval-callback state that copies tensor `name` (float32, up to `rows` × `width`) into a buffer."""
+
+    def __init__(self, name: str, rows: int, width: int) -> None:
+        lib, g = _library(), ggml()
+        self.width = width
+        self._out = np.empty((rows, width), np.float32)
+        self._state = _State(
+            ctypes.cast(g.ggml_get_name, ctypes.c_void_p), ctypes.cast(g.ggml_backend_tensor_get, ctypes.c_void_p),
+            name.encode(), self._out.ctypes.data, self._out.size,
+        )
+        self.callback = ctypes.cast(lib.kafila_capture_eval, ctypes.c_void_p)
+        self.user_data = ctypes.cast(ctypes.pointer(self._state), ctypes.c_void_p)
+
+    def install(self, params: Any, callback_type: Any) -> None:
+        """Point llama context params at this capture (they must not outlive it)."""
+        params.cb_eval = ctypes.cast(self.callback, callback_type)
+        params.cb_eval_user_data = self.user_data
+
+    def reset(self) -> None:
+        self._state.hits = 0
+
+    def rows(self, n: int) -> np.ndarray:
+        """The captured (n, width) rows; EngineError unless exactly that was computed, once."""
+        s = self._state
+        ne = tuple(s.ne)
+        if s.hits != 1 or s.type != GGML_TYPE_F32 or ne != (self.width, n, 1, 1):
+            name = s.target.decode()
+            raise EngineError(f"{name} was not captured whole: expected float32 ({self.width}, {n}) once, "
+                              f"got {s.hits} time(s), type {s.type}, shape {ne}")
+        return self._out[:n].copy()
