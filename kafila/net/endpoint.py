@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from aioquic.buffer import Buffer
 from aioquic.quic import events
@@ -27,6 +27,7 @@ from kafila.net import nat, stun, wire
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, Link, LinkOwner, PinnedQuicConnection, configuration
 from kafila.net.trust import Announcement, JoinCode, VerifiedMember, now_wall, open_announcement
+from kafila.net.udp import UdpSocket
 from kafila.planner.reachability import predict_edge
 
 log = logging.getLogger("kafila.net")
@@ -76,17 +77,6 @@ def _vaddr(member_id: bytes) -> Addr:
     return (f"kafila-peer-{member_id.hex()}", 0)
 
 
-class _Socket(asyncio.DatagramProtocol):
-    def __init__(self, ep: PeerEndpoint) -> None:
-        self.ep = ep
-
-    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        self.ep._on_datagram(data, (addr[0], addr[1]))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("socket error: %s", exc)  # ICMP unreachable from a punch target: expected
-
-
 class PeerEndpoint(LinkOwner):
     """A member's network presence: `async with PeerEndpoint(...) as ep:` (see kafila.net docs)."""
 
@@ -112,10 +102,11 @@ class PeerEndpoint(LinkOwner):
         self.rendezvous: Addr | None = None
         self.peers: dict[bytes, VerifiedMember] = {}
         self.me: VerifiedMember | None = None
-        self._transport: asyncio.DatagramTransport | None = None
+        self._socket: UdpSocket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._wake = asyncio.Event()
+        self._ticker_at = float("inf")  # when the sleeping ticker wakes by itself
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._punchers: dict[bytes, Puncher] = {}
@@ -135,14 +126,10 @@ class PeerEndpoint(LinkOwner):
     async def __aenter__(self) -> PeerEndpoint:
         self._loop = asyncio.get_running_loop()
         try:
-            transport, _ = await self._loop.create_datagram_endpoint(
-                lambda: _Socket(self), local_addr=self.bind, family=socket.AF_INET
-            )
+            self._socket = UdpSocket(self._loop, self.bind, self._on_batch)
         except OSError as exc:
             raise NetworkError(f"cannot bind UDP {self.bind[0]}:{self.bind[1]}: {exc}") from None
-        self._transport = cast(asyncio.DatagramTransport, transport)
-        sockname = transport.get_extra_info("sockname")
-        self.local_addr = (sockname[0], sockname[1])
+        self.local_addr = self._socket.local_addr
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         self._ticker_task = self._tg.create_task(self._ticker())
@@ -162,18 +149,29 @@ class PeerEndpoint(LinkOwner):
             await self._tg.__aexit__(None, None, None)
         except BaseExceptionGroup as eg:  # a failed background refresh must not hide the caller's error
             log.debug("endpoint tasks ended with %s", eg)
-        if self._transport is not None:
-            self._transport.close()
+        if self._socket is not None:
+            self._socket.close()
 
     def _now(self) -> float:
         assert self._loop is not None
         return self._loop.time()
 
     def _sendto(self, data: bytes, addr: Addr) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.sendto(data, addr)
+        if self._socket is not None:
+            self._socket.sendto(data, addr)
 
     # ---- demultiplexing -------------------------------------------------------------------
+
+    def _on_batch(self, batch: list[tuple[bytes, Addr]]) -> None:
+        """Feed every datagram of a wake-up to its connection first, then drive each connection once."""
+        self._in_pump = True  # _pump only collects connections until the batch is in
+        try:
+            for data, addr in batch:
+                self._on_datagram(data, addr)
+        finally:
+            self._in_pump = False
+        if self._pump_again:
+            self._pump(self._pump_again.pop())
 
     def _on_datagram(self, data: bytes, addr: Addr) -> None:
         try:
@@ -312,41 +310,44 @@ class PeerEndpoint(LinkOwner):
             return
         self._in_pump = True
         try:
-            todo = {conn}
+            todo = {conn, *self._pump_again}
+            self._pump_again.clear()
             while todo:
-                self._drain(todo.pop())
+                c = todo.pop()
+                self._drain(c)
+                t = c.get_timer()
+                if t is not None and t < self._ticker_at:
+                    self._wake.set()  # the ticker sleeps past this connection's next timer
                 todo |= self._pump_again
                 self._pump_again.clear()
         finally:
             self._in_pump = False
-        self._wake.set()
 
     def _drain(self, conn: PinnedQuicConnection) -> None:
+        """Handle a connection's events and send all it has queued."""
         link = self._links.get(conn)
-        for _ in range(1000):  # bounded: each round either sends or consumes events
-            busy = False
+        self._take_events(conn, link)
+        for data, _addr in conn.datagrams_to_send(self._now()):
+            self._send_to_peer(conn.peer.member_id, data)
+        self._take_events(conn, link)  # sending can end the connection (a close that went out)
+
+    def _take_events(self, conn: PinnedQuicConnection, link: Link | None) -> None:
+        ev = conn.next_event()
+        while ev is not None:
+            if isinstance(ev, events.ConnectionIdIssued):
+                self._cids[ev.connection_id] = conn
+            elif isinstance(ev, events.ConnectionIdRetired):
+                self._cids.pop(ev.connection_id, None)
+            elif link is not None and isinstance(ev, events.HandshakeCompleted):
+                link.on_handshake()
+            elif link is not None and isinstance(ev, events.StreamDataReceived) and ev.stream_id == 0:
+                link.on_stream_data(ev.data)
+            elif isinstance(ev, events.ConnectionTerminated):
+                reason = ev.reason_phrase or f"QUIC error {ev.error_code}"
+                if link is not None:
+                    link.on_terminated(reason if link.closed is None else link.closed)
+                self._forget(conn)
             ev = conn.next_event()
-            while ev is not None:
-                busy = True
-                if isinstance(ev, events.ConnectionIdIssued):
-                    self._cids[ev.connection_id] = conn
-                elif isinstance(ev, events.ConnectionIdRetired):
-                    self._cids.pop(ev.connection_id, None)
-                elif link is not None and isinstance(ev, events.HandshakeCompleted):
-                    link.on_handshake()
-                elif link is not None and isinstance(ev, events.StreamDataReceived) and ev.stream_id == 0:
-                    link.on_stream_data(ev.data)
-                elif isinstance(ev, events.ConnectionTerminated):
-                    reason = ev.reason_phrase or f"QUIC error {ev.error_code}"
-                    if link is not None:
-                        link.on_terminated(reason if link.closed is None else link.closed)
-                    self._forget(conn)
-                ev = conn.next_event()
-            for data, _addr in conn.datagrams_to_send(self._now()):
-                busy = True
-                self._send_to_peer(conn.peer.member_id, data)
-            if not busy:
-                return
 
     def _forget(self, conn: PinnedQuicConnection) -> None:
         for cid in [c for c, v in self._cids.items() if v is conn]:
@@ -407,6 +408,7 @@ class PeerEndpoint(LinkOwner):
             self._wake.clear()
             if self._closing:
                 return
+            self._ticker_at = wake
             try:
                 # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
                 async with asyncio.timeout(max(0.001, wake - self._now())):

@@ -131,8 +131,8 @@ async def test_peer_gone_is_a_network_error_in_bounded_time() -> None:
         async with two_members(rdv, allow_direct=False, idle_timeout_s=1.5, keepalive_s=0.3) as (a, b):
             link = await a.connect(other(a, b.member_id))
             incoming = await b.accept(5)
-            assert b._transport is not None
-            b._transport.close()  # b vanishes without a word
+            assert b._socket is not None
+            b._socket.close()  # b vanishes without a word
             t0 = time.monotonic()
             with pytest.raises(NetworkError):
                 await link.recv(10)
