@@ -97,10 +97,14 @@ def run(args: argparse.Namespace) -> int:
         if state.phase != "admitted":
             raise SessionError(f"the bench ring was not admitted: {state.rejection}")
         asyncio.run(_replies(state.api_url or "", 1, 8))  # warm-up
-        wall, n, stats = asyncio.run(_replies(state.api_url or "", 1, args.tokens))
-    ring_ms = 1e3 / stats[0]["tokens_per_s"] if stats and stats[0].get("tokens_per_s") else wall * 1e3 / max(n, 1)
+        _, _, stats = asyncio.run(_replies(state.api_url or "", 1, args.tokens))
+    # like with like: the median gap between tokens against the local context's median decode step
+    # (the mean, which carries this shared machine's stalls, is reported beside it)
+    ring_ms = float(stats[0]["token_interval_median_ms"])
+    ring_mean_ms = 1e3 / stats[0]["tokens_per_s"]
     latency = {"local_ms_per_token": local_ms, "ring_ms_per_token": ring_ms, "ratio": ring_ms / local_ms,
-               "target": "ring <= 1.25x local", "target_met": ring_ms / local_ms <= 1.25}
+               "ring_mean_ms_per_token": ring_mean_ms, "mean_ratio": ring_mean_ms / local_ms,
+               "target": "ring <= 1.25x local (medians)", "target_met": ring_ms / local_ms <= 1.25}
 
     throughput: dict[str, Any] = {}
     errors: list[float] = []
@@ -138,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
     emit(envelope("ring", results), args.json, args.out)
     if not args.json:
         out = Console()
-        out.print(f"(a) decode: ring {ring_ms:.2f} ms/token, local {local_ms:.2f} ms/token, "
-                  f"ratio {ring_ms / local_ms:.2f} (target <= 1.25)")
+        out.print(f"(a) decode, median ms/token: ring {ring_ms:.2f}, local {local_ms:.2f}, "
+                  f"ratio {ring_ms / local_ms:.2f} (target <= 1.25); ring mean {ring_mean_ms:.2f} "
+                  f"({ring_mean_ms / local_ms:.2f}x)")
         table = Table("split", "1 user tok/s", "4 users tok/s", "4 users ÷ 1 user", "4 users ÷ Kafila 1 user",
                       title=f"(b) emulated fleet, slow-downs {throttles}")
         for k, t in throughput.items():

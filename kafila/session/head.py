@@ -33,6 +33,10 @@ from kafila.session.stage_runtime import Frame, StageWorker
 
 log = logging.getLogger("kafila.head")
 EMA = 0.2  # weight of the newest sample in the running stage-time averages
+# Text goes out at most this often, several tokens to a piece: a message per token kept the host, the
+# client and the head's event loop busy while the next token was computing (on a shared machine,
+# stealing the cores that stage ran on); 20 updates a second still read as a live stream.
+STREAM_INTERVAL_S = 0.05
 
 
 @dataclass
@@ -44,7 +48,7 @@ class Job:
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     request: Request | None = None
     started: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
 
 
 @dataclass
@@ -129,10 +133,23 @@ class Head:
             return
         self._waiting.append(job)
         self._wake.set()
+        pending, sent_at = "", -STREAM_INTERVAL_S
         while True:
-            evt = await job.events.get()
-            yield evt
+            wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending else None
+            try:
+                async with asyncio.timeout(None if wait is None else max(wait, 0.0)):
+                    evt = await job.events.get()
+            except TimeoutError:
+                evt = {}  # the held text is due
+            if "delta" in evt:
+                pending += evt["delta"]
+                if time.perf_counter() - sent_at < STREAM_INTERVAL_S:
+                    continue
+            if pending:
+                yield {"delta": pending}
+                pending, sent_at = "", time.perf_counter()
             if "done" in evt or "error" in evt:
+                yield evt
                 return
 
     def _make_request(self, job: Job, slot: int) -> Request:
@@ -253,7 +270,7 @@ class Head:
             piece = job.request.complete(chunk, row)
             if len(job.request.generated) > before:
                 self.stats.count_token()
-                job.first_token_at = job.first_token_at or time.perf_counter()
+                job.token_times.append(time.perf_counter())
             if piece:
                 job.events.put_nowait({"delta": piece})
             if job.request.done:
@@ -262,11 +279,15 @@ class Head:
 
     async def _finish_job(self, slot: int, job: Job) -> None:
         assert job.request is not None
-        elapsed = time.perf_counter() - (job.first_token_at or job.started)
+        times = job.token_times
+        elapsed = time.perf_counter() - (times[0] if times else job.started)
         n = len(job.request.generated)
-        done = {"finish_reason": job.request.finish_reason, "completion_tokens": n,
+        gaps = np.diff(times)
+        # the ring's running figures, then this request's own (its tokens/s, not the ring's)
+        done = {**self.stats.as_dict(), "finish_reason": job.request.finish_reason, "completion_tokens": n,
                 "prompt_tokens": len(job.request.prompt),
-                "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None, **self.stats.as_dict()}
+                "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
+                "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         job.events.put_nowait({"done": done})
         del self._active[slot]
         if self.trace:
