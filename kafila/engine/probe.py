@@ -3,6 +3,8 @@
 The cost model says a decode call of a stage holding `w` weight bytes takes `o + w / b`. The probe
 times decode calls of several cuts of different sizes with the real engine and fits `o` and `b`
 by least squares, so both numbers describe llama.cpp on this machine, not a synthetic copy loop.
+A head cut (the last block with the output layer) is timed among them: what it takes beyond its
+block is the unembedding, whose own quantisation and shape run at another speed than the blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kafila.model.stage_cache import StageCache
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
+IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class ProbeResult:
     runtime_overhead_bytes: int
     samples: tuple[tuple[int, float], ...]  # (weight bytes, median seconds per decode call)
     fit_residual: float  # relative RMS error of the linear fit
+    head_call_s: float  # median seconds per decode call of the head cut
+    unembed_bandwidth_bytes_per_s: float  # unembedding bytes / its share of the head cut's call
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -100,8 +105,9 @@ def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
     """Median seconds of a single-row decode call for each engine.
 
     Calls go round-robin over the engines, so machine noise spreads over every size alike, and each
-    call starts with cold caches: small cuts would otherwise run from cache and hide the fixed cost
-    of a call (in a ring, the neighbours' work evicts a stage's weights between its calls).
+    call starts as a ring member's does: with cold caches (small cuts would otherwise run from cache
+    and hide the fixed cost of a call) after an idle wait (calls right after one another ran up to a
+    third faster here than calls after 20 ms idle, which is how a member's calls come).
     """
     rng = np.random.default_rng(0)
     times: list[list[float]] = [[] for _ in engines]
@@ -111,6 +117,7 @@ def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
             x = rng.standard_normal((1, engine.n_embd)).astype(np.float32)
             rows = Rows(np.zeros(1, np.int32), np.array([i], np.int32), np.ones(1, bool))
             evict.max()  # read past the caches, as a member's weights are after its neighbours ran
+            time.sleep(IDLE_S)
             t0 = time.perf_counter()
             engine.run(x, rows)
             if i >= warmup:
@@ -138,15 +145,20 @@ def probe(
         raise EngineError("probing needs at least two different cut sizes")
     config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=8, n_threads=threads)
     total = warmup + calls
+    k = info.n_blocks
     engines: list[StageEngine] = []
     try:
         for n in sizes:
             if on_step:
                 on_step(f"loading a {n}-block stage", 0, total)
             engines.append(StageEngine(cache.stage(model, StageSpec(0, n, head=False)), config, final=False))
+        if on_step:
+            on_step("loading a head stage", 0, total)
+        engines.append(StageEngine(cache.stage(model, StageSpec(k - 1, k, head=True)), config, final=True))
         # what this process holds beyond the weights: interpreter, libraries, compute buffers
-        overhead = max(resident_memory() - sum(sum(info.blocks_bytes[:n]) for n in sizes), 0)
-        seconds = time_decode_calls(
+        weights = sum(sum(info.blocks_bytes[:n]) for n in sizes) + info.blocks_bytes[-1] + info.head_bytes
+        overhead = max(resident_memory() - weights, 0)
+        *seconds, head_s = time_decode_calls(
             engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
         )
     finally:
@@ -154,6 +166,9 @@ def probe(
             engine.close()
     samples = [(sum(info.blocks_bytes[:n]), t) for n, t in zip(sizes, seconds, strict=True)]
     bandwidth, dispatch, resid = fit_cost(samples)
+    unembed_s = head_s - (dispatch + info.blocks_bytes[-1] / bandwidth)
+    # a head cut no slower than a body cut (noise, or a tiny output layer): count it at the blocks' speed
+    unembed_bw = info.unembed_bytes / unembed_s if unembed_s > 0 else bandwidth
     avail = available_memory()
     usable = max(int(avail * (1 - SAFETY_MARGIN)) - overhead, 0)
-    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid)
+    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw)

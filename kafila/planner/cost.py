@@ -1,6 +1,8 @@
 """The derived cost model (DESIGN §3): stage time, memory need and edge cost. Nothing here is fitted.
 
-- stage time  t_i = o_i + (Σ_{j∈S_i} s_j + [head]·U) / b_i
+- stage time  t_i = o_i + Σ_{j∈S_i} s_j / b_i + [head]·U / u_i, where u_i is the member's measured
+  unembedding bandwidth (b_i when it has none); kept as U_i = U·b_i/u_i "block-equivalent" bytes,
+  so every formula stays o_i + bytes / b_i
 - memory      Σ_{j∈S_i} (s_j + C·T·kv_j) + [head]·H ≤ M_i
 - edge cost   r_A + r_B when relayed, |r_A − r_B| when predicted direct (a round-trip figure)
 
@@ -35,7 +37,7 @@ class Ctx:
     k: int
     S: tuple[int, ...]  # S[j] = bytes of blocks [0, j)
     W: tuple[int, ...]  # W[j] = bytes + C·T·kv of blocks [0, j)
-    U: int
+    U: tuple[int, ...]  # U[i] = the unembedding as block-equivalent bytes for member i
     H: int
     o: tuple[float, ...]
     b: tuple[float, ...]
@@ -48,7 +50,7 @@ class Ctx:
 
     def time(self, i: int, a: int, e: int, head: bool) -> float:
         """Stage time of member i holding blocks [a, e)."""
-        return stage_time(self.o[i], self.b[i], self.S[e] - self.S[a], self.U if head else 0)
+        return stage_time(self.o[i], self.b[i], self.S[e] - self.S[a], self.U[i] if head else 0)
 
     def need(self, a: int, e: int, head: bool) -> int:
         """Memory bytes for blocks [a, e) with their KV cache, plus the head's tensors."""
@@ -69,12 +71,18 @@ def make_ctx(
         k=model.k,
         S=(0, *accumulate(blocks)),
         W=(0, *accumulate(s + tokens * kv for s, kv in zip(blocks, model.kv_bytes_per_token, strict=True))),
-        U=_scale(model.unembed_bytes, weight_scale),
+        U=tuple(_unembed(_scale(model.unembed_bytes, weight_scale), mem) for mem in members),
         H=_scale(model.head_bytes, weight_scale),
         o=tuple(mem.dispatch_s for mem in members),
         b=tuple(mem.bandwidth for mem in members),
         M=tuple(mem.memory + memory_slack for mem in members),
     )
+
+
+def _unembed(nbytes: int, mem: Member) -> int:
+    """The unembedding's bytes as the blocks' bytes that take the same time on `mem`."""
+    ub = mem.unembed_bandwidth
+    return nbytes if ub is None else round(nbytes * mem.bandwidth / ub)
 
 
 def _scale(nbytes: int, factor: float) -> int:

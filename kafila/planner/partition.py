@@ -67,7 +67,7 @@ def _reach(ctx: Ctx, i: int, head: bool, j: int, end_cap: int, B: float) -> int:
     if B == INF:
         e_time = end_cap
     else:
-        o, b, base, extra = ctx.o[i], ctx.b[i], S[j], ctx.U if head else 0
+        o, b, base, extra = ctx.o[i], ctx.b[i], S[j], ctx.U[i] if head else 0
         # Guess from the byte budget, then settle with the exact stage-time formula (rounding may differ by one).
         e_time = max(j, bisect_right(S, base + (B - o) * b - extra, j, end_cap + 1) - 1)
         while e_time > j and o + (S[e_time] - base + extra) / b > B:
@@ -203,7 +203,7 @@ def candidates(ctx: Ctx) -> list[float]:
     sizes = sorted({S[e] - S[a] for a in range(k) for e in range(a + 1, k + 1)})
     values: set[float] = set()
     for i in range(ctx.m):
-        o, b, U = ctx.o[i], ctx.b[i], ctx.U
+        o, b, U = ctx.o[i], ctx.b[i], ctx.U[i]
         values.update(o + d / b for d in sizes)
         values.update(o + (d + U) / b for d in sizes)
     return sorted(values)

@@ -1,8 +1,9 @@
 """Fleet and model JSON objects (issue 3's file formats) to planner inputs, with errors that name the field.
 
-Fleet: {"members": [{"name", "bandwidth_gbs", "dispatch_ms", "memory_gb", "rtt_ms", "nat"}, …]}
-(GB are 1e9 bytes). Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes",
-"head_bytes"}, optionally "quant" and "bits_per_weight". Unknown keys are ignored.
+Fleet: {"members": [{"name", "bandwidth_gbs", "dispatch_ms", "memory_gb", "rtt_ms", "nat"}, …]},
+each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes). Model: {"name", "blocks_bytes",
+"kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant" and "bits_per_weight".
+Unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
         dispatch = _number(item, "dispatch_ms", where, 0, strict=False)
         memory = _number(item, "memory_gb", where, 0, strict=True)
         rtt = _number(item, "rtt_ms", where, 0, strict=False)
+        ub = _number(item, "unembed_bandwidth_gbs", where, 0, strict=True) if "unembed_bandwidth_gbs" in item else None
         if "nat" not in item:
             raise PlanInputError(f"{where}: missing field nat (one of {_NATS})")
         try:
@@ -77,6 +79,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
                 memory=round(memory * 1e9),
                 rtt_ms=rtt,
                 nat=nat,
+                unembed_bandwidth=None if ub is None else ub * 1e9,
             )
         )
     return tuple(members)

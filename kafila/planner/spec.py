@@ -19,6 +19,9 @@ class Member:
     memory: int  # bytes it can give to weights and KV cache (M_i)
     rtt_ms: float  # round-trip time to the rendezvous, milliseconds (r_i)
     nat: NatClass = NatClass.UNKNOWN
+    # bytes per second the head's unembedding streams at (its own quantisation and shape make it run at
+    # another speed than the blocks); None: the blocks' bandwidth
+    unembed_bandwidth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
             raise PlanInputError(f"{where}: memory must be > 0, got {mem.memory}")
         if not (math.isfinite(mem.rtt_ms) and mem.rtt_ms >= 0):
             raise PlanInputError(f"{where}: rtt_ms must be >= 0, got {mem.rtt_ms}")
+        ub = mem.unembed_bandwidth
+        if ub is not None and not (math.isfinite(ub) and ub > 0):
+            raise PlanInputError(f"{where}: unembedding bandwidth must be > 0, got {ub}")
     if model.k == 0:
         raise PlanInputError(f"model {model.name!r}: blocks_bytes is empty")
     if len(model.kv_bytes_per_token) != model.k:

@@ -66,7 +66,8 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
                 r = saved["result"]
                 return ProbeResult(r["bandwidth_bytes_per_s"], r["dispatch_s"], r["memory_bytes"],
                                    r["available_bytes"], r["runtime_overhead_bytes"],
-                                   tuple(tuple(s) for s in r["samples"]), r["fit_residual"])
+                                   tuple(tuple(s) for s in r["samples"]), r["fit_residual"], r["head_call_s"],
+                                   r["unembed_bandwidth_bytes_per_s"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     result = probe(model, cache, on_step=on_step, threads=threads)
@@ -85,6 +86,7 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         memory = min(memory, int(emulation.memory_gb * 1e9))
     return {
         "bw": round(result.bandwidth_bytes_per_s / t),
+        "ubw": round(result.unembed_bandwidth_bytes_per_s / t),
         "disp": result.dispatch_s * t,
         "mem": memory,
         "samples": [round(b / s / t) for b, s in result.samples],

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kafila.engine.probe import fit_cost, probe
 from kafila.errors import EngineError
+from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
 
@@ -40,6 +41,11 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     assert 0 <= result.dispatch_s < 0.05
     assert 0 < result.memory_bytes < result.available_bytes
     assert [s[0] for s in result.samples] == [2 * 2216448, 12 * 2216448]
+    # the head cut (one block + the 28 MB output layer) against the fitted block speed
+    info = describe_model(smollm)
+    assert result.head_call_s > result.samples[0][1]
+    unembed_s = result.head_call_s - result.dispatch_s - info.blocks_bytes[-1] / result.bandwidth_bytes_per_s
+    assert result.unembed_bandwidth_bytes_per_s == pytest.approx(info.unembed_bytes / unembed_s)
 
 
 def test_probe_cli_json(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ def instances(
             memory=max(1, int(share * draw(st.sampled_from([0.5, 0.9, 1.0, 1.2, 1.6, 3.0])))),
             rtt_ms=draw(st.sampled_from([0.0, 5.0, 10.0, 12.5, 30.0])),
             nat=draw(st.sampled_from(list(NatClass))),
+            unembed_bandwidth=draw(st.sampled_from([None, 1.0, 4.0, 16.0])),
         )
         for i in range(m)
     )

@@ -83,6 +83,7 @@ def test_rejected_plan_exits_3_with_reasons(tmp_path: Path) -> None:
             'fleet member 2 ("b"): bandwidth_gbs must be > 0, got -1',
         ),
         ({"members": [member(bandwidth_gbs=0)]}, "bandwidth_gbs must be > 0, got 0"),
+        ({"members": [member(unembed_bandwidth_gbs=0)]}, "unembed_bandwidth_gbs must be > 0, got 0"),
         ({"members": [member(nat="carrier-grade")]}, "nat must be one of permissive, ordinary, restrictive, unknown"),
         ({"members": [member(memory_gb="lots")]}, "memory_gb must be a number"),
         ({"members": [member(name="")]}, "fleet member 1: name must be a non-empty string"),

@@ -113,6 +113,22 @@ def test_single_member_holds_everything_with_no_edges() -> None:
     assert plan.kafila.edges == ()
 
 
+def test_head_time_counts_the_unembedding_at_its_measured_speed() -> None:
+    # 'a' streams blocks at 1 byte/s but unembeds at 4: its 40-byte unembedding costs 10 s, not 40 s
+    members = (Member("a", 1.0, 0.5, 10**9, 0.0, unembed_bandwidth=4.0),)
+    model = ModelSpec("m", (10, 20), (0, 0), 40, 0)
+    plan = make_plan(members, model, Workload(1, 1))
+    assert plan.feasible and plan.kafila.stage_seconds["a"] == 0.5 + 30 / 1.0 + 40 / 4.0
+
+
+def test_a_fast_unembedding_moves_the_head() -> None:
+    # equal but for the unembedding (40 bytes): heading, "fast" adds 4 s and "slow" 40 s; best is
+    # fast with 3 blocks (30 + 4 s) against slow's 3 blocks (30 s)
+    slow, fast = Member("slow", 1.0, 0.0, 10**9, 0.0), Member("fast", 1.0, 0.0, 10**9, 0.0, unembed_bandwidth=10.0)
+    plan = make_plan((slow, fast), ModelSpec("m", (10,) * 6, (0,) * 6, 40, 0), Workload(1, 1))
+    assert plan.order[0] == "fast" and plan.kafila.bottleneck_seconds == 34.0
+
+
 def test_two_members_use_the_one_pair_both_ways() -> None:
     members = (Member("a", 1e9, 0.0, 10**9, 10.0), Member("b", 2e9, 0.0, 10**9, 30.0))
     plan = make_plan(members, ModelSpec("m", (10, 20, 30, 40), (0,) * 4, 5, 7), Workload(1, 1))
