@@ -15,7 +15,9 @@ def test_bench_ring_report(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert doc == json.loads((tmp_path / "ring.json").read_text())
-    assert doc["latency"]["local_ms_per_token"] > 0 and doc["latency"]["ring_ms_per_token"] > 0
+    lat = doc["latency"]
+    assert lat["local_ms_per_token"] > 0 and lat["ring_ms_per_token"] > 0 and lat["pipe_ring_ms_per_token"] > 0
+    assert len(lat["pipe_ring_stage_ms"]) == 3 and all(t > 0 for t in lat["pipe_ring_stage_ms"])
     for strategy in ("kafila", "uniform"):
         t = doc["throughput"][strategy]
         assert t["admitted"] and t["one_user_tokens_per_s"] > 0 and t["four_users_tokens_per_s"] > 0
