@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from kafila import __version__
 from kafila.errors import KafilaError
+from kafila.frozen import follow_bootloader
 
 # Command name -> module under kafila.commands. Modules must stay cheap to import
 # (heavy imports such as llama_cpp go inside run()), so `kafila --help` starts fast.
@@ -88,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # SIGTERM unwinds like Ctrl-C, so sessions say goodbye and child processes are stopped.
     signal.signal(signal.SIGTERM, _terminate)
+    follow_bootloader()
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

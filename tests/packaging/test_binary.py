@@ -99,8 +99,8 @@ STOP_GRACE_S = 30.0
 def _run_gently(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """subprocess.run, except that a run past `timeout` is stopped with SIGINT, then SIGTERM.
 
-    SIGKILL on a one-file binary kills only its bootloader and orphans the Python process (and
-    everything that process started), so it is the last resort here.
+    SIGKILL on a one-file binary kills only its bootloader (the Python process then gets SIGTERM
+    from the kernel, but the unpacked folder stays), so it is the last resort here.
     """
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, encoding="utf-8", env=env, cwd=cwd)
@@ -243,3 +243,24 @@ def test_rendezvous_and_join_run_directly(kafila_binary: Binary, tmp_path: Path)
     assert "rendezvous stopped" in log.read_text(), log.read_text()
     assert not _leftovers(str(tmp_path))
     assert not list((tmp_path / "tmp").glob("_MEI*"))
+
+
+def test_killing_the_bootloader_leaves_no_process_behind(kafila_binary: Binary, tmp_path: Path) -> None:
+    """SIGKILL reaches only the one-file binary's bootloader; its Python process must not live on."""
+    for sub in ("home", "tmp"):
+        (tmp_path / sub).mkdir()
+    log = tmp_path / "rendezvous.log"
+    with log.open("wb") as out:
+        rdv = subprocess.Popen([str(kafila_binary.path), "rendezvous", "--host", "127.0.0.1", "--port",
+                                str(free_udp_pair())], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                               env=clean_env(tmp_path / "home", tmp_path / "tmp"), cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while b"listening" not in log.read_bytes():
+        assert rdv.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    assert len(_processes_marked(str(tmp_path))) == 2  # the bootloader and its Python process
+    rdv.kill()
+    rdv.wait(10)
+    assert not _leftovers(str(tmp_path)), log.read_text()
+    assert "rendezvous stopped" in log.read_text()  # it was told, and stopped as on SIGTERM
+
