@@ -64,10 +64,7 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
             saved = json.loads(path.read_text())
             if saved["build"] == tag and time.time() - saved["time"] < PROBE_MAX_AGE_S:
                 r = saved["result"]
-                return ProbeResult(r["bandwidth_bytes_per_s"], r["dispatch_s"], r["memory_bytes"],
-                                   r["available_bytes"], r["runtime_overhead_bytes"],
-                                   tuple(tuple(s) for s in r["samples"]), r["fit_residual"], r["head_call_s"],
-                                   r["unembed_bandwidth_bytes_per_s"])
+                return ProbeResult(**{**r, "samples": tuple(tuple(s) for s in r["samples"])})
         except (OSError, ValueError, KeyError, TypeError):
             pass
     result = probe(model, cache, on_step=on_step, threads=threads)
