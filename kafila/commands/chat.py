@@ -108,7 +108,7 @@ def _reply(console: Console, api: ApiClient, conv: Conversation, model: str, max
 
 
 async def _stream(api: ApiClient, conv: Conversation, model: str, max_tokens: int, temperature: float) -> str:
-    from kafila.session.api_client import ReplyStats
+    from kafila.session.api_client import Notice, ReplyStats
 
     summary, raw = "", None
     try:
@@ -116,6 +116,9 @@ async def _stream(api: ApiClient, conv: Conversation, model: str, max_tokens: in
                                           temperature=temperature):
             if isinstance(item, ReplyStats):
                 summary, raw = item.summary(), item.raw
+                continue
+            if isinstance(item, Notice):
+                print(f"\n[{item.text}]", file=sys.stderr, flush=True)
                 continue
             conv.add_delta(item)
             sys.stdout.write(item)

@@ -3,6 +3,8 @@ and `/kafila/state` (the session-state model as JSON, for dashboards on any memb
 
 Every process of a session serves it; the head answers chats itself, the others forward them
 (members along the ring, the host over its control link to the head) through a `Forwarder`.
+When a member is lost mid-reply, the reply is not lost: the request goes again, with the tokens
+generated so far, to the ring the host plans over the others (`ApiServer.events`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kafila.session.state import SessionState
 log = logging.getLogger("kafila.api")
 Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
 EVENT_TIMEOUT_S = 30.0  # no event for this long from the head: the request ends with an error
+RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
 
 
 class Forwarder:
@@ -65,8 +68,9 @@ class Forwarder:
         return True
 
     def fail_all(self, reason: str) -> None:
+        """End the requests waiting on the head: a member was lost (the API server may resume them)."""
         for queue in self._queues.values():
-            queue.put_nowait({"error": reason})
+            queue.put_nowait({"error": reason, "resumable": True})
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -78,13 +82,63 @@ class ApiServer:
 
     def __init__(self, state: SessionState, host: str = "127.0.0.1", port: int = 8711) -> None:
         self.state, self.host, self.port = state, host, port
-        self.chat: Chat | None = None
+        self._chat: Chat | None = None
+        self._epoch = 0  # counts the rings this server has been given to serve on
         self._runner: web.AppRunner | None = None
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/kafila/state", self._state)
         self.app = app
+
+    @property
+    def chat(self) -> Chat | None:
+        """How this process sends a chat into the ring; None while the session is not serving."""
+        return self._chat
+
+    @chat.setter
+    def chat(self, chat: Chat | None) -> None:
+        self._chat = chat
+        if chat is not None:
+            self._epoch += 1
+
+    async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring."""
+        tokens: list[int] = []
+        max_tokens = int(body.get("max_tokens") or 256)
+        while True:
+            chat, epoch = self._chat, self._epoch
+            if chat is None:
+                return
+            again = {**body, "resume": list(tokens), "max_tokens": max_tokens - len(tokens)} if tokens else body
+            cut = None
+            async for evt in chat(again):
+                if "delta" in evt:
+                    tokens += evt.get("tokens") or []
+                elif "error" in evt and evt.get("resumable"):
+                    cut = str(evt["error"])
+                    continue  # the chat ends after an error; let it end (and clean up) by itself
+                elif "done" in evt and tokens:
+                    evt = {"done": {**evt["done"], "completion_tokens": len(tokens)}}
+                yield evt
+            if cut is None:
+                return
+            yield {"notice": f"{cut}; the reply continues once the host has planned a ring without it"}
+            why = await self._next_ring(epoch)
+            if why is not None:
+                yield {"error": f"{cut}; {why}"}
+                return
+
+    async def _next_ring(self, epoch: int) -> str | None:
+        """Wait for a ring newer than `epoch`; None when it serves, else why there will be none."""
+        deadline = time.monotonic() + RESUME_WAIT_S
+        while not (self._chat is not None and self._epoch > epoch):
+            if self.state.phase in ("rejected", "closed"):
+                return f"the session cannot go on ({self.state.rejection or self.state.phase})"
+            if time.monotonic() > deadline:
+                return f"no ring was planned within {RESUME_WAIT_S:.0f} s"
+            await asyncio.sleep(0.2)
+        return None
 
     async def start(self) -> str:
         """Start serving; returns the base URL (port 0 picks a free one)."""
@@ -124,16 +178,18 @@ class ApiServer:
             return _error(503, f"the session is not serving ({why})")
         cid = f"chatcmpl-{int(time.time() * 1000)}"
         model = self.state.model or "kafila"
-        events = self.chat(body)
+        events = self.events(body)
         if not body.get("stream"):
-            text, done = [], None
+            text, notices, done = [], [], None
             async for evt in events:
                 if "error" in evt:
                     return _error(502, str(evt["error"]))
                 if "delta" in evt:
                     text.append(evt["delta"])
+                if "notice" in evt:
+                    notices.append(evt["notice"])
                 done = evt.get("done", done)
-            done = done or {}
+            done = {**(done or {}), **({"notices": notices} if notices else {})}
             return web.json_response({
                 "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
@@ -152,9 +208,11 @@ class ApiServer:
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
         await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
         async for evt in events:
-            if "delta" in evt:
+            if evt.get("delta"):
                 delta = {"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}
                 await send({**base, "choices": [delta]})
+            elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
+                await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
             elif "error" in evt:
                 await send({"error": {"message": str(evt["error"]), "type": "kafila_error"}})
                 break

@@ -6,7 +6,9 @@ The wire contract, as the session's head serves it (and every member forwards it
   "temperature"}`` answers ``text/event-stream``: lines ``data: {chunk}`` whose
   ``choices[0].delta.content`` are text pieces; a final chunk carries
   ``"kafila": {"tokens_per_s", "stages": {name: {"predicted_s", "measured_s"}}, "network_share"}``;
-  then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error.
+  then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error;
+  a chunk with no choices and ``"kafila": {"notice": …}`` is a line for the reader (a member was
+  lost and the reply resumes on the re-planned ring).
 * Errors before the stream: HTTP 4xx/5xx with ``{"error": {"message": …}}``.
 * ``GET {api}/v1/models`` → ``{"data": [{"id": …}, …]}``; ``GET {api}/kafila/state`` →
   ``SessionState.to_json()``.
@@ -74,6 +76,13 @@ class StageTiming:
 
     predicted_s: float | None
     measured_s: float | None
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A line for the reader in the middle of a reply (e.g. a member was lost and the reply resumes)."""
+
+    text: str
 
 
 @dataclass(frozen=True)
@@ -188,8 +197,8 @@ class ApiClient:
         model: str = "kafila",
         max_tokens: int = 512,
         temperature: float = 0.7,
-    ) -> AsyncIterator[str | ReplyStats]:
-        """Send a chat and yield the reply's text pieces as they arrive, then its `ReplyStats` (if any).
+    ) -> AsyncIterator[str | Notice | ReplyStats]:
+        """Send a chat and yield the reply's text pieces (and `Notice`s) as they arrive, then its `ReplyStats`.
 
         Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
         """
@@ -239,7 +248,7 @@ async def _read_body(resp: aiohttp.ClientResponse) -> Any:
         return text
 
 
-async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | ReplyStats]:
+async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | ReplyStats]:
     message = _error_message(body)
     if message is not None:
         raise ApiError(url, message)
@@ -253,7 +262,7 @@ async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | ReplyStats]:
         yield ReplyStats.from_json(body["kafila"])
 
 
-async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str | ReplyStats]:
+async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str | Notice | ReplyStats]:
     """Parse the SSE stream: `data:` lines only (comments, `event:` and blank lines are skipped)."""
     async for raw in resp.content:
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -273,6 +282,9 @@ async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str |
             piece = (choice.get("delta") or {}).get("content") if isinstance(choice, dict) else None
             if piece:
                 yield str(piece)
-        if isinstance(chunk.get("kafila"), dict):
-            yield ReplyStats.from_json(chunk["kafila"])
+        extra = chunk.get("kafila")
+        if isinstance(extra, dict) and isinstance(extra.get("notice"), str):
+            yield Notice(extra["notice"])
+        elif isinstance(extra, dict):
+            yield ReplyStats.from_json(extra)
     raise ApiLost(url, "the stream ended before [DONE]")

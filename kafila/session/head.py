@@ -121,7 +121,11 @@ class Head:
 
     # -- requests -------------------------------------------------------------------------------
     async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Run one chat request; yields {"delta": text}..., then {"done": stats} or {"error": message}."""
+        """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
+
+        An error a lost member caused carries "resumable": the API server then sends the request
+        again to the re-planned ring, with the tokens so far as body["resume"].
+        """
         if self.failed:
             yield {"error": self.failed}
             return
@@ -134,8 +138,9 @@ class Head:
         self._waiting.append(job)
         self._wake.set()
         pending, sent_at = "", -STREAM_INTERVAL_S
+        tokens: list[int] = []
         while True:
-            wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending else None
+            wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending or tokens else None
             try:
                 async with asyncio.timeout(None if wait is None else max(wait, 0.0)):
                     evt = await job.events.get()
@@ -143,11 +148,12 @@ class Head:
                 evt = {}  # the held text is due
             if "delta" in evt:
                 pending += evt["delta"]
+                tokens += evt["tokens"]
                 if time.perf_counter() - sent_at < STREAM_INTERVAL_S:
                     continue
-            if pending:
-                yield {"delta": pending}
-                pending, sent_at = "", time.perf_counter()
+            if pending or tokens:
+                yield {"delta": pending, "tokens": tokens}
+                pending, tokens, sent_at = "", [], time.perf_counter()
             if "done" in evt or "error" in evt:
                 yield evt
                 return
@@ -169,13 +175,20 @@ class Head:
         if max_tokens < 1:
             raise SessionError("max_tokens must be at least 1")
         prompt = self.vocab.chat_tokens(msgs) if body.get("raw") is None else self.vocab.tokenize(str(body["raw"]))
-        return Request(slot, prompt, max_tokens, self.config.n_ctx_per_seq, Sampler(params), self.vocab)
+        resume = body.get("resume") or []  # tokens an earlier ring generated before it lost a member
+        if not isinstance(resume, list) or not all(isinstance(t, int) and 0 <= t < self.embedder.n_vocab
+                                                   for t in resume):
+            raise SessionError("'resume' must be a list of token ids")
+        request = Request(slot, prompt + resume, max_tokens, self.config.n_ctx_per_seq, Sampler(params), self.vocab)
+        for t in resume:  # the text stream continues where the reply stopped (a character may span the cut)
+            request.text.push(t)
+        return request
 
-    def fail_all(self, reason: str) -> None:
-        """End every request with `reason` (a member was lost); new requests are refused the same way."""
+    def fail_all(self, reason: str, resumable: bool = False) -> None:
+        """End every request with `reason`; new requests are refused the same way."""
         self.failed = reason
         for job in [*self._waiting, *self._active.values()]:
-            job.events.put_nowait({"error": reason})
+            job.events.put_nowait({"error": reason, "resumable": resumable})
         self._waiting.clear()
         self._active.clear()
         self._in_flight.clear()
@@ -268,11 +281,12 @@ class Head:
                 continue
             before = len(job.request.generated)
             piece = job.request.complete(chunk, row)
-            if len(job.request.generated) > before:
+            new = job.request.generated[before:]
+            if new:
                 self.stats.count_token()
                 job.token_times.append(time.perf_counter())
-            if piece:
-                job.events.put_nowait({"delta": piece})
+            if piece or new:
+                job.events.put_nowait({"delta": piece, "tokens": new})
             if job.request.done:
                 await self._finish_job(slot, job)
         self._wake.set()

@@ -234,8 +234,9 @@ class MemberRuntime:
         return "a ring neighbour"
 
     def _fail_requests(self, reason: str) -> None:
+        # resumable: the API servers send them again once the host has planned a ring without the lost member
         if self.head is not None:
-            self.head.fail_all(reason)
+            self.head.fail_all(reason, resumable=True)
         if self.forwarder is not None:
             self.forwarder.fail_all(reason)
         if self.api:

@@ -40,7 +40,7 @@ def plan_summary(state: SessionState) -> Table:
 def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                   echo: IO[str] | None = None) -> tuple[str, dict[str, Any]]:
     """One chat message through the session's API; returns the reply text and its stats block."""
-    from kafila.session.api_client import ApiClient, ReplyStats
+    from kafila.session.api_client import ApiClient, Notice, ReplyStats
 
     async def go() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
@@ -50,6 +50,10 @@ def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                                               temperature=temperature):
                 if isinstance(item, ReplyStats):
                     stats = dict(item.raw or {})
+                    continue
+                if isinstance(item, Notice):
+                    if echo is not None:
+                        echo.write(f"\n[{item.text}]\n")
                     continue
                 parts.append(item)
                 if echo is not None:

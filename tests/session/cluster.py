@@ -112,6 +112,20 @@ class Cluster:
         except urllib.error.HTTPError as exc:
             return json.loads(exc.read())
 
+    def stream_chat(self, content: str, max_tokens: int, timeout: float = 300) -> list[tuple[float, Any]]:
+        """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line."""
+        body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                           "temperature": 0.0, "stream": True}).encode()
+        req = urllib.request.Request(self.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        out: list[tuple[float, Any]] = []
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data:"):
+                    data = line[5:].strip()
+                    out.append((time.monotonic(), data if data == "[DONE]" else json.loads(data)))
+        return out
+
     def stop(self, timeout: float = 20) -> list[str]:
         """Stop everything; returns the names of processes that had to be killed (hung)."""
         hung = []

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from kafila.session.api_client import ApiClient, ReplyStats
+from kafila.session.api_client import ApiClient, Notice, ReplyStats
 from kafila.session.state import SessionState
 from kafila.session.transcripts import Conversation, chats_dir, shown
 from kafila.tui.format import ms, pct, short
@@ -239,6 +239,9 @@ class ChatPane(Horizontal):
                                                        temperature=self.settings.temperature):
                 if isinstance(item, ReplyStats):
                     stats = item
+                    continue
+                if isinstance(item, Notice):
+                    self.app.notify(item.text, title="ring", severity="warning")
                     continue
                 conv.add_delta(item)
                 reply.append(item)
