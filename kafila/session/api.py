@@ -105,10 +105,13 @@ class ApiServer:
     async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring."""
         tokens: list[int] = []
-        max_tokens = int(body.get("max_tokens") or 256)
+        max_tokens = int(body.get("max_tokens") or messages.DEFAULT_MAX_TOKENS)
         while True:
             chat, epoch = self._chat, self._epoch
             if chat is None:
+                return
+            if tokens and len(tokens) >= max_tokens:  # cut after its last token: nothing is left to do
+                yield {"done": {"finish_reason": "length", "completion_tokens": len(tokens)}}
                 return
             again = {**body, "resume": list(tokens), "max_tokens": max_tokens - len(tokens)} if tokens else body
             cut = None

@@ -171,7 +171,7 @@ class Head:
             top_p=float(body.get("top_p", 0.95)),
             seed=body.get("seed") if isinstance(body.get("seed"), int) else None,
         )
-        max_tokens = int(body.get("max_tokens") or 256)
+        max_tokens = int(body.get("max_tokens") or messages.DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
             raise SessionError("max_tokens must be at least 1")
         prompt = self.vocab.chat_tokens(msgs) if body.get("raw") is None else self.vocab.tokenize(str(body["raw"]))

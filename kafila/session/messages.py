@@ -20,8 +20,10 @@ Control types (host ⇄ member on the control link; ring messages on ring links)
     lost       any → host/all  who, reason, epoch
     stats      head → host     stages {name: [predicted_s, measured_s]}, network_share, tokens_per_s
     free       ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
-    chat       ring / control  id, origin, body (an OpenAI chat request), forwarded to the head
-    chat_evt   ring / control  id, dest, evt ({"delta": str} | {"done": {...stats}} | {"error": str})
+    chat       ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
+                               an earlier ring generated), forwarded to the head
+    chat_evt   ring / control  id, dest, evt ({"delta": str, "tokens": [ids]} | {"done": {...stats}} |
+                               {"error": str, "resumable": bool})
     bye        any             reason (closing on purpose)
 
 Every decoder checks types and sizes; malformed input is a ProtocolError naming what is wrong.
@@ -35,6 +37,7 @@ from typing import Any
 
 from kafila.errors import ProtocolError
 
+DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
 FRAME_MAGIC = b"KFA1"
 CHUNK_MAGIC = b"KFC1"
 CONTROL_TYPES = frozenset(

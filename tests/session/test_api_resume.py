@@ -74,6 +74,22 @@ async def test_a_cut_reply_waits_only_so_long_for_a_ring(monkeypatch) -> None:  
     assert events[-1]["error"] == "member bo was lost: link closed; no ring was planned within 0 s"
 
 
+async def test_a_reply_cut_after_its_last_token_just_ends() -> None:
+    server = ApiServer(SessionState(phase="admitted"))
+    calls = 0
+
+    async def ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        nonlocal calls
+        calls += 1
+        yield {"delta": "Once upon", "tokens": [11, 12]}
+        yield {"error": "member bo was lost: link closed", "resumable": True}
+        server.chat = ring
+
+    server.chat = ring
+    events = await collect(server, {"messages": [], "max_tokens": 2})
+    assert events[-1] == {"done": {"finish_reason": "length", "completion_tokens": 2}} and calls == 1
+
+
 async def test_other_errors_end_the_reply_at_once() -> None:
     server = ApiServer(SessionState(phase="admitted"))
 
