@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from kafila import __version__
 from kafila.errors import KafilaError
-from kafila.frozen import follow_bootloader
+from kafila.process import follow_parent
 
 STOP_DEADLINE_S = 15.0  # after SIGTERM, the longest a stop may take before the process just exits
 
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # SIGTERM unwinds like Ctrl-C, so sessions say goodbye and child processes are stopped.
     signal.signal(signal.SIGTERM, _terminate)
-    follow_bootloader()
+    follow_parent()
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -18,6 +18,7 @@ from pathlib import Path
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
+from kafila.process import PARENT_ENV
 from kafila.session.host import run_host
 from kafila.session.measure import cached_probe
 from kafila.session.options import DEFAULT_API_PORT, HostOptions
@@ -97,7 +98,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     cache = StageCache(opts.cache_dir)
     log_dir = opts.log_dir or cache.root / "demo-logs"
     # members share this cache (the probe and the stage files) and this machine's cores
-    env = {"KAFILA_CACHE_DIR": str(cache.root), **SHARED_MACHINE_ENV}
+    # ... and end with this process, however it ends (kafila.process)
+    env = {"KAFILA_CACHE_DIR": str(cache.root), **SHARED_MACHINE_ENV, PARENT_ENV: str(os.getpid())}
     state.log("measuring this machine once for all members")
     threads = opts.member_threads()
     await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe, threads)
