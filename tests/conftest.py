@@ -43,3 +43,23 @@ def run_kafila(*args: str, env: dict[str, str] | None = None, timeout: float = 3
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
         env={**os.environ, **(env or {})},
     )
+
+
+def processes_marked(*markers: str) -> dict[int, str]:
+    """Live processes whose command line or environment holds one of `markers` (paths unique to a test).
+
+    Like `pgrep -f MARKER`, plus the environment: every process a run starts inherits its HOME,
+    TMPDIR and KAFILA_CACHE_DIR, whatever its command line says.
+    """
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, a zombie, or someone else's
+            continue
+        if any(m.encode() in cmdline or m.encode() in environ for m in markers):
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found

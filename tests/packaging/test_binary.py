@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from kafila.net.ports import free_udp_pair
-from tests.conftest import run_kafila
+from tests.conftest import processes_marked, run_kafila
 from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary, clean_env
 
 # The build happens in the first test's setup: allow for it on a busy two-core machine.
@@ -118,30 +118,10 @@ def _run_gently(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: flo
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def _processes_marked(*markers: str) -> dict[int, str]:
-    """Live processes whose command line or environment holds one of `markers` (paths unique to a test).
-
-    Like `pgrep -f MARKER`, plus the environment: every process a run starts inherits its HOME,
-    TMPDIR and KAFILA_CACHE_DIR, whatever its command line says.
-    """
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, a zombie, or someone else's
-            continue
-        if any(m.encode() in cmdline or m.encode() in environ for m in markers):
-            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
-    return found
-
-
 def _leftovers(*markers: str, settle_s: float = 10.0) -> dict[int, str]:
     """The marked processes still alive `settle_s` after the run ended; each is then sent SIGTERM."""
     deadline = time.monotonic() + settle_s
-    while (left := _processes_marked(*markers)) and time.monotonic() < deadline:
+    while (left := processes_marked(*markers)) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in left:  # leave nothing running on the machine, whatever the test concludes
         with contextlib.suppress(ProcessLookupError):
@@ -258,7 +238,7 @@ def test_killing_the_bootloader_leaves_no_process_behind(kafila_binary: Binary, 
     while b"listening" not in log.read_bytes():
         assert rdv.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
-    assert len(_processes_marked(str(tmp_path))) == 2  # the bootloader and its Python process
+    assert len(processes_marked(str(tmp_path))) == 2  # the bootloader and its Python process
     rdv.kill()
     rdv.wait(10)
     assert not _leftovers(str(tmp_path)), log.read_text()

@@ -9,23 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import processes_marked
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _marked(marker: str) -> list[int]:
-    """Live (not zombie) processes whose environment holds `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if marker.encode() in environ and stat[stat.rindex(")") + 2] != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def test_killed_demo_takes_its_members_with_it(tmp_path: Path) -> None:
@@ -35,14 +21,14 @@ def test_killed_demo_takes_its_members_with_it(tmp_path: Path) -> None:
                             stderr=subprocess.DEVNULL, env={**os.environ, "KAFILA_CACHE_DIR": marker})
     try:
         deadline = time.monotonic() + 240
-        while len(_marked(marker)) < 5:  # the demo, the rendezvous and three members
+        while len(processes_marked(marker)) < 5:  # the demo, the rendezvous and three members
             assert demo.poll() is None and time.monotonic() < deadline, "the demo's members did not start"
             time.sleep(0.5)
     finally:
         demo.send_signal(signal.SIGKILL)
         demo.wait(10)
     deadline = time.monotonic() + 15
-    while (left := _marked(marker)) and time.monotonic() < deadline:
+    while (left := processes_marked(marker)) and time.monotonic() < deadline:
         time.sleep(0.3)
     for pid in left:  # leave nothing behind, whatever the verdict
         os.kill(pid, signal.SIGKILL)
