@@ -125,6 +125,16 @@ class PinnedQuicConnection(QuicConnection):
         return None
 
 
+def unacked_bytes(conn: QuicConnection) -> int:
+    """Bytes written to stream 0 and not yet acknowledged by the peer.
+
+    aioquic has no public API for this; it reads the stream sender's buffer bounds (internal
+    attributes, checked with aioquic 1.7.2, pinned in requirements.txt) in this one place.
+    """
+    stream = conn._streams.get(0)
+    return 0 if stream is None else stream.sender._buffer_stop - stream.sender._buffer_start
+
+
 class Link:
     """One QUIC connection to a verified peer, carrying whole messages both ways.
 
@@ -143,6 +153,8 @@ class Link:
         self.ready = asyncio.Event()  # HELLO/WELCOME exchanged: usable
         self.closed: str | None = None  # reason, once terminated
         self._closed_event = asyncio.Event()
+        self._progress = asyncio.Event()
+        self.blocked = False  # a send() waits for the peer to acknowledge
         self.ready_timeout_s = ready_timeout_s
         self.opened_at: float | None = None  # loop time when connect() began (client side)
         self.ready_at: float | None = None  # loop time when the link became usable
@@ -199,6 +211,7 @@ class Link:
         if self.closed is None:
             self.closed = reason
         self._closed_event.set()
+        self._progress.set()  # a blocked send() wakes to raise
 
     # -- public API -----------------------------------------------------------------------
 
@@ -216,10 +229,17 @@ class Link:
         if len(msg) > MAX_MESSAGE:
             raise ProtocolError(f"message of {len(msg)} bytes exceeds {MAX_MESSAGE}")
         self._write(msg)
-        stream = self.conn._streams.get(0)
-        while stream is not None and stream.sender._buffer_stop - stream.sender._buffer_start > SEND_BUFFER_HIGH:
+        while unacked_bytes(self.conn) > SEND_BUFFER_HIGH:
             self._check()
-            await asyncio.sleep(0.005)  # each wake is bounded: the idle timeout ends a dead link
+            self.blocked = True  # the endpoint calls on_progress() after each batch of datagrams
+            self._progress.clear()
+            await self._progress.wait()  # woken by ACKs or the end of the link (the idle timeout ends a dead one)
+        self.blocked = False
+
+    def on_progress(self) -> None:
+        """The endpoint handled datagrams for this link: a blocked send() may go on."""
+        if unacked_bytes(self.conn) <= SEND_BUFFER_HIGH:
+            self._progress.set()
 
     async def recv(self, timeout: float | None = None) -> bytes:
         """The next whole message; NetworkError once the peer is gone (within the idle timeout)."""

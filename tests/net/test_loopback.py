@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -85,7 +86,7 @@ async def test_unreachable_rendezvous_is_a_network_error() -> None:
     async with PeerEndpoint(bind=("127.0.0.1", 0)) as a:
         a.rendezvous = ("127.0.0.1", port)
         with pytest.raises(NetworkError, match="did not answer"):
-            await a._request({"op": "ping"}, timeout_s=0.05, tries=3)
+            await a.rdv.request({"op": "ping"}, timeout_s=0.05, tries=3)
 
 
 @asynccontextmanager
@@ -208,7 +209,7 @@ async def test_load_50_sessions_of_5_members(rendezvous_proc) -> None:
     async def prober(ep: PeerEndpoint) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
-            ans = await ep._stun_request(rdv, 0, 1.0, 1)
+            ans = await ep.rdv.stun_request(rdv, 0, 1.0, 1)
             assert ans is not None, "the rendezvous stopped answering probes under load"
             probe_times.append(time.monotonic() - t0)
             await asyncio.sleep(0.05)
@@ -274,18 +275,38 @@ async def test_ring_of_three_opens_exactly_its_edges() -> None:
             assert await rings[0].prev.recv(5) == b"token\x01\x02"  # type: ignore[union-attr]
 
 
+async def answer_one_request(sock: socket.socket) -> None:
+    """Play the rendezvous for one request: read datagrams until a REQUEST, answer it ok."""
+    loop = asyncio.get_running_loop()
+    while True:
+        data, addr = await loop.sock_recvfrom(sock, 2048)
+        frame = wire.decode(data) if data[:1] == bytes([wire.REQUEST]) else None
+        if isinstance(frame, wire.Control):
+            await loop.sock_sendto(sock, wire.encode_control(wire.RESPONSE, frame.request_id, {"ok": True}), addr)
+            return
+
+
 async def test_endpoint_survives_garbage_datagrams() -> None:
     import random
 
     rng = random.Random(4)
-    async with PeerEndpoint(bind=("127.0.0.1", 0)) as ep:
-        ep.rendezvous = ("127.0.0.1", 9)  # half the garbage claims to come from the rendezvous
-        for _ in range(3000):
-            first = rng.choice([0x00, 0x01, 0x10, 0x11, 0x20, 0x21, 0x30, 0x31, 0x32, 0x40, 0xC0, rng.randrange(256)])
-            data = bytes([first]) + rng.randbytes(rng.randrange(0, 1400))
-            if first == 0x21 and rng.random() < 0.5:  # a relayed QUIC Initial-looking payload
-                data = bytes([0x21]) + rng.randbytes(8) + bytes([0xC3]) + rng.randbytes(1250)
-            src = ep.rendezvous if rng.random() < 0.5 else ("127.0.0.1", rng.randrange(1, 65535))
-            ep._on_datagram(data, src)
-        await asyncio.sleep(0.05)
-        assert not ep._ticker_task.done()
+    # two real sockets send the garbage: one the endpoint takes for its rendezvous, one a stranger
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as fake_rdv, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+        for s in (fake_rdv, stranger):
+            s.bind(("127.0.0.1", 0))
+            s.setblocking(False)
+        async with PeerEndpoint(bind=("127.0.0.1", 0)) as ep:
+            ep.rendezvous = fake_rdv.getsockname()  # half the garbage comes from the rendezvous's address
+            for i in range(3000):
+                first = rng.choice([0x00, 0x01, 0x10, 0x11, 0x20, 0x21, 0x30, 0x31, 0x32, 0x40, 0xC0,
+                                    rng.randrange(256)])
+                data = bytes([first]) + rng.randbytes(rng.randrange(0, 1400))
+                if first == 0x21 and rng.random() < 0.5:  # a relayed QUIC Initial-looking payload
+                    data = bytes([0x21]) + rng.randbytes(8) + bytes([0xC3]) + rng.randbytes(1250)
+                (fake_rdv if rng.random() < 0.5 else stranger).sendto(data, ep.local_addr)
+                if i % 100 == 99:  # a round trip through the endpoint: it has read all sent before
+                    answer = asyncio.ensure_future(answer_one_request(fake_rdv))
+                    await ep.rdv.request({"op": "ping"}, timeout_s=1.0, tries=5)
+                    await answer
+            assert not ep._ticker_task.done()

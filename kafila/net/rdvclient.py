@@ -1,0 +1,153 @@
+"""The rendezvous client: STUN probes and control requests (kafila.net.wire REQUEST/RESPONSE) with retries.
+
+It owns no socket: it sends through the endpoint's one socket (`send`) and is handed the
+answers the endpoint core demultiplexed (`on_stun`, `on_control`). Requests wait on futures,
+bounded by per-try timeouts; replies are matched by STUN transaction id or request id.
+The session registration lives here too: `create`, `join`, the periodic `rejoin`, `leave`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from kafila.errors import NetworkError, SessionError
+from kafila.net import stun, wire
+from kafila.net.trust import JoinCode
+
+Addr = tuple[str, int]
+
+
+class RendezvousClient:
+    """Requests from one member to its rendezvous."""
+
+    def __init__(self, member_id: bytes, send: Callable[[bytes, Addr], None]) -> None:
+        self.member_id = member_id
+        self._send = send
+        self.rendezvous: Addr | None = None
+        self.code: JoinCode | None = None
+        self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
+        self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+
+    # ---- answers, from the endpoint core ------------------------------------------------
+
+    def on_stun(self, msg: stun.StunMessage) -> None:
+        """A Binding answer: resolves the request with its transaction id, if any waits."""
+        fut = self._stun_waiters.get(msg.txid)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def on_control(self, request_id: int, body: dict[str, Any]) -> None:
+        """A RESPONSE from the rendezvous (the core checked its source)."""
+        fut = self._control_waiters.get(request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(body)
+
+    # ---- requests ------------------------------------------------------------------------
+
+    async def stun_request(self, dst: Addr, change: int, timeout_s: float, tries: int) -> stun.StunMessage | None:
+        """One Binding request to dst, resent up to `tries` times; None when nothing answered."""
+        txid = secrets.token_bytes(12)
+        fut: asyncio.Future[stun.StunMessage] = asyncio.get_running_loop().create_future()
+        self._stun_waiters[txid] = fut
+        try:
+            for _ in range(tries):
+                self._send(stun.encode(stun.StunMessage(stun.BINDING_REQUEST, txid, change=change)), dst)
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        return await asyncio.shield(fut)
+                except TimeoutError:
+                    continue
+            return None
+        finally:
+            del self._stun_waiters[txid]
+
+    def send_control(self, body: dict[str, Any]) -> None:
+        """A request whose answer nobody waits for."""
+        if self.rendezvous is not None:
+            self._send(wire.encode_control(wire.REQUEST, secrets.randbits(32), body), self.rendezvous)
+
+    async def request(self, body: dict[str, Any], timeout_s: float = 0.5, tries: int = 6) -> dict[str, Any]:
+        """One op, resent until answered; NetworkError when it never is, SessionError when it is refused."""
+        if self.rendezvous is None:
+            raise SessionError("no rendezvous set: create or join a session first")
+        rid = secrets.randbits(32)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._control_waiters[rid] = fut
+        data = wire.encode_control(wire.REQUEST, rid, body)
+        try:
+            for _ in range(tries):
+                self._send(data, self.rendezvous)
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        reply = await asyncio.shield(fut)
+                    break
+                except TimeoutError:
+                    continue
+            else:
+                raise NetworkError(
+                    f"rendezvous {self.rendezvous[0]}:{self.rendezvous[1]} did not answer {body.get('op')!r} "
+                    f"({tries} tries in {tries * timeout_s:.1f} s)"
+                )
+        finally:
+            del self._control_waiters[rid]
+        return self._checked(body, reply)
+
+    @staticmethod
+    def _checked(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """The reply when it says ok; else the refusal as an error (one place maps replies to exceptions)."""
+        if reply.get("ok") is not True:
+            err = reply.get("error")
+            raise SessionError(f"rendezvous refused {body.get('op')!r}: {err if isinstance(err, str) else 'no reason'}")
+        return reply
+
+    # ---- the session registration ---------------------------------------------------------
+
+    async def create(self, rendezvous: Addr, secret: str | None = None) -> JoinCode:
+        """Ask for a new session (we make the secret; the rendezvous never sees it) and join it."""
+        self.rendezvous = rendezvous
+        secret = secret or JoinCode.new_secret()
+        provisional = JoinCode.parse("00000000" + secret)  # checks the secret's form
+        reply = await self.request({"op": "create", "token_hash": provisional.join_token_hash.hex()})
+        code = JoinCode(wire.get_str(reply, "session", 8), secret)
+        await self.join(rendezvous, code)
+        return code
+
+    async def join(self, rendezvous: Addr, code: JoinCode | str) -> JoinCode:
+        """Register in a session; SessionError 'wrong join code' when the secret does not match."""
+        self.rendezvous = rendezvous
+        code = JoinCode.parse(code) if isinstance(code, str) else code
+        await self.request(
+            {"op": "join", "session": code.session_id, "member": self.member_id.hex(), "token": code.join_token.hex()}
+        )
+        self.code = code
+        return code
+
+    def rejoin(self) -> None:
+        """The periodic re-join, not a bare ping: if our NAT rebinds, the rendezvous learns the new address."""
+        if self.code is not None:
+            self.send_control({"op": "join", "session": self.code.session_id, "member": self.member_id.hex(),
+                               "token": self.code.join_token.hex()})
+
+    async def announce(self, sealed: str) -> None:
+        """Publish a sealed announcement (see kafila.net.trust)."""
+        if self.code is None:
+            raise SessionError("join a session before announcing")
+        await self.request(
+            {"op": "announce", "session": self.code.session_id, "member": self.member_id.hex(), "ann": sealed}
+        )
+
+    async def list_page(self, start: int) -> dict[str, Any]:
+        """One page of the session's member list, from entry `start`."""
+        if self.code is None:
+            raise SessionError("join a session first")
+        return await self.request(
+            {"op": "list", "session": self.code.session_id, "member": self.member_id.hex(), "start": start}
+        )
+
+    def leave(self) -> None:
+        """Tell the rendezvous we are gone (best effort)."""
+        if self.code is not None:
+            self.send_control({"op": "leave", "session": self.code.session_id, "member": self.member_id.hex()})
