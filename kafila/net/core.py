@@ -12,9 +12,10 @@ rendezvous relay, so an edge is usable over the relay at once and moves to the d
 without QUIC noticing; packets from either path reach the same connection.
 
 Limits against a flood of Initials (issue #13 item 5): an Initial creates a connection only
-when it comes from a listed peer and that peer has fewer than `max_pending_per_peer` connections
-still in their handshake; every connection's ids are indexed per connection, so forgetting one
-costs O(its ids).
+when it comes from a listed peer, that peer has fewer than `max_pending_per_peer` connections
+still in their handshake (each ends by QUIC's idle timeout if it never completes), and
+something in it decrypted (a forged Initial is dropped before it counts); every connection's
+ids are indexed per connection, so forgetting one costs O(its ids).
 """
 
 from __future__ import annotations
@@ -351,39 +352,43 @@ class EndpointCore:
             return
         conn = self._cids.get(header.destination_cid)
         if conn is None:
-            conn = self._accept(member_id, header.packet_type, header.destination_cid, len(data), now)
-            if conn is None:
-                return
-        elif conn.peer.member_id != member_id:
+            if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
+                self._accept(member_id, header.destination_cid, data, now)
+            return
+        if conn.peer.member_id != member_id:
             return  # a connection id belonging to another peer: never cross edges
         conn.receive_datagram(data, vaddr(member_id), now)
         self._take_events(conn)
         self._dirty.add(conn)
 
-    def _accept(self, member_id: bytes, ptype: QuicPacketType, dcid: bytes, size: int,
-                now: float) -> PinnedQuicConnection | None:
-        """A connection for a new Initial, or None: only for a listed peer, within its bound of pending handshakes."""
-        if ptype != QuicPacketType.INITIAL or size < MIN_INITIAL:
-            return None
+    def _accept(self, member_id: bytes, dcid: bytes, data: bytes, now: float) -> None:
+        """A connection for a new Initial: only from a listed peer, within its bound of pending handshakes."""
         peer = self.peers.get(member_id)
         if peer is None or self.punch_key is None:
             self._events.append(PeerUnknown(member_id))  # a member not listed yet: its Initial will be resent
-            return None
+            return
         pending = self._pending.setdefault(member_id, set())
         if len(pending) >= self.config.max_pending_per_peer:
             log.debug("Initial from %s dropped: %d handshakes already pending", peer.short_id, len(pending))
-            return None
+            return
         conn = PinnedQuicConnection(
             peer=peer,
             configuration=configuration(self.identity, False, self.config.idle_timeout_s),
             original_destination_connection_id=dcid,
         )
+        conn.receive_datagram(data, vaddr(member_id), now)
+        out = conn.datagrams_to_send(now)
+        if not out:
+            return  # nothing in it decrypted (forged or corrupt): the connection is dropped before it counts
         self._index(conn, dcid)
         self._index(conn, conn.host_cid)
         pending.add(conn)
         self._events.append(ConnectionAccepted(conn))
+        self._take_events(conn)
+        for packet, _addr in out:
+            self._send_to_peer(member_id, packet)
+        self._dirty.add(conn)
         self.start_punch(member_id, now)  # the caller punches; punch back so the edge can go direct
-        return conn
 
     def _index(self, conn: PinnedQuicConnection, cid: bytes) -> None:
         self._cids[cid] = conn
