@@ -315,9 +315,8 @@ class EndpointCore:
         if not self.config.allow_direct or frame.receiver != self.member_id:
             return
         p = self._puncher(frame.sender)
-        if p is None or not p.valid(frame):
-            return
-        self._run_puncher(p, p.on_frame(frame, addr, now))
+        if p is not None:  # the puncher checks the MAC and the frame's freshness
+            self._run_puncher(p, p.on_frame(frame, addr, now))
 
     def _run_puncher(self, p: Puncher, out: list[tuple[bytes, Addr]]) -> None:
         """Route a puncher's datagrams and report a change of its state."""

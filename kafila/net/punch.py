@@ -12,6 +12,13 @@ The relay path is used meanwhile, so nobody waits for this to finish. Once direc
 `keepalive_s` keeps the NAT mappings open; if no ACK comes back for `lost_after_s`, the path
 falls back to the relay.
 
+Freshness (issue #13 item 4): every frame carries its sender's stamp (ms, strictly increasing)
+under the MAC. A frame is acted on only once, and only while its stamp is within `replay_window_s`
+of the newest stamp heard from that peer; anything else (a replay, a stale capture) changes
+nothing and sends nothing. A PUNCH_ACK counts only when it echoes the nonce of a PUNCH this side
+sent within `ack_window_s`, and comes from the very address that PUNCH was sent to, so a
+replayed ACK from elsewhere pins nothing.
+
 Transitions:
 
     state     event                          -> state     action
@@ -22,10 +29,12 @@ Transitions:
     DIRECT    no ACK for lost_after_s        -> RELAY     fall back to the relay
     any       PUNCH from addr                -> (same)    PUNCH_ACK (and, unless DIRECT, a PUNCH) to addr;
                                                           addr becomes a candidate
+    any       stale, replayed or unsolicited -> (same)    nothing
 """
 
 from __future__ import annotations
 
+import hmac
 import secrets
 from dataclasses import dataclass
 from enum import StrEnum
@@ -56,6 +65,9 @@ class PunchConfig:
     keepalive_s: float = 5.0
     lost_after_s: float = 16.0
     max_candidates: int = 8
+    replay_window_s: float = 5.0  # frames older than this (by the sender's own stamps) are stale
+    ack_window_s: float = 3.0  # an ACK must answer a PUNCH sent at most this long ago
+    max_issued: int = 1024  # PUNCH nonces awaiting an ACK (8 candidates every 50 ms for 3 s: ~500)
 
 
 class Puncher:
@@ -78,23 +90,61 @@ class Puncher:
         self._next_go = 0.0
         self._last_ack = 0.0
         self._heard_from_peer = False
+        self._stamp = -1  # the last stamp we sent
+        self._issued: dict[bytes, tuple[Addr, float]] = {}  # PUNCH nonce -> (sent to, when), oldest first
+        self._peer_high: int | None = None  # the newest stamp heard from the peer
+        self._peer_seen: set[int] = set()  # stamps heard within the replay window
 
     def _add(self, addr: Addr) -> None:
         if addr not in self.candidates and len(self.candidates) < self.config.max_candidates:
             self.candidates.append(addr)
 
-    def _frame(self, kind: int) -> bytes:
-        nonce = secrets.token_bytes(wire.NONCE_LEN)
-        mac = punch_mac(self.key, kind, self.me, self.peer, nonce)
-        return wire.encode_punch(wire.Punch(kind, self.me, self.peer, nonce, mac))
+    def _frame(self, kind: int, now: float, dst: Addr, echo: bytes | None = None) -> tuple[bytes, Addr]:
+        """A MAC'd frame to dst; a PUNCH's nonce is remembered so that only its ACK, from dst, counts."""
+        self._stamp = max(self._stamp + 1, int(now * 1000))
+        nonce = echo if echo is not None else secrets.token_bytes(wire.NONCE_LEN)
+        mac = punch_mac(self.key, kind, self.me, self.peer, self._stamp, nonce)
+        if kind == wire.PUNCH:
+            self._issue(nonce, dst, now)
+        return wire.encode_punch(wire.Punch(kind, self.me, self.peer, self._stamp, nonce, mac)), dst
+
+    def _issue(self, nonce: bytes, dst: Addr, now: float) -> None:
+        horizon = now - self.config.ack_window_s
+        for old, (_addr, at) in list(self._issued.items()):  # oldest first: stop at the first still fresh
+            if at >= horizon and len(self._issued) < self.config.max_issued:
+                break
+            del self._issued[old]
+        self._issued[nonce] = (dst, now)
 
     def valid(self, p: wire.Punch) -> bool:
         """True when a frame is from our peer, to us, with a good MAC."""
-        import hmac
-
         if p.sender != self.peer or p.receiver != self.me:
             return False
-        return hmac.compare_digest(p.mac, punch_mac(self.key, p.kind, p.sender, p.receiver, p.nonce))
+        return hmac.compare_digest(p.mac, punch_mac(self.key, p.kind, p.sender, p.receiver, p.stamp, p.nonce))
+
+    def fresh(self, p: wire.Punch) -> bool:
+        """True when a frame's stamp is new to us and within the replay window of the newest heard."""
+        window_ms = int(self.config.replay_window_s * 1000)
+        if p.stamp in self._peer_seen:
+            return False
+        return self._peer_high is None or p.stamp > self._peer_high - window_ms
+
+    def _heard(self, stamp: int) -> None:
+        """Record a stamp acted on; forget those that fell out of the window (they are refused by age now)."""
+        if self._peer_high is None or stamp > self._peer_high:
+            self._peer_high = stamp
+            horizon = stamp - int(self.config.replay_window_s * 1000)
+            if len(self._peer_seen) > 64:
+                self._peer_seen = {s for s in self._peer_seen if s > horizon}
+        self._peer_seen.add(stamp)
+
+    def _acked(self, p: wire.Punch, src: Addr, now: float) -> bool:
+        """True when an ACK answers a PUNCH we sent to src, recently; each PUNCH is answered once."""
+        issued = self._issued.get(p.nonce)
+        if issued is None or issued[0] != src or now - issued[1] > self.config.ack_window_s:
+            return False
+        del self._issued[p.nonce]
+        return True
 
     def start(self, now: float) -> None:
         """Begin (or restart) punching."""
@@ -107,7 +157,9 @@ class Puncher:
         self._next_go = now
 
     def on_frame(self, p: wire.Punch, src: Addr, now: float) -> list[tuple[bytes, Addr]]:
-        """Handle a verified punch-family frame (`src` is RELAY_PATH for relayed ones)."""
+        """Handle a punch-family frame (`src` is RELAY_PATH for relayed ones); invalid or stale ones do nothing."""
+        if not self.valid(p) or not self.fresh(p):
+            return []
         out: list[tuple[bytes, Addr]] = []
         if p.kind == wire.PUNCH_GO:
             self._heard_from_peer = True
@@ -115,18 +167,23 @@ class Puncher:
         elif p.kind == wire.PUNCH and src != RELAY_PATH:
             self._heard_from_peer = True
             self._add(src)
-            out.append((self._frame(wire.PUNCH_ACK), src))
+            out.append(self._frame(wire.PUNCH_ACK, now, src, echo=p.nonce))
             if self.state != PunchState.DIRECT:
                 # punch straight back: the peer's NAT is open toward us now, so its ACK comes in one
                 # round trip instead of waiting for our next scheduled punch
-                out.append((self._frame(wire.PUNCH), src))
+                out.append(self._frame(wire.PUNCH, now, src))
             self.start(now)
         elif p.kind == wire.PUNCH_ACK and src != RELAY_PATH:
+            if not self._acked(p, src, now):
+                return []  # not an answer to a PUNCH of ours, to this address, lately: pins nothing
             self._last_ack = now
             if self.state != PunchState.DIRECT:
                 self.state = PunchState.DIRECT
                 self.direct = src
                 self.direct_at = now
+        else:
+            return []  # a relayed PUNCH or ACK proves nothing about a direct path
+        self._heard(p.stamp)
         return out + self.poll(now)
 
     def poll(self, now: float) -> list[tuple[bytes, Addr]]:
@@ -138,16 +195,16 @@ class Puncher:
                 self.state = PunchState.RELAY
                 return out
             if now >= self._next_punch:
-                out += [(self._frame(wire.PUNCH), a) for a in self.candidates]
+                out += [self._frame(wire.PUNCH, now, a) for a in self.candidates]
                 self._next_punch = now + c.interval_s
             if now >= self._next_go and not self._heard_from_peer:
-                out.append((self._frame(wire.PUNCH_GO), RELAY_PATH))
+                out.append(self._frame(wire.PUNCH_GO, now, RELAY_PATH))
                 self._next_go = now + c.go_interval_s
         elif self.state == PunchState.DIRECT and self.direct is not None:
             if now - self._last_ack > c.lost_after_s:
                 self.state, self.direct = PunchState.RELAY, None
             elif now >= self._next_punch:
-                out.append((self._frame(wire.PUNCH), self.direct))
+                out.append(self._frame(wire.PUNCH, now, self.direct))
                 self._next_punch = now + c.keepalive_s
         return out
 

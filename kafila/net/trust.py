@@ -107,9 +107,10 @@ class JoinCode:
         return _hkdf(self.secret, "punch", self.session_id, 32)
 
 
-def punch_mac(key: bytes, kind: int, sender: bytes, receiver: bytes, nonce: bytes) -> bytes:
+def punch_mac(key: bytes, kind: int, sender: bytes, receiver: bytes, stamp: int, nonce: bytes) -> bytes:
     """The 16-byte MAC on a punch frame."""
-    return hmac.new(key, wire.punch_mac_input(kind, sender, receiver, nonce), hashlib.sha256).digest()[: wire.MAC_LEN]
+    msg = wire.punch_mac_input(kind, sender, receiver, stamp, nonce)
+    return hmac.new(key, msg, hashlib.sha256).digest()[: wire.MAC_LEN]
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,17 @@ Kafila frames (all integers big-endian, member ids are 8 raw bytes):
                                                                                {"ok": false, "error": str})
     0x20 RELAY     member -> rendezvous   to_id[8] | payload      (sender known by its registered address)
     0x21 RELAYED   rendezvous -> member   from_id[8] | payload
-    0x30 PUNCH     member -> member       from_id[8] | to_id[8] | nonce[8] | mac[16]
-    0x31 PUNCH_ACK member -> member       same layout; answers a PUNCH, sent to the address it came from
+    0x30 PUNCH     member -> member       from_id[8] | to_id[8] | u64 stamp | nonce[8] | mac[16]
+    0x31 PUNCH_ACK member -> member       same layout; answers a PUNCH, sent to the address it came from;
+                                          its nonce is the PUNCH's (the one it answers), echoed
     0x32 PUNCH_GO  member -> member (relayed) same layout; "start punching toward me now"
 
 A relay payload is either a QUIC packet (first byte >= 0x40) or a PUNCH_GO frame; the rendezvous
 never looks inside it. Punch MACs are HMAC-SHA256 (truncated to 16 bytes) under a key derived from
-the join code's secret, so only session members can steer a peer's direct path.
+the join code's secret, so only session members can steer a peer's direct path. A punch frame's
+stamp is its sender's clock in milliseconds, strictly increasing per sender: the receiver keeps
+a replay window over it (kafila.net.punch), so a frame is acted on once and only while fresh;
+no clocks need to agree.
 Limits: a datagram is at most MAX_DATAGRAM bytes; a control JSON body at most MAX_CONTROL_BODY.
 """
 
@@ -45,7 +49,8 @@ NONCE_LEN = 8
 MAC_LEN = 16
 MAX_DATAGRAM = 1500  # QUIC packets are <= 1200 bytes (aioquic default), plus our 9-byte envelope
 MAX_CONTROL_BODY = 1400
-_PUNCH_LEN = 1 + ID_LEN + ID_LEN + NONCE_LEN + MAC_LEN
+_PUNCH_LEN = 1 + ID_LEN + ID_LEN + 8 + NONCE_LEN + MAC_LEN
+MAX_STAMP = 2**64 - 1
 
 
 def kind_of(data: bytes) -> str:
@@ -85,7 +90,8 @@ class Punch:
     kind: int
     sender: bytes
     receiver: bytes
-    nonce: bytes
+    stamp: int  # the sender's clock in ms, strictly increasing per sender
+    nonce: bytes  # fresh per PUNCH / PUNCH_GO; in a PUNCH_ACK, the nonce of the PUNCH it answers
     mac: bytes
 
 
@@ -117,12 +123,14 @@ def encode_punch(p: Punch) -> bytes:
         raise ValueError("not a punch kind")
     if (len(p.sender), len(p.receiver), len(p.nonce), len(p.mac)) != (ID_LEN, ID_LEN, NONCE_LEN, MAC_LEN):
         raise ValueError("bad punch field length")
-    return bytes([p.kind]) + p.sender + p.receiver + p.nonce + p.mac
+    if not 0 <= p.stamp <= MAX_STAMP:
+        raise ValueError("punch stamp out of range")
+    return bytes([p.kind]) + p.sender + p.receiver + struct.pack("!Q", p.stamp) + p.nonce + p.mac
 
 
-def punch_mac_input(kind: int, sender: bytes, receiver: bytes, nonce: bytes) -> bytes:
-    """The bytes a punch MAC covers."""
-    return b"kafila-punch-v1" + bytes([kind]) + sender + receiver + nonce
+def punch_mac_input(kind: int, sender: bytes, receiver: bytes, stamp: int, nonce: bytes) -> bytes:
+    """The bytes a punch MAC covers: everything in the frame but the MAC."""
+    return b"kafila-punch-v2" + bytes([kind]) + sender + receiver + struct.pack("!Q", stamp) + nonce
 
 
 def decode(data: bytes) -> Frame:
@@ -156,8 +164,10 @@ def decode(data: bytes) -> Frame:
         o = 1
         sender, o = data[o : o + ID_LEN], o + ID_LEN
         receiver, o = data[o : o + ID_LEN], o + ID_LEN
+        (stamp,) = struct.unpack_from("!Q", data, o)
+        o += 8
         nonce, o = data[o : o + NONCE_LEN], o + NONCE_LEN
-        return Punch(kind, bytes(sender), bytes(receiver), bytes(nonce), bytes(data[o:]))
+        return Punch(kind, bytes(sender), bytes(receiver), stamp, bytes(nonce), bytes(data[o:]))
     raise ProtocolError(f"unknown Kafila frame type {kind:#04x}")
 
 

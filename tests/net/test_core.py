@@ -67,6 +67,7 @@ class Net:
         self._queue: list[tuple[float, int, Addr, Addr, bytes]] = []
         self._seq = 0
         self.direct_sent = 0
+        self.log: list[tuple[Addr, Addr, bytes]] = []  # every datagram sent: (src, dst, data)
 
     def add(self, name: str, addr: Addr, config: CoreConfig | None = None) -> Member:
         mid = name.encode().ljust(8, b"-")[:8]
@@ -87,6 +88,7 @@ class Net:
             m.core.joined(RELAY, KEY, self.now)
 
     def send(self, src: Addr, dst: Addr, data: bytes) -> None:
+        self.log.append((src, dst, data))
         if dst != RELAY and src != RELAY:
             self.direct_sent += 1
             if self.blocked(src, dst):
@@ -260,3 +262,18 @@ def test_forged_initials_never_take_a_slot() -> None:
         a.core.receive_datagram(relayed_from(bob, bytes(data)), RELAY, net.now)
     assert a.core.connections == []
     assert net.run(lambda: real in b.done and len(a.done) == 1, 2)  # the real handshake is not held up
+
+
+def test_replayed_punch_frames_from_elsewhere_change_nothing_and_send_nothing() -> None:
+    net = Net(seed=6)
+    a, b = pair(net)
+    open_link(net, a, b)
+    assert net.run(lambda: a.core.path_to(b.core.member_id) == "direct", 3)
+    elsewhere = ("203.0.113.5", 80)
+    from_b = [d for src, dst, d in net.log if src == b.addr and dst == a.addr and d[0] in (wire.PUNCH, wire.PUNCH_ACK)]
+    assert {d[0] for d in from_b} == {wire.PUNCH, wire.PUNCH_ACK}
+    for data in from_b:  # every punch frame bob ever sent alice, replayed with a spoofed source
+        a.core.receive_datagram(data, elsewhere, net.now)
+    assert [dst for _, dst in a.core.datagrams_to_send(net.now) if dst == elsewhere] == []
+    assert a.core.path_to(b.core.member_id) == "direct" and a.paths[-1].direct == b.addr
+    assert elsewhere not in a.core._punchers[b.core.member_id].candidates

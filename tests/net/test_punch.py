@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from kafila.net import wire
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
+from kafila.net.trust import punch_mac
 
 KEY = b"k" * 32
 A_ID, B_ID = b"A" * 8, b"B" * 8
@@ -64,6 +65,15 @@ def pair(window: float = 3.0) -> tuple[Puncher, Puncher]:
     return a, b
 
 
+def ack_for(b: Puncher, punch: bytes, src: tuple, now: float) -> wire.Punch:
+    """The PUNCH_ACK b sends back for a PUNCH that reached it from src."""
+    frame = wire.decode(punch)
+    assert isinstance(frame, wire.Punch)
+    acks = [wire.decode(d) for d, dst in b.on_frame(frame, src, now) if d[0] == wire.PUNCH_ACK and dst == src]
+    assert len(acks) == 1 and isinstance(acks[0], wire.Punch)
+    return acks[0]
+
+
 def test_ordinary_pair_goes_direct() -> None:
     a, b = pair()
     sent_by_a: set = set()
@@ -111,18 +121,86 @@ def test_bad_mac_or_wrong_peer_is_not_valid() -> None:
     data, _ = a.poll(0.0)[0]
     frame = wire.decode(data)
     assert isinstance(frame, wire.Punch) and b.valid(frame)
-    forged = wire.Punch(frame.kind, frame.sender, frame.receiver, frame.nonce, b"\0" * 16)
+    forged = wire.Punch(frame.kind, frame.sender, frame.receiver, frame.stamp, frame.nonce, b"\0" * 16)
     assert not b.valid(forged)
     assert not a.valid(frame)  # a's own frame is not from a's peer
 
 
 def test_direct_path_lost_falls_back() -> None:
-    a, _ = pair()
+    a, b = pair()
     a.start(0.0)
-    f = wire.Punch(wire.PUNCH_ACK, B_ID, A_ID, b"n" * 8, b"\0" * 16)
+    punch = next(data for data, dst in a.poll(0.0) if dst == ("100.64.0.12", 2000))
+    f = ack_for(b, punch, ("100.64.0.11", 1000), 0.05)
     a.on_frame(f, ("100.64.0.12", 2000), 0.1)
     assert a.state == PunchState.DIRECT
     a.poll(10.0)
     assert a.state == PunchState.DIRECT
     a.poll(20.0)
     assert a.state == PunchState.RELAY
+
+
+A_ADDR, B_ADDR = ("100.64.0.11", 1000), ("100.64.0.12", 2000)
+ELSEWHERE = ("203.0.113.5", 80)
+
+
+def punch_frame(data: bytes) -> wire.Punch:
+    frame = wire.decode(data)
+    assert isinstance(frame, wire.Punch)
+    return frame
+
+
+def test_a_replayed_ack_from_another_address_pins_nothing() -> None:
+    a, b = pair()
+    a.start(0.0)
+    punch = next(data for data, dst in a.poll(0.0) if dst == B_ADDR)
+    ack = ack_for(b, punch, A_ADDR, 0.01)
+    assert a.on_frame(ack, ELSEWHERE, 0.02) == []  # the ACK answers a PUNCH sent to B_ADDR, not to ELSEWHERE
+    assert a.state == PunchState.PUNCHING and a.direct is None and ELSEWHERE not in a.candidates
+    a.on_frame(ack, B_ADDR, 0.03)  # the real one, from where the PUNCH went
+    assert a.state == PunchState.DIRECT and a.direct == B_ADDR
+    a.poll(20.0)  # the peer went silent: the direct path is lost
+    assert a.state == PunchState.RELAY
+    for src in (B_ADDR, ELSEWHERE):  # the old ACK, replayed, brings nothing back
+        assert a.on_frame(ack, src, 20.1) == []
+    assert a.state == PunchState.RELAY and a.direct is None
+
+
+def test_an_ack_for_a_punch_never_sent_or_long_ago_pins_nothing() -> None:
+    a, b = pair()
+    a.start(0.0)
+    punch = next(data for data, dst in a.poll(0.0) if dst == B_ADDR)
+    ack = ack_for(b, punch, A_ADDR, 0.01)
+    assert a.on_frame(ack, B_ADDR, a.config.ack_window_s + 0.1) == []  # too late to prove the path now
+    assert a.state != PunchState.DIRECT
+    nonce = b"x" * 8  # a well-MAC'd, fresh ACK for a nonce a never issued
+    unsolicited = wire.Punch(wire.PUNCH_ACK, B_ID, A_ID, 1, nonce, punch_mac(KEY, wire.PUNCH_ACK, B_ID, A_ID, 1, nonce))
+    assert a.valid(unsolicited) and a.fresh(unsolicited)
+    assert a.on_frame(unsolicited, B_ADDR, 0.5) == [] and a.state != PunchState.DIRECT
+
+
+def test_a_replayed_punch_with_a_spoofed_source_causes_no_burst_and_adds_no_candidate() -> None:
+    a, b = pair()
+    b.start(0.0)
+    captured = punch_frame(next(data for data, dst in b.poll(0.0) if dst == A_ADDR))
+    first = a.on_frame(captured, B_ADDR, 0.01)  # the genuine delivery: answered, a starts punching
+    assert {dst for _, dst in first} >= {B_ADDR}
+    assert a.on_frame(captured, ELSEWHERE, 0.02) == [] and ELSEWHERE not in a.candidates  # replayed at once
+    a.poll(30.0)
+    assert a.state == PunchState.RELAY  # a's punching has long ended
+    assert a.on_frame(captured, ELSEWHERE, 30.0) == [] and ELSEWHERE not in a.candidates  # replayed later
+    assert a.state == PunchState.RELAY  # the replay did not restart punching
+    assert a.poll(30.1) == []
+
+
+def test_a_stale_punch_never_heard_before_is_refused_but_reordering_within_the_window_is_not() -> None:
+    a, b = pair()
+    b.start(0.0)
+    old = punch_frame(next(data for data, dst in b.poll(0.0) if dst == A_ADDR))  # captured, never delivered
+    b.poll(10.0)
+    b.state = PunchState.IDLE
+    b.start(10.0)
+    newer, newest = (punch_frame(next(d for d, dst in b.poll(t) if dst == A_ADDR)) for t in (10.0, 10.1))
+    assert a.on_frame(newest, B_ADDR, 10.2) != []
+    assert a.on_frame(newer, B_ADDR, 10.2) != []  # older, but inside the window and not seen: accepted
+    assert a.on_frame(old, ELSEWHERE, 10.3) == []  # 10 s older than the newest heard: stale
+    assert ELSEWHERE not in a.candidates
