@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kafila.bench.report import emit, envelope
     from kafila.errors import KafilaError
-    from kafila.net import natlab
+    from kafila.lab import natlab
 
     why = natlab.available()
     if why:

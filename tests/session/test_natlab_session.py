@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
 from kafila.model.stage_cache import StageCache
-from kafila.net.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
 from kafila.planner.reachability import NatClass
 from kafila.session.measure import cached_probe
 from tests.session.cluster import CODE_RE, REPO, Proc

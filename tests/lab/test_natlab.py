@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from kafila.net import natlab
+from kafila.lab import natlab
 
 pytestmark = pytest.mark.timeout(240)
 

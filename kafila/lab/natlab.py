@@ -22,7 +22,7 @@ session. Use:
         p = await asyncio.create_subprocess_exec(*lab.command(lab.host(1), argv), ...)
         lab.track(p)                                            # killed before the namespaces go
 
-`python -m kafila.net.natlab member ...` is the member program the pair runner starts.
+`python -m kafila.lab.natlab member ...` is the member program the pair runner starts.
 Needs root (CAP_NET_ADMIN) and the `nft` binary; `available()` says why not when it cannot run.
 """
 
@@ -265,7 +265,7 @@ async def _read_json(stream: asyncio.StreamReader, key: str, timeout_s: float) -
 
 
 def _member_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kafila.net.natlab", "member", "--rdv", f"{RDV_IP}:{RDV_PORT}", *args]
+    return [sys.executable, "-m", "kafila.lab.natlab", "member", "--rdv", f"{RDV_IP}:{RDV_PORT}", *args]
 
 
 async def start_rendezvous(lab: NatLab, timeout_s: float = 15.0) -> asyncio.subprocess.Process:
@@ -397,8 +397,8 @@ async def _member(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m kafila.net.natlab member ...`."""
-    p = argparse.ArgumentParser(prog="kafila.net.natlab")
+    """Entry point for `python -m kafila.lab.natlab member ...`."""
+    p = argparse.ArgumentParser(prog="kafila.lab.natlab")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("member", help="one lab member (run inside a host namespace)")
     m.add_argument("--rdv", required=True)

@@ -1,0 +1,1 @@
+"""Labs built around the product for tests and benchmarks (namespaces, nftables NATs); not part of it."""
