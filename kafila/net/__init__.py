@@ -35,6 +35,20 @@ keepalive_s=2): one UDP socket for STUN probes, rendezvous control, punch/relay 
   when it closes, within idle_timeout_s (10 s) when it vanishes.
 Errors: NetworkError (unreachable, link gone), SessionError (code, membership, pinning refusals),
 ProtocolError (malformed bytes; parsers never raise anything else on bad input).
+
+Inside, each module has one job; the lower ones never import the upper ones:
+
+    endpoint.py   PeerEndpoint: the asyncio adapter; pumps the core over one UDP socket (udp.py),
+                  one timer, one clock; turns core events into Links
+    ring.py       verify_edge / open_ring: a member's two ring edges and their reports
+    members.py    the member list as trusted: paged, every announcement verified, pins policed
+    rdvclient.py  requests to the rendezvous: STUN probes, control ops with retries, join/re-join
+    core.py       EndpointCore, sans-I/O: demultiplexing, QUIC connections (and their limits),
+                  relay vs direct routing, punch scheduling; receive_datagram / datagrams_to_send /
+                  get_timer / handle_timer / next_event
+    punch.py      the punch state machine toward one peer (freshness, replay window)
+    quic.py       identities, pinned TLS configuration, the Link message stream
+    nat.py, stun.py, wire.py, frames.py, trust.py   probing, codecs, join codes and MACs
 """
 
 from kafila.net.endpoint import EdgeReport, MemberList, PeerEndpoint, RingEdges
