@@ -16,7 +16,7 @@ import pytest
 from kafila.errors import NetworkError, SessionError
 from kafila.net import trust, wire
 from kafila.net.endpoint import PeerEndpoint
-from kafila.net.quic import Identity
+from kafila.net.quic import SEND_BUFFER_HIGH, Identity, unacked_bytes
 from rendezvous.core import Limits, RendezvousCore
 from rendezvous.server import RendezvousServer
 from tests.net.conftest import free_port_pair
@@ -310,3 +310,17 @@ async def test_endpoint_survives_garbage_datagrams() -> None:
                     await ep.rdv.request({"op": "ping"}, timeout_s=1.0, tries=5)
                     await answer
             assert not ep._ticker_task.done()
+
+
+async def test_send_waits_for_acknowledgements_without_polling() -> None:
+    """A message larger than the send buffer's high mark: send() returns once the peer acknowledged enough."""
+    async with inprocess_rendezvous() as (rdv, _, _):
+        async with two_members(rdv) as (a, b):
+            link = await a.connect(other(a, b.member_id))
+            incoming = await b.accept(5)
+            big = bytes(range(256)) * (12 * 1024 * 1024 // 256)  # 12 MiB: past SEND_BUFFER_HIGH (8 MiB)
+            receiving = asyncio.ensure_future(incoming.recv(120))
+            async with asyncio.timeout(120):
+                await link.send(big)
+            assert unacked_bytes(link.conn) <= SEND_BUFFER_HIGH and not link.blocked
+            assert await receiving == big
