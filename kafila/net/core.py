@@ -211,10 +211,6 @@ class EndpointCore:
 
     # ---- commands -----------------------------------------------------------------------
 
-    def send_datagram(self, data: bytes, addr: Addr) -> None:
-        """Queue a datagram of the caller's own (STUN, control) on the shared socket."""
-        self._out.append((data, addr))
-
     def joined(self, rendezvous: Addr, punch_key: bytes, now: float) -> None:
         """We are registered in a session: punch with its key, re-join periodically."""
         self.rendezvous, self.punch_key = rendezvous, punch_key
