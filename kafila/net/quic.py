@@ -154,7 +154,7 @@ class Link:
         self.closed: str | None = None  # reason, once terminated
         self._closed_event = asyncio.Event()
         self._progress = asyncio.Event()
-        self.blocked = False  # a send() waits for the peer to acknowledge
+        self._waiting = 0  # send() calls waiting for acknowledgements
         self.ready_timeout_s = ready_timeout_s
         self.opened_at: float | None = None  # loop time when connect() began (client side)
         self.ready_at: float | None = None  # loop time when the link became usable
@@ -231,10 +231,17 @@ class Link:
         self._write(msg)
         while unacked_bytes(self.conn) > SEND_BUFFER_HIGH:
             self._check()
-            self.blocked = True  # the endpoint calls on_progress() after each batch of datagrams
             self._progress.clear()
-            await self._progress.wait()  # woken by ACKs or the end of the link (the idle timeout ends a dead one)
-        self.blocked = False
+            self._waiting += 1  # several tasks may send on one link: each counts itself
+            try:
+                await self._progress.wait()  # set by ACKs (on_progress) or the end of the link
+            finally:
+                self._waiting -= 1
+
+    @property
+    def blocked(self) -> bool:
+        """True while a send() waits for the peer to acknowledge."""
+        return self._waiting > 0
 
     def on_progress(self) -> None:
         """The endpoint handled datagrams for this link: a blocked send() may go on."""
