@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -148,11 +147,9 @@ class HostileCore(RendezvousCore):
         members = reply["members"]
         for m in members:
             if m["id"] != body["member"]:  # tamper with everyone but the asker
-                raw = base64.b64decode(m["ann"])
-                d = json.loads(raw[:-32])
-                d["fp"] = Identity("mallory").fingerprint.hex()
-                m["ann"] = base64.b64encode(
-                    json.dumps(d, separators=(",", ":"), sort_keys=True).encode() + raw[-32:]).decode()
+                raw = bytearray(base64.b64decode(m["ann"]))
+                raw[40] ^= 0x01  # it cannot read a sealed announcement (to swap its fingerprint): it alters it blindly
+                m["ann"] = base64.b64encode(bytes(raw)).decode()
         fake = trust.Announcement(body["session"], b"\xee" * 8, "mallory", Identity("mallory").fingerprint,
                                   "permissive", ("127.0.0.1", 9), None, 1.0, {}, 0.0)
         guess = trust.JoinCode(body["session"], trust.JoinCode.new_secret())  # it never saw the secret
