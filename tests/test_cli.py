@@ -39,9 +39,9 @@ STUCK_LINE = STUCK.splitlines().index("        time.sleep(60)  # stuck on the wa
 # interrupt, not a traceback.
 EARLY = """
 import os, signal, sys
-import kafila.cli as cli
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # first: any thread started later inherits the mask
 os.kill(os.getpid(), signal.SIGTERM)
+import kafila.cli as cli
 cli.follow_parent = lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 sys.exit(cli.main(["inspect"]))
 """

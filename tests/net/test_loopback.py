@@ -140,7 +140,7 @@ async def test_peer_gone_is_a_network_error_in_bounded_time() -> None:
 
 
 class HostileCore(RendezvousCore):
-    """A rendezvous that lists a member of its own and swaps a real member's fingerprint."""
+    """A rendezvous that lists a member of its own and alters a real member's announcement."""
 
     def _op_list(self, body, src, local, now):  # type: ignore[no-untyped-def]
         reply = super()._op_list(body, src, local, now)
@@ -150,11 +150,14 @@ class HostileCore(RendezvousCore):
                 raw = bytearray(base64.b64decode(m["ann"]))
                 raw[40] ^= 0x01  # it cannot read a sealed announcement (to swap its fingerprint): it alters it blindly
                 m["ann"] = base64.b64encode(bytes(raw)).decode()
-        fake = trust.Announcement(body["session"], b"\xee" * 8, "mallory", Identity("mallory").fingerprint,
-                                  "permissive", ("127.0.0.1", 9), None, 1.0, {}, 0.0)
-        guess = trust.JoinCode(body["session"], trust.JoinCode.new_secret())  # it never saw the secret
-        members.append({"id": (b"\xee" * 8).hex(), "ann": fake.seal(guess), "obs": ["127.0.0.1", 9]})
-        reply["total"] = len(members) + reply["start"]
+        # Its own member goes on a page of its own, past the real ones: a page full of sealed
+        # announcements has no room left in the datagram.
+        reply["total"] += 1
+        if not members:
+            fake = trust.Announcement(body["session"], b"\xee" * 8, "mallory", Identity("mallory").fingerprint,
+                                      "permissive", ("127.0.0.1", 9), None, 1.0, {}, trust.now_wall())
+            guess = trust.JoinCode(body["session"], trust.JoinCode.new_secret())  # it never saw the secret
+            members.append({"id": (b"\xee" * 8).hex(), "ann": fake.seal(guess), "obs": ["127.0.0.1", 9]})
         return reply
 
 
