@@ -60,9 +60,10 @@ def test_join_wrong_code_is_refused_clearly() -> None:
     c = core()
     sid = new_session(c)
     r = join(c, sid, b"m" * 8, ("10.0.0.1", 1), token=b"\0" * 16)
-    assert r == {"ok": False, "error": "wrong join code for this session"}
+    assert r == {"ok": False, "code": "wrong_code", "error": "wrong join code for this session"}
     r = join(c, "zzzzzzzz", b"m" * 8, ("10.0.0.1", 1), rid=3)
-    assert not r["ok"] and "no session" in r["error"]
+    assert r["ok"] is False and r["code"] == "unknown_session"
+    assert "zzzzzzzz" not in r.get("error", "")  # nothing of the request comes back
 
 
 def test_announce_list_and_relay() -> None:
@@ -93,20 +94,20 @@ def test_retry_gets_the_cached_answer() -> None:
 
 
 def test_bounds_sessions_members_and_rate() -> None:
-    c = core(max_sessions=3, max_members=2, per_source_burst=100, per_ip_burst=100)
+    c = core(max_sessions=3, max_members=2, join_source_burst=100, join_ip_burst=100)
     sids: list[str] = []
     for i in range(3):
         r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, rid=10 + i)
         assert r["ok"]
         sids.append(r["session"])
     r = ask(c, {"op": "create", "token_hash": "00" * 32}, rid=20)
-    assert not r["ok"] and "full" in r["error"]
+    assert r["ok"] is False and r["code"] == "full"
     assert join(c, sids[0], b"1" * 8, ("10.0.0.1", 1))["ok"]
     assert join(c, sids[0], b"2" * 8, ("10.0.0.1", 2))["ok"]
     r = join(c, sids[0], b"3" * 8, ("10.0.0.1", 3))
-    assert not r["ok"] and "full" in r["error"]
+    assert r["ok"] is False and r["code"] == "full" and "session is full" in r["error"]
     # join rate per source address
-    c2 = core(per_source_burst=3, per_source_rate=0.0)
+    c2 = core(join_source_burst=3, join_source_rate=0.0)
     sid = new_session(c2)
     results = [join(c2, sid, bytes([i]) * 8, ("10.9.9.9", 7), rid=100 + i)["ok"] for i in range(5)]
     assert results == [True, True, True, False, False]
@@ -129,8 +130,10 @@ def test_silent_members_and_idle_sessions_expire() -> None:
 
 def test_unknown_op_and_bad_fields_answer_errors() -> None:
     c = core()
-    assert "unknown op" in ask(c, {"op": "explode"})["error"]
-    assert "token_hash" in ask(c, {"op": "create", "token_hash": "xyz"}, rid=2)["error"]
+    r = ask(c, {"op": "explode", "pad": "x" * 60})
+    assert r == {"ok": False, "code": "bad_request", "error": "unknown op"}  # the op is not echoed
+    r = ask(c, {"op": "create", "token_hash": "xyz", "pad": "x" * 60}, rid=2)
+    assert r["code"] == "bad_request" and "token_hash" in r["error"]
 
 
 @settings(max_examples=400, deadline=None)
@@ -139,27 +142,6 @@ def test_fuzz_any_datagram_never_crashes(data: bytes, sock: int) -> None:
     c = core()
     out = c.handle(data, ("10.0.0.9", 9), [A, A2, B, B2][sock], 0.0)
     assert isinstance(out, list)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from(["op", "session", "member", "token", "token_hash", "ann", "start"]),
-                       st.one_of(st.text(max_size=40), st.integers(), st.none(), st.lists(st.integers(), max_size=3),
-                                 st.sampled_from(["create", "join", "announce", "list", "ping", "leave"]))))
-def test_fuzz_control_bodies_get_an_answer(body: dict) -> None:
-    c = core()
-    r = ask(c, body)
-    assert r["ok"] in (True, False)
-
-
-def test_rejoin_from_a_new_address_moves_the_relay_registration() -> None:
-    c = core()
-    sid = new_session(c)
-    a1, a2, b = ("10.0.0.1", 1000), ("10.0.0.1", 1001), ("10.0.0.2", 2000)
-    assert join(c, sid, b"a" * 8, a1, rid=2)["ok"] and join(c, sid, b"b" * 8, b, rid=3)["ok"]
-    assert join(c, sid, b"a" * 8, a2, rid=4)["ok"]  # the NAT rebound: same member, new address
-    assert a1 not in c.by_addr and c.by_addr[a2] == (sid, b"a" * 8)
-    out = c.handle(wire.encode_relay(wire.RELAY, b"a" * 8, b"\x45x"), b, A, 1.0)
-    assert out[0][2] == a2
 
 
 def test_relay_rate_is_bounded_per_member() -> None:
