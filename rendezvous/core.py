@@ -126,7 +126,8 @@ class RendezvousCore:
         self.stats = Stats()
         self.limiter = RateLimiter(self.limits)
         self._per_ip: Counter[str] = Counter()  # live sessions per creator ip_key
-        self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes]] = OrderedDict()
+        # (src, request id) -> (when, digest of the request, reply): a retry is the same bytes
+        self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes, bytes]] = OrderedDict()
         self._last_expiry = float("-inf")
         ips = sorted({ip for ip, _ in self.sockets})
         ports = sorted({port for _, port in self.sockets})
@@ -157,7 +158,7 @@ class RendezvousCore:
             if kind == "kafila":
                 frame = wire.decode(data)
                 if isinstance(frame, wire.Control) and frame.kind == wire.REQUEST:
-                    return self._control(frame, len(data), src, local, now)
+                    return self._control(frame, data, src, local, now)
                 if isinstance(frame, wire.Relay) and frame.kind == wire.RELAY:
                     return self._relay(frame, src, now)
             self.stats.dropped += 1  # QUIC or a frame type meant for members: not ours
@@ -197,17 +198,18 @@ class RendezvousCore:
 
     # ---- control ---------------------------------------------------------------------------
 
-    def _control(self, frame: wire.Control, size: int, src: Addr, local: Addr, now: float) -> list[Out]:
+    def _control(self, frame: wire.Control, data: bytes, src: Addr, local: Addr, now: float) -> list[Out]:
         self.stats.requests += 1
-        rid = frame.request_id
+        rid, size = frame.request_id, len(data)
         if not self.limiter.allow(src, now):  # every op, retries included; never cached
             self.stats.rate_limited += 1
             refused = _refusal(rid, "rate_limited", MESSAGES["rate_limited"], size)
             return [] if refused is None else [(refused, local, src)]
-        key = (src, rid)
+        key, digest = (src, rid), hashlib.sha256(data).digest()
         cached = self._replies.get(key)
-        if cached is not None and now - cached[0] < REPLY_CACHE_S:
-            return [(cached[1], local, src)]
+        if cached is not None and now - cached[0] < REPLY_CACHE_S and cached[1] == digest:
+            # only for the very same request: a small one reusing the id must not fetch a large reply
+            return [(cached[2], local, src)]
         op = frame.body.get("op")
         handler = self._handlers.get(op) if isinstance(op, str) else None
         reply: bytes | None
@@ -221,7 +223,8 @@ class RendezvousCore:
             reply = _refusal(rid, exc.code, str(exc), size)
         if reply is None:
             return []
-        self._replies[key] = (now, reply)
+        self._replies[key] = (now, digest, reply)
+        self._replies.move_to_end(key)
         while len(self._replies) > self.limits.max_cached_replies:
             self._replies.popitem(last=False)
         return [(reply, local, src)]
@@ -407,7 +410,7 @@ class RendezvousCore:
             if too_old or unjoined or idle:
                 self._drop_session(sid)
                 log.info("session %s expired (%s)", sid, "too old" if too_old else "unjoined" if unjoined else "idle")
-        for key, (t, _) in list(self._replies.items()):
+        for key, (t, _, _) in list(self._replies.items()):
             if now - t < REPLY_CACHE_S:
                 break
             del self._replies[key]

@@ -8,8 +8,9 @@ import hashlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kafila.errors import RENDEZVOUS_CODES, ProtocolError
 from kafila.net import stun, wire
-from rendezvous.core import Limits, RendezvousCore
+from rendezvous.core import Limits, RendezvousCore, Session
 
 A, A2, B, B2 = ("100.64.0.2", 3478), ("100.64.0.2", 3479), ("100.64.0.3", 3478), ("100.64.0.3", 3479)
 TOKEN = bytes(range(16))
@@ -152,3 +153,41 @@ def test_relay_rate_is_bounded_per_member() -> None:
     join(c, sid, b"b" * 8, b, rid=3)
     sent = [len(c.handle(wire.encode_relay(wire.RELAY, b"b" * 8, b"\x45x"), a, A, 1.0)) for _ in range(8)]
     assert sent == [1] * 5 + [0] * 3
+
+
+FIELDS = ["op", "session", "member", "token", "token_hash", "ann", "start", "nonce", "mac", "pad"]
+OPS = ["create", "join", "challenge", "rejoin", "announce", "list", "ping", "leave"]
+SID = "k7q2m9xd"  # the fuzzed core holds this session, with member "a"*8 registered from FUZZ_SRC
+FUZZ_SRC = ("10.0.0.9", 9)
+VALUES = st.one_of(
+    st.text(max_size=80), st.integers(), st.floats(), st.none(), st.booleans(),
+    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.sampled_from([*OPS, SID, (b"a" * 8).hex(), TOKEN.hex(), "00" * 16, "00" * 32, "zz" * 16]),
+)
+
+
+def fuzz_core() -> RendezvousCore:
+    c = core()
+    c.sessions[SID] = Session(SID, hashlib.sha256(TOKEN).digest(), 0.0, 0.0, "10.0.0.9")
+    assert join(c, SID, b"a" * 8, FUZZ_SRC, rid=77)["ok"]
+    return c
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=7), st.integers(0, 2**32 - 1),
+       st.sampled_from([FUZZ_SRC, ("10.0.0.8", 8)]))
+def test_fuzz_control_bodies_get_a_bounded_answer(body: dict, rid: int, src: tuple[str, int]) -> None:
+    c = fuzz_core()
+    try:
+        data = wire.encode_control(wire.REQUEST, rid, body)
+    except (ProtocolError, ValueError):
+        return  # not encodable (too large, NaN): no member could send it
+    out = c.handle(data, src, A, 1.0)
+    assert len(out) <= 1
+    for reply, via, dst in out:
+        assert via == A and dst == src and len(reply) <= c.limits.max_datagram
+        frame = wire.decode(reply)
+        assert isinstance(frame, wire.Control) and frame.request_id == rid
+        if frame.body.get("ok") is not True:
+            assert frame.body["ok"] is False and frame.body["code"] in RENDEZVOUS_CODES
+            assert len(reply) <= len(data), "a refusal larger than its request"
