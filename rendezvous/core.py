@@ -38,6 +38,7 @@ Everything is bounded (rendezvous.limits.Limits): sessions in all and per source
 IPv6), members per session, datagram sizes, every request and probe per source address and per
 IP, creates and joins tighter still, relayed datagrams per member, the retry cache; silent
 members, sessions only their creator joined, and idle sessions expire. Nothing is queued.
+Records are in rendezvous.state; every bound and the buckets that apply it in rendezvous.limits.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ import hmac
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kafila.errors import (
@@ -63,7 +63,8 @@ from kafila.errors import (
 from kafila.net import registration, stun, wire
 from kafila.net.registration import MESSAGES
 from kafila.net.trust import SESSION_ID_LEN, random_b32
-from rendezvous.limits import Addr, Limits, RateLimiter, ip_key
+from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, ip_key
+from rendezvous.state import Member, Session, Stats
 
 __all__ = ["Addr", "Limits", "Member", "Out", "RendezvousCore", "Session", "Stats"]
 
@@ -71,46 +72,6 @@ log = logging.getLogger("kafila.rendezvous")
 
 Out = tuple[bytes, Addr, Addr]  # (datagram, local socket to send from, destination)
 REPLY_CACHE_S = 30.0
-
-
-@dataclass
-class Member:
-    """One member's registration."""
-
-    member_id: bytes
-    addr: Addr  # where relayed packets and answers go
-    local: Addr  # our socket it registered through
-    last_seen: float
-    reg_key: bytes = field(repr=False, default=b"")
-    nonce: tuple[float, bytes] | None = None  # (issued at, nonce) of the latest challenge
-    announcement: str | None = None
-
-
-@dataclass
-class Session:
-    """One session: token hash from the host, members by id."""
-
-    session_id: str
-    token_hash: bytes
-    created: float
-    last_active: float
-    owner: str = ""  # ip_key of the creator, for the per-IP session cap
-    joined: int = 0  # member ids ever registered: 1 means only the creator came
-    members: dict[bytes, Member] = field(default_factory=dict)
-
-
-@dataclass
-class Stats:
-    """Counters for logs and tests."""
-
-    probes: int = 0
-    requests: int = 0
-    relayed: int = 0
-    relayed_bytes: int = 0
-    dropped: int = 0
-    malformed: int = 0
-    rate_limited: int = 0
-    rejoins: int = 0
 
 
 class RendezvousCore:
@@ -203,7 +164,7 @@ class RendezvousCore:
         rid, size = frame.request_id, len(data)
         if not self.limiter.allow(src, now):  # every op, retries included; never cached
             self.stats.rate_limited += 1
-            refused = _refusal(rid, "rate_limited", MESSAGES["rate_limited"], size)
+            refused = bounded_refusal(rid, "rate_limited", MESSAGES["rate_limited"], size)
             return [] if refused is None else [(refused, local, src)]
         key, digest = (src, rid), hashlib.sha256(data).digest()
         cached = self._replies.get(key)
@@ -218,9 +179,9 @@ class RendezvousCore:
                 raise ProtocolError("unknown op")  # never the op itself: no echo
             reply = wire.encode_control(wire.RESPONSE, rid, {"ok": True, **handler(frame.body, src, local, now)})
         except ProtocolError as exc:
-            reply = _refusal(rid, "bad_request", str(exc), size)
+            reply = bounded_refusal(rid, "bad_request", str(exc), size)
         except RendezvousError as exc:
-            reply = _refusal(rid, exc.code, str(exc), size)
+            reply = bounded_refusal(rid, exc.code, str(exc), size)
         if reply is None:
             return []
         self._replies[key] = (now, digest, reply)
@@ -415,11 +376,3 @@ class RendezvousCore:
                 break
             del self._replies[key]
 
-
-def _refusal(request_id: int, code: str, text: str, limit: int) -> bytes | None:
-    """A failure reply no larger than the request (`limit` bytes): its text dropped, or None, if need be."""
-    reply = wire.encode_control(wire.RESPONSE, request_id, {"ok": False, "code": code, "error": text})
-    if len(reply) <= limit:
-        return reply
-    reply = wire.encode_control(wire.RESPONSE, request_id, {"ok": False, "code": code})
-    return reply if len(reply) <= limit else None

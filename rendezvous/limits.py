@@ -107,3 +107,12 @@ class RateLimiter:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+def bounded_refusal(request_id: int, code: str, text: str, limit: int) -> bytes | None:
+    """A failure reply no larger than the request (`limit` bytes): its text dropped, or None, if need be."""
+    reply = wire.encode_control(wire.RESPONSE, request_id, {"ok": False, "code": code, "error": text})
+    if len(reply) <= limit:
+        return reply
+    reply = wire.encode_control(wire.RESPONSE, request_id, {"ok": False, "code": code})
+    return reply if len(reply) <= limit else None
