@@ -39,7 +39,7 @@ _LABEL = b"kafila-rejoin\x00"
 # leave its text out (a refusal is never larger than the request it answers).
 MESSAGES: dict[str, str] = {
     "wrong_code": "wrong join code for this session",
-    "unknown_session": "no such session (expired, or a mistyped code)",
+    "unknown_session": "no such session (expired, or the join code is mistyped)",
     "not_member": "not a member of this session; join again",
     "member_exists": "member id already registered in this session",
     "rate_limited": "too many requests; wait a moment and retry",
