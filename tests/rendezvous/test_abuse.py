@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from kafila.net import stun, wire
+from kafila.net import registration, stun, wire
 from rendezvous.core import Limits, RendezvousCore
 from rendezvous.limits import ip_key
 
@@ -143,3 +143,20 @@ def test_a_small_request_reusing_an_id_does_not_fetch_the_cached_reply() -> None
         assert again is None or len(wire.encode_control(wire.RESPONSE, 42, again)) <= small
     # a true retry (the same bytes) still gets the cached answer
     assert request(c, big, victim, now=2.0, rid=42)[1] == reply
+
+
+def test_answers_a_spoofed_source_can_get_are_no_larger_than_their_requests() -> None:
+    # what needs no registration at the source address: create, join, challenge, rejoin
+    c = RendezvousCore([A])
+    victim = ("203.0.113.66", 7)
+    size, r = request(c, {"op": "create", "token_hash": TOKEN_HASH}, victim, 0.0, rid=1)
+    assert r is not None and r["ok"] and len(wire.encode_control(wire.RESPONSE, 1, r)) <= size
+    sid = r["session"]
+    size, r = request(c, registration.join_body(sid, b"m" * 8, TOKEN), victim, 0.0, rid=2)
+    assert r is not None and r["ok"] and len(wire.encode_control(wire.RESPONSE, 2, r)) <= size
+    key = registration.reg_key_of(r)
+    size, r = request(c, registration.challenge_body(sid, b"m" * 8), ("198.51.100.1", 9), 0.0, rid=3)
+    assert r is not None and r["ok"] and len(wire.encode_control(wire.RESPONSE, 3, r)) <= size
+    body = registration.rejoin_body(sid, b"m" * 8, key, bytes.fromhex(r["nonce"]))
+    size, r = request(c, body, ("198.51.100.1", 9), 0.0, rid=4)
+    assert r is not None and r["ok"] and len(wire.encode_control(wire.RESPONSE, 4, r)) <= size

@@ -191,3 +191,5 @@ def test_fuzz_control_bodies_get_a_bounded_answer(body: dict, rid: int, src: tup
         if frame.body.get("ok") is not True:
             assert frame.body["ok"] is False and frame.body["code"] in RENDEZVOUS_CODES
             assert len(reply) <= len(data), "a refusal larger than its request"
+        if src != FUZZ_SRC:  # a stranger (or a spoofed source) never gets more bytes than it sent
+            assert len(reply) <= len(data), frame.body
