@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from kafila.net import wire
 
 Addr = tuple[str, int]
+_HEADER = struct.Struct("!BI")  # a control message's kind and request id (kafila.net.wire)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Limits:
 
 def ip_key(ip: str) -> str:
     """What one party controls: an IPv4 address, or an IPv6 /64 (one subscriber's prefix)."""
+    if ":" not in ip:
+        return ip  # IPv4, as the socket layer spells it: the common case, kept cheap
     try:
         addr = ipaddress.ip_address(ip.split("%", 1)[0])
     except ValueError:
@@ -111,8 +116,14 @@ class RateLimiter:
 
 def bounded_refusal(request_id: int, code: str, text: str, limit: int) -> bytes | None:
     """A failure reply no larger than the request (`limit` bytes): its text dropped, or None, if need be."""
-    reply = wire.encode_control(wire.RESPONSE, request_id, {"ok": False, "code": code, "error": text})
-    if len(reply) <= limit:
-        return reply
-    reply = wire.encode_control(wire.RESPONSE, request_id, {"ok": False, "code": code})
-    return reply if len(reply) <= limit else None
+    for body in _refusal_bodies(code, text):
+        if _HEADER.size + len(body) <= limit:
+            return _HEADER.pack(wire.RESPONSE, request_id & 0xFFFFFFFF) + body
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _refusal_bodies(code: str, text: str) -> tuple[bytes, bytes]:
+    """The JSON of a refusal with and without its text; cached, as floods repeat the same few."""
+    full = wire.encode_control(wire.RESPONSE, 0, {"ok": False, "code": code, "error": text})[_HEADER.size :]
+    return full, wire.encode_control(wire.RESPONSE, 0, {"ok": False, "code": code})[_HEADER.size :]
