@@ -22,8 +22,8 @@ from aioquic.buffer import Buffer
 from aioquic.quic import events
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
-from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
-from kafila.net import nat, stun, wire
+from kafila.errors import KafilaError, NetworkError, NotMember, ProtocolError, SessionError
+from kafila.net import nat, registration, stun, wire
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, Link, LinkOwner, PinnedQuicConnection, configuration
 from kafila.net.trust import Announcement, JoinCode, VerifiedMember, now_wall, open_announcement
@@ -119,6 +119,8 @@ class PeerEndpoint(LinkOwner):
         self._last_refresh = 0.0
         self._next_ping = 0.0
         self._next_rdv_ping = 0.0
+        self._reg_key: bytes | None = None  # from our first join; re-joins prove it instead of the token
+        self._rejoin_task: asyncio.Task[None] | None = None
         self.local_addr: Addr = ("0.0.0.0", 0)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -144,6 +146,8 @@ class PeerEndpoint(LinkOwner):
         self._closing = True
         self._wake.set()
         self._ticker_task.cancel()
+        if self._rejoin_task is not None:
+            self._rejoin_task.cancel()
         assert self._tg is not None
         try:
             await self._tg.__aexit__(None, None, None)
@@ -403,8 +407,7 @@ class PeerEndpoint(LinkOwner):
             if now >= self._next_rdv_ping and self.code is not None and self.rendezvous is not None:
                 self._next_rdv_ping = now + self.rendezvous_ping_s
                 # a re-join, not a bare ping: if our NAT rebinds, the rendezvous learns the new address
-                self._send_control({"op": "join", "session": self.code.session_id, "member": self.member_id.hex(),
-                                    "token": self.code.join_token.hex()})
+                self._start_rejoin()
             self._wake.clear()
             if self._closing:
                 return
@@ -464,8 +467,7 @@ class PeerEndpoint(LinkOwner):
         finally:
             del self._control_waiters[rid]
         if reply.get("ok") is not True:
-            err = reply.get("error")
-            raise SessionError(f"rendezvous refused {body.get('op')!r}: {err if isinstance(err, str) else 'no reason'}")
+            raise registration.refusal(body.get("op"), reply)  # a SessionError subclass chosen by its code
         return reply
 
     # ---- public API: probing and sessions ------------------------------------------------------
@@ -489,14 +491,30 @@ class PeerEndpoint(LinkOwner):
         return code
 
     async def join_session(self, rendezvous: Addr, code: JoinCode | str) -> None:
-        """Join with a code; SessionError 'wrong join code' when the secret does not match."""
+        """Join with a code; WrongJoinCode / UnknownSession (SessionErrors) when the rendezvous refuses it."""
         self.rendezvous = rendezvous
         code = JoinCode.parse(code) if isinstance(code, str) else code
-        await self._request(
-            {"op": "join", "session": code.session_id, "member": self.member_id.hex(), "token": code.join_token.hex()}
-        )
+        reply = await self._request(registration.join_body(code.session_id, self.member_id, code.join_token))
+        self._reg_key = registration.reg_key_of(reply)  # the token goes out in clear this once only
         self.code = code
         self._next_rdv_ping = self._now() + self.rendezvous_ping_s
+
+    def _start_rejoin(self) -> None:
+        """Re-join in the background, one at a time (two would spend each other's nonces)."""
+        if self._tg is None or self.code is None or self._reg_key is None:
+            return
+        if self._rejoin_task is None or self._rejoin_task.done():
+            self._rejoin_task = self._tg.create_task(self._rejoin(self.code, self._reg_key))
+
+    async def _rejoin(self, code: JoinCode, reg_key: bytes) -> None:
+        try:
+            try:
+                await registration.rejoin(self._request, code.session_id, self.member_id, reg_key)
+            except NotMember:  # forgotten (silent past the rendezvous's timeout): register afresh
+                reply = await self._request(registration.join_body(code.session_id, self.member_id, code.join_token))
+                self._reg_key = registration.reg_key_of(reply)
+        except KafilaError as exc:
+            log.info("re-join with the rendezvous failed: %s", exc)
 
     def _local_candidate(self) -> Addr | None:
         ip = self.local_addr[0]

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from kafila.errors import NetworkError, SessionError
+from kafila.errors import NetworkError, RendezvousBusy, SessionError, UnknownSession, WrongJoinCode
 from kafila.net import trust, wire
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Identity
@@ -71,9 +71,9 @@ async def test_wrong_join_code_is_refused(rendezvous_proc) -> None:
     async with PeerEndpoint(bind=("127.0.0.1", 0)) as a, PeerEndpoint(bind=("127.0.0.1", 0)) as b:
         code = await a.create_session(rdv)
         wrong = trust.JoinCode(code.session_id, trust.JoinCode.new_secret())
-        with pytest.raises(SessionError, match="wrong join code"):
+        with pytest.raises(WrongJoinCode):
             await b.join_session(rdv, str(wrong))
-        with pytest.raises(SessionError, match="no session"):
+        with pytest.raises(UnknownSession):
             await b.join_session(rdv, str(trust.JoinCode("zzzzzzzz", code.secret)))
         with pytest.raises(SessionError, match="malformed"):
             await b.join_session(rdv, "not-a-code")
@@ -247,7 +247,7 @@ async def test_limits_bound_the_member_count() -> None:
         async with eps[0] as a, eps[1] as b, eps[2] as c:
             code = await a.create_session(rdv)
             await b.join_session(rdv, code)
-            with pytest.raises(SessionError, match="full"):
+            with pytest.raises(RendezvousBusy):
                 await c.join_session(rdv, code)
 
 
