@@ -254,3 +254,20 @@ async def test_a_request_that_was_with_a_lost_head_is_not_sent_again(api: tuple[
                                           "Content-Type: application/json", CHAT)
     assert status == 502 and "not sent again" in answer["error"]["message"]
     assert len(ring.bodies) == 1
+
+
+async def test_kafilas_own_client_reads_the_token_file(api: tuple[ApiServer, ScriptedRing],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # what `kafila chat`, the TUI and `kafila demo` use: no token passed, the file of the URL's port is read
+    from kafila.session.api_client import ApiClient, ApiError
+
+    monkeypatch.delenv("KAFILA_API_TOKEN", raising=False)
+    server, _ = api
+    async with ApiClient(server.url) as client:
+        assert await client.models() == ["SmolLM2-135M-Instruct-Q4_1"]
+        assert "".join([p async for p in client.stream_chat([{"role": "user", "content": "hi"}])
+                        if isinstance(p, str)]) == "Hello, world"
+        assert (await client.state()).code is None
+    async with ApiClient(server.url, token="wrong") as client:
+        with pytest.raises(ApiError, match=r"HTTP 401.*bearer token"):
+            await client.models()
