@@ -45,7 +45,7 @@ class Job:
     """One chat request and the queue its events go to."""
 
     id: str
-    body: dict[str, Any]
+    body: Any  # as the client sent it: _make_request validates it
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     request: Request | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -121,7 +121,7 @@ class Head:
         self._tg: asyncio.TaskGroup | None = None
 
     # -- requests -------------------------------------------------------------------------------
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
         """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
 
         An error a lost member caused carries "resumable": the API server then sends the request
@@ -350,7 +350,7 @@ class Head:
     async def _guarded(self, body: Any) -> AsyncIterator[dict[str, Any]]:
         """`chat`'s events; a failure on one request ends that request with an error, never the head."""
         try:
-            async for evt in self.chat(body if isinstance(body, dict) else {"messages": None}):
+            async for evt in self.chat(body):
                 yield evt
         except Exception as exc:
             log.exception("the head failed on one request")

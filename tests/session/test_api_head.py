@@ -92,7 +92,7 @@ BAD = [
     ({"messages": HI, "max_tokens": -3}, "max_tokens"), ({"messages": HI, "seed": "s"}, "seed"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"), ({"messages": None}, "messages"),
     ({"messages": HI, "resume": [10**9]}, "resume"), ({"messages": HI, "resume": "x"}, "resume"),
-    ("not an object", "messages"), ([1, 2], "messages"),
+    ("not an object", None), ([1, 2], None),
 ]
 
 
