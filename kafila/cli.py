@@ -103,13 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    # SIGTERM unwinds like Ctrl-C, so sessions say goodbye and child processes are stopped.
-    signal.signal(signal.SIGTERM, _terminate)
-    follow_parent()
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
     try:
+        # SIGTERM unwinds like Ctrl-C, so sessions say goodbye and child processes are stopped. The
+        # handler is installed inside the try: a SIGTERM at once (a demo stopping a member it just
+        # started, a parent already gone) is an interrupt like any other, not a traceback.
+        signal.signal(signal.SIGTERM, _terminate)
+        follow_parent()
         return int(args._run(args) or 0)
     except KafilaError as exc:
         print(f"kafila: error: {exc}", file=sys.stderr)

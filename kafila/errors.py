@@ -27,3 +27,63 @@ class NetworkError(KafilaError):
 
 class SessionError(KafilaError):
     """A session could not be joined, admitted, or kept alive."""
+
+
+class RendezvousError(SessionError):
+    """The rendezvous refused a request; `code` is the machine-readable reason from its reply."""
+
+    code = "refused"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class WrongJoinCode(RendezvousError):
+    """The join code's secret does not match the session (code "wrong_code")."""
+
+    code = "wrong_code"
+
+
+class UnknownSession(RendezvousError):
+    """The rendezvous has no such session: expired, or a mistyped code (code "unknown_session")."""
+
+    code = "unknown_session"
+
+
+class NotMember(RendezvousError):
+    """The member is not registered in the session, or not from this address (code "not_member")."""
+
+    code = "not_member"
+
+
+class MemberExists(RendezvousError):
+    """A first join for a member id the session already has (code "member_exists")."""
+
+    code = "member_exists"
+
+
+class RendezvousBusy(RendezvousError):
+    """Rate-limited, or no room for another session or member (codes "rate_limited", "full")."""
+
+    code = "rate_limited"
+
+
+class RejoinRefused(RendezvousError):
+    """A re-join whose nonce was stale, reused or unknown, or whose MAC was wrong ("stale_nonce", "bad_mac")."""
+
+    code = "stale_nonce"
+
+
+RENDEZVOUS_CODES: dict[str, type[RendezvousError]] = {
+    "wrong_code": WrongJoinCode,
+    "unknown_session": UnknownSession,
+    "not_member": NotMember,
+    "member_exists": MemberExists,
+    "rate_limited": RendezvousBusy,
+    "full": RendezvousBusy,
+    "stale_nonce": RejoinRefused,
+    "bad_mac": RejoinRefused,
+    "bad_request": RendezvousError,
+}

@@ -10,26 +10,35 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
   the socket it arrived on). Ops, with the fields each carries:
 
     create    {"op":"create", "token_hash": hex32}                  -> {"session": id}
-    join      {"op":"join", "session", "member": hex8, "token": hex16}  -> {"members": n}
-              registers the source address as the member's relay address
+    join      {"op":"join", "session", "member": hex8, "token": hex16}  -> {"members": n, "reg": hex32}
+              a first join only (a registered member id is refused, "member_exists"); registers
+              the source address as the member's relay address and issues its registration key
+    challenge {"op":"challenge", "session", "member"}                -> {"nonce": hex16}
+    rejoin    {"op":"rejoin", "session", "member", "nonce": hex16, "mac": hex32}  -> {"members": n}
+              moves the member's relay address to the source; MAC'd with the registration key
+              over the latest nonce (30 s, single use), see kafila.net.registration
     announce  {"op":"announce", "session", "member", "ann": base64}  -> {}
               stores the member's sealed announcement; opaque here (MAC'd with a key this
               server never has, see kafila.net.trust)
     list      {"op":"list", "session", "member", "start": int}       -> {"total": n, "members":
               [{"id": hex8, "ann": base64, "obs": [ip, port]}, ...]}  paged to fit a datagram
     ping      {"op":"ping", "session", "member"}                     -> {"obs": [ip, port]}
-              keeps the member (and its NAT mapping) alive
     leave     {"op":"leave", "session", "member"}                    -> {}
 
-  Failures answer {"ok": false, "error": "<for a person>"}. Retries are safe: a repeated
+  Success answers {"ok": true, ...}. Failures answer {"ok": false, "code": "<code>", "error":
+  "<for a person>"} with a code from kafila.errors.RENDEZVOUS_CODES. A failure never echoes any
+  of the request and is never larger than it: the text is dropped, then the whole answer, when
+  it would be (so refusals cannot amplify a spoofed-source flood). Retries are safe: a repeated
   request id from the same source gets the cached answer.
 * RELAY frames (0x20 to_id | payload): forwarded as RELAYED (0x21 from_id | payload) to the
   destination's relay address when sender (known by its source address) and destination are in
   the same session. The payload is never parsed: it is QUIC ciphertext or a MAC'd punch frame.
 
-Everything is bounded (Limits): sessions, members per session, datagram sizes, join/create rate
-per source address and per IP, relayed datagrams per member, the retry cache; silent members and
-idle sessions expire. Nothing is queued: every answer or relayed datagram is sent at once.
+Everything is bounded (rendezvous.limits.Limits): sessions in all and per source IP (/64 for
+IPv6), members per session, datagram sizes, every request and probe per source address and per
+IP, creates and joins tighter still, relayed datagrams per member, the retry cache; silent
+members, sessions only their creator joined, and idle sessions expire. Nothing is queued.
+Records are in rendezvous.state; every bound and the buckets that apply it in rendezvous.limits.
 """
 
 from __future__ import annotations
@@ -37,86 +46,32 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from kafila.errors import ProtocolError
-from kafila.net import stun, wire
+from kafila.errors import (
+    MemberExists,
+    NotMember,
+    ProtocolError,
+    RejoinRefused,
+    RendezvousBusy,
+    RendezvousError,
+    UnknownSession,
+    WrongJoinCode,
+)
+from kafila.net import registration, stun, wire
+from kafila.net.registration import MESSAGES
 from kafila.net.trust import SESSION_ID_LEN, random_b32
+from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, ip_key
+from rendezvous.state import Member, Session, Stats
+
+__all__ = ["Addr", "Limits", "Member", "Out", "RendezvousCore", "Session", "Stats"]
 
 log = logging.getLogger("kafila.rendezvous")
 
-Addr = tuple[str, int]
 Out = tuple[bytes, Addr, Addr]  # (datagram, local socket to send from, destination)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Every bound the rendezvous enforces."""
-
-    max_sessions: int = 1000
-    max_members: int = 16
-    member_timeout_s: float = 30.0  # silent this long -> removed (members ping every few seconds)
-    empty_session_ttl_s: float = 300.0
-    session_max_age_s: float = 24 * 3600.0
-    max_datagram: int = wire.MAX_DATAGRAM
-    per_source_burst: float = 10.0  # creates/joins from one ip:port
-    per_source_rate: float = 2.0  # per second
-    per_ip_burst: float = 600.0  # creates/joins from one IP (a campus NAT hides many members)
-    per_ip_rate: float = 100.0
-    relay_burst: float = 20000.0  # relayed datagrams per member (about 24 MB at 1.2 kB)
-    relay_rate: float = 20000.0  # per second: ~190 Mbit/s per member, more than this process can forward
-    max_buckets: int = 20000
-    max_cached_replies: int = 8192
-    list_page_bytes: int = 1200
-
-
-@dataclass
-class Member:
-    """One member's registration."""
-
-    member_id: bytes
-    addr: Addr  # where relayed packets and answers go
-    local: Addr  # our socket it registered through
-    last_seen: float
-    announcement: str | None = None
-
-
-@dataclass
-class Session:
-    """One session: token hash from the host, members by id."""
-
-    session_id: str
-    token_hash: bytes
-    created: float
-    last_active: float
-    members: dict[bytes, Member] = field(default_factory=dict)
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    stamp: float
-
-
-@dataclass
-class Stats:
-    """Counters for logs and tests."""
-
-    probes: int = 0
-    requests: int = 0
-    relayed: int = 0
-    relayed_bytes: int = 0
-    dropped: int = 0
-    malformed: int = 0
-    rate_limited: int = 0
-
-
-class RequestError(Exception):
-    """A control request that is well formed but refused; the message goes back to the member."""
+REPLY_CACHE_S = 30.0
 
 
 class RendezvousCore:
@@ -130,8 +85,10 @@ class RendezvousCore:
         self.sessions: dict[str, Session] = {}
         self.by_addr: dict[Addr, tuple[str, bytes]] = {}
         self.stats = Stats()
-        self._buckets: OrderedDict[object, _Bucket] = OrderedDict()
-        self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes]] = OrderedDict()
+        self.limiter = RateLimiter(self.limits)
+        self._per_ip: Counter[str] = Counter()  # live sessions per creator ip_key
+        # (src, request id) -> (when, digest of the request, reply): a retry is the same bytes
+        self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes, bytes]] = OrderedDict()
         self._last_expiry = float("-inf")
         ips = sorted({ip for ip, _ in self.sockets})
         ports = sorted({port for _, port in self.sockets})
@@ -139,6 +96,8 @@ class RendezvousCore:
         self._handlers: dict[str, Callable[[dict[str, Any], Addr, Addr, float], dict[str, Any]]] = {
             "create": self._op_create,
             "join": self._op_join,
+            "challenge": self._op_challenge,
+            "rejoin": self._op_rejoin,
             "announce": self._op_announce,
             "list": self._op_list,
             "ping": self._op_ping,
@@ -156,11 +115,11 @@ class RendezvousCore:
         try:
             kind = wire.kind_of(data)
             if kind == "stun":
-                return self._probe(data, src, local)
+                return self._probe(data, src, local, now)
             if kind == "kafila":
                 frame = wire.decode(data)
                 if isinstance(frame, wire.Control) and frame.kind == wire.REQUEST:
-                    return self._control(frame, src, local, now)
+                    return self._control(frame, data, src, local, now)
                 if isinstance(frame, wire.Relay) and frame.kind == wire.RELAY:
                     return self._relay(frame, src, now)
             self.stats.dropped += 1  # QUIC or a frame type meant for members: not ours
@@ -176,9 +135,12 @@ class RendezvousCore:
         others = [v for v in values if v != current]
         return others[0] if others else None
 
-    def _probe(self, data: bytes, src: Addr, local: Addr) -> list[Out]:
+    def _probe(self, data: bytes, src: Addr, local: Addr, now: float) -> list[Out]:
         msg = stun.decode(data)
         if msg.msg_type != stun.BINDING_REQUEST:
+            return []
+        if not self.limiter.allow(src, now):
+            self.stats.rate_limited += 1
             return []
         self.stats.probes += 1
         ip, port = local
@@ -197,101 +159,126 @@ class RendezvousCore:
 
     # ---- control ---------------------------------------------------------------------------
 
-    def _control(self, frame: wire.Control, src: Addr, local: Addr, now: float) -> list[Out]:
+    def _control(self, frame: wire.Control, data: bytes, src: Addr, local: Addr, now: float) -> list[Out]:
         self.stats.requests += 1
-        key = (src, frame.request_id)
+        rid, size = frame.request_id, len(data)
+        if not self.limiter.allow(src, now):  # every op, retries included; never cached
+            self.stats.rate_limited += 1
+            refused = bounded_refusal(rid, "rate_limited", MESSAGES["rate_limited"], size)
+            return [] if refused is None else [(refused, local, src)]
+        key, digest = (src, rid), hashlib.sha256(data).digest()
         cached = self._replies.get(key)
-        if cached is not None and now - cached[0] < 30.0:
-            return [(cached[1], local, src)]
+        if cached is not None and now - cached[0] < REPLY_CACHE_S and cached[1] == digest:
+            # only for the very same request: a small one reusing the id must not fetch a large reply
+            return [(cached[2], local, src)]
         op = frame.body.get("op")
         handler = self._handlers.get(op) if isinstance(op, str) else None
+        reply: bytes | None
         try:
             if handler is None:
-                raise ProtocolError(f"unknown op {op!r}")
-            body = {"ok": True, **handler(frame.body, src, local, now)}
-        except (ProtocolError, RequestError) as exc:
-            body = {"ok": False, "error": str(exc)}
-        reply = wire.encode_control(wire.RESPONSE, frame.request_id, body)
-        self._replies[key] = (now, reply)
+                raise ProtocolError("unknown op")  # never the op itself: no echo
+            reply = wire.encode_control(wire.RESPONSE, rid, {"ok": True, **handler(frame.body, src, local, now)})
+        except ProtocolError as exc:
+            reply = bounded_refusal(rid, "bad_request", str(exc), size)
+        except RendezvousError as exc:
+            reply = bounded_refusal(rid, exc.code, str(exc), size)
+        if reply is None:
+            return []
+        self._replies[key] = (now, digest, reply)
+        self._replies.move_to_end(key)
         while len(self._replies) > self.limits.max_cached_replies:
             self._replies.popitem(last=False)
         return [(reply, local, src)]
 
-    def _rate_ok(self, key: object, burst: float, rate: float, now: float) -> bool:
-        b = self._buckets.get(key)
-        if b is None:
-            b = _Bucket(burst, now)
-            self._buckets[key] = b
-            while len(self._buckets) > self.limits.max_buckets:
-                self._buckets.popitem(last=False)
-        b.tokens = min(burst, b.tokens + (now - b.stamp) * rate)
-        b.stamp = now
-        if b.tokens < 1.0:
-            return False
-        b.tokens -= 1.0
-        return True
-
-    def _admit(self, src: Addr, now: float) -> None:
-        lim = self.limits
-        if not (
-            self._rate_ok(("ip", src[0]), lim.per_ip_burst, lim.per_ip_rate, now)
-            and self._rate_ok(("src", src), lim.per_source_burst, lim.per_source_rate, now)
-        ):
+    def _admit_join(self, src: Addr, now: float) -> None:
+        if not self.limiter.allow_join(src, now):
             self.stats.rate_limited += 1
-            raise RequestError("too many requests from this address; wait a moment and retry")
+            raise RendezvousBusy(MESSAGES["rate_limited"])
 
     def _session(self, body: dict[str, Any]) -> Session:
         sid = wire.get_str(body, "session", SESSION_ID_LEN)
         s = self.sessions.get(sid)
         if s is None:
-            raise RequestError(f"no session {sid!r} here (expired, or the join code is mistyped)")
+            raise UnknownSession(MESSAGES["unknown_session"])
         return s
 
-    def _member(self, body: dict[str, Any], src: Addr) -> tuple[Session, Member]:
+    def _registered(self, body: dict[str, Any]) -> tuple[Session, Member]:
         s = self._session(body)
-        mid = wire.get_hex(body, "member", wire.ID_LEN)
-        m = s.members.get(mid)
+        m = s.members.get(wire.get_hex(body, "member", wire.ID_LEN))
         if m is None:
-            raise RequestError("not a member of this session (expired? join again)")
+            raise NotMember(MESSAGES["not_member"])
+        return s, m
+
+    def _member(self, body: dict[str, Any], src: Addr) -> tuple[Session, Member]:
+        s, m = self._registered(body)
         if m.addr != src:
-            raise RequestError("member registered from another address; join again")
+            raise NotMember("member registered from another address; re-join")
         return s, m
 
     def _op_create(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         token_hash = wire.get_hex(body, "token_hash", 32)
-        self._admit(src, now)
+        self._admit_join(src, now)
+        owner = ip_key(src[0])
+        if self._per_ip[owner] >= self.limits.max_sessions_per_ip:
+            raise RendezvousBusy("too many sessions from this address; end one or try later", "full")
         if len(self.sessions) >= self.limits.max_sessions:
-            raise RequestError("the rendezvous is full (too many sessions); try later")
+            raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
         sid = random_b32(SESSION_ID_LEN)
         while sid in self.sessions:
             sid = random_b32(SESSION_ID_LEN)
-        self.sessions[sid] = Session(sid, token_hash, now, now)
+        self.sessions[sid] = Session(sid, token_hash, now, now, owner)
+        self._per_ip[owner] += 1
         log.info("session %s created from %s:%d", sid, *src)
         return {"session": sid}
 
     def _op_join(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
+        self._admit_join(src, now)  # first: guessing session ids or codes costs join tokens
         s = self._session(body)
         mid = wire.get_hex(body, "member", wire.ID_LEN)
-        token = wire.get_hex(body, "token", 16)
-        self._admit(src, now)
+        token = wire.get_hex(body, "token", registration.TOKEN_LEN)
         if not hmac.compare_digest(hashlib.sha256(token).digest(), s.token_hash):
-            raise RequestError("wrong join code for this session")
-        m = s.members.get(mid)
-        if m is None:
-            if len(s.members) >= self.limits.max_members:
-                raise RequestError(f"session is full ({self.limits.max_members} members)")
-            other = self.by_addr.get(src)
-            if other is not None and other != (s.session_id, mid):
-                self._remove(other[0], other[1])  # one address, one membership: the newest wins
-            m = Member(mid, src, local, now)
-            s.members[mid] = m
-            log.info("session %s: member %s joined from %s:%d", s.session_id, mid.hex()[:8], *src)
-        else:
-            self.by_addr.pop(m.addr, None)
-            m.addr, m.local, m.last_seen = src, local, now
-        self.by_addr[src] = (s.session_id, mid)
-        s.last_active = now
+            raise WrongJoinCode(MESSAGES["wrong_code"])
+        if mid in s.members:  # whoever saw the token must not take over a registered member id
+            raise MemberExists(MESSAGES["member_exists"])
+        if len(s.members) >= self.limits.max_members:
+            raise RendezvousBusy(f"session is full ({self.limits.max_members} members)", "full")
+        m = Member(mid, src, local, now, reg_key=registration.new_reg_key())
+        s.members[mid] = m
+        s.joined += 1
+        self._place(s, m, src, local, now)
+        log.info("session %s: member %s joined from %s:%d", s.session_id, mid.hex()[:8], *src)
+        return {"members": len(s.members), "reg": m.reg_key.hex()}
+
+    def _op_challenge(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
+        _s, m = self._registered(body)  # from any address: the member's NAT may have rebound
+        nonce = registration.new_nonce()
+        m.nonce = (now, nonce)
+        return {"nonce": nonce.hex()}
+
+    def _op_rejoin(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
+        s, m = self._registered(body)
+        nonce = wire.get_hex(body, "nonce", registration.NONCE_LEN)
+        mac = wire.get_hex(body, "mac", registration.MAC_LEN)
+        issued = m.nonce
+        if issued is None or now - issued[0] > registration.NONCE_TTL_S or not hmac.compare_digest(issued[1], nonce):
+            raise RejoinRefused(MESSAGES["stale_nonce"])
+        m.nonce = None  # single use, spent even by a wrong MAC: one guess per challenge
+        if not registration.mac_ok(m.reg_key, s.session_id, m.member_id, nonce, mac):
+            raise RejoinRefused(MESSAGES["bad_mac"], "bad_mac")
+        self._place(s, m, src, local, now)
+        self.stats.rejoins += 1
         return {"members": len(s.members)}
+
+    def _place(self, s: Session, m: Member, src: Addr, local: Addr, now: float) -> None:
+        """Make src the member's relay address: one address, one membership, the newest wins."""
+        other = self.by_addr.get(src)
+        if other is not None and other != (s.session_id, m.member_id):
+            self._remove(other[0], other[1])
+        if self.by_addr.get(m.addr) == (s.session_id, m.member_id):
+            del self.by_addr[m.addr]
+        m.addr, m.local, m.last_seen = src, local, now
+        self.by_addr[src] = (s.session_id, m.member_id)
+        s.last_active = now
 
     def _op_announce(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
@@ -339,7 +326,7 @@ class RendezvousCore:
             self.stats.dropped += 1
             return []
         sender.last_seen = now  # relayed traffic also counts as the member being alive
-        if not self._rate_ok(("relay", sender.member_id), self.limits.relay_burst, self.limits.relay_rate, now):
+        if not self.limiter.allow_relay(sender.member_id, now):
             self.stats.rate_limited += 1
             return []  # QUIC sees a loss and slows down
         self.stats.relayed += 1
@@ -356,8 +343,18 @@ class RendezvousCore:
         if m is not None and self.by_addr.get(m.addr) == (sid, mid):
             del self.by_addr[m.addr]
 
+    def _drop_session(self, sid: str) -> None:
+        s = self.sessions.pop(sid)
+        for mid in list(s.members):
+            m = s.members.pop(mid)
+            if self.by_addr.get(m.addr) == (sid, mid):
+                del self.by_addr[m.addr]
+        self._per_ip[s.owner] -= 1
+        if self._per_ip[s.owner] <= 0:
+            del self._per_ip[s.owner]
+
     def expire(self, now: float) -> None:
-        """Drop silent members and idle or too-old sessions (at most once a second)."""
+        """Drop silent members and idle, unjoined or too-old sessions (at most once a second)."""
         if now - self._last_expiry < 1.0:
             return
         self._last_expiry = now
@@ -367,19 +364,15 @@ class RendezvousCore:
                 if now - m.last_seen > lim.member_timeout_s:
                     log.info("session %s: member %s went silent, removed", sid, mid.hex()[:8])
                     self._remove(sid, mid)
-            too_old = now - s.created > lim.session_max_age_s
+            age = now - s.created
+            too_old = age > lim.session_max_age_s
+            unjoined = s.joined <= 1 and age > lim.unjoined_session_ttl_s
             idle = not s.members and now - s.last_active > lim.empty_session_ttl_s
-            if too_old or idle:
-                for mid in list(s.members):
-                    self._remove(sid, mid)
-                del self.sessions[sid]
-                log.info("session %s expired", sid)
-        for key, (t, _) in list(self._replies.items()):
-            if now - t < 30.0:
+            if too_old or unjoined or idle:
+                self._drop_session(sid)
+                log.info("session %s expired (%s)", sid, "too old" if too_old else "unjoined" if unjoined else "idle")
+        for key, (t, _, _) in list(self._replies.items()):
+            if now - t < REPLY_CACHE_S:
                 break
             del self._replies[key]
 
-
-def new_request_id() -> int:
-    """A random 32-bit request id."""
-    return secrets.randbits(32)

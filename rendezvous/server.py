@@ -93,9 +93,9 @@ class RendezvousServer:
                     self.core.expire(self.clock())
                     st = self.core.stats
                     log.info(
-                        "sessions=%d probes=%d requests=%d relayed=%d (%d bytes) dropped=%d malformed=%d limited=%d",
-                        len(self.core.sessions), st.probes, st.requests, st.relayed, st.relayed_bytes,
-                        st.dropped, st.malformed, st.rate_limited,
+                        "sessions=%d probes=%d requests=%d rejoins=%d relayed=%d (%d bytes) dropped=%d malformed=%d "
+                        "limited=%d", len(self.core.sessions), st.probes, st.requests, st.rejoins, st.relayed,
+                        st.relayed_bytes, st.dropped, st.malformed, st.rate_limited,
                     )
         finally:
             self.close()

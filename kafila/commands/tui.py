@@ -21,7 +21,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                       help="a whole session on this machine: a rendezvous, three members and the host (default)")
     what.add_argument("--host", nargs="?", const="", default=None, metavar="MODEL",
                       help="open a session serving MODEL (a GGUF file; default: the embedded SmolLM2)")
-    what.add_argument("--join", metavar="CODE", help="join the session with this join code")
+    what.add_argument("--join", nargs="?", const="", default=None, metavar="CODE",
+                      help="join the session with this join code ('-': read it from standard input; without "
+                      "it: KAFILA_JOIN_CODE or a prompt)")
     what.add_argument("--replay", metavar="STATE.json", help="render a recorded session state (no session runs)")
     what.add_argument("--attach", metavar="URL", help="follow a running session through its API (e.g. "
                       "http://127.0.0.1:8711)")
@@ -66,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.attach:
         app = KafilaApp(SessionState(phase="connecting"), attach=args.attach, mode="attached", settings=settings)
     else:
+        from kafila.commands.join import read_join_code
         from kafila.tui.flows import flow_for
 
+        if args.join is not None:  # read and checked before the screen opens (a prompt needs the terminal)
+            args.join = str(read_join_code(args.join or None))
         if not (args.host is not None or args.join):
             args.demo = True
         flow, mode = flow_for(args)  # errors here (no runner, bad address) print before the screen opens

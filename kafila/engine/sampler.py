@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,12 +18,20 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # Checked by type as well as range: these come from request bodies, and NaN passes every
+        # comparison (a NaN temperature once made NaN probabilities and took a head down).
+        if not _real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not _real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 class Sampler:
@@ -37,12 +46,15 @@ class Sampler:
         p = self.params
         if p.temperature == 0.0:
             return int(np.argmax(logits))  # first maximum, as llama.cpp's greedy sampler
-        z = logits.astype(np.float64) / p.temperature
+        z = logits.astype(np.float64)
         order = np.argsort(-z, kind="stable")
         if p.top_k:
             order = order[: p.top_k]
-        z = z[order]
-        probs = np.exp(z - z[0])
+        # Shift before dividing: (z - max) / T is <= 0 and the top is exactly 0, so a tiny temperature
+        # gives -inf for the rest and exp() stays finite (z / T first overflowed to inf - inf = NaN).
+        with np.errstate(over="ignore"):
+            z = (z[order] - z[order[0]]) / p.temperature
+        probs = np.exp(z)
         probs /= probs.sum()
         if p.top_p < 1.0:
             # keep the smallest prefix whose mass reaches top_p (at least one token)

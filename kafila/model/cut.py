@@ -64,7 +64,7 @@ def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, arch: str, spec: Stage
             value, vtype = overrides.pop(name)
             writer.add_key_value(name, value, vtype)
             continue
-        writer.add_key_value(name, field.value, field.type, sub_type=field.sub_type)
+        writer.add_key_value(name, field.plain(), field.type, sub_type=field.sub_type)
     for name, (value, vtype) in overrides.items():
         writer.add_key_value(name, value, vtype)
     if not spec.head:

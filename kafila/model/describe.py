@@ -57,29 +57,20 @@ class ModelInfo:
         }
 
 
-def _per_layer(value: object, n: int, key: str) -> list[int]:
-    """GGUF stores some hyper-parameters either once or once per layer."""
-    if isinstance(value, list):
-        if len(value) != n:
-            raise ModelError(f"GGUF metadata key '{key}' has {len(value)} entries for {n} blocks")
-        return [int(v) for v in value]
-    return [int(value)] * n  # type: ignore[call-overload]
-
-
 def describe_file(gf: GGUFFile) -> ModelInfo:
     """ModelInfo from a parsed GGUF (see describe_model)."""
     path = gf.path
     arch = str(gf.require("general.architecture"))
     require_supported(arch)
-    n_blocks = int(gf.require(f"{arch}.block_count"))
-    n_embd = int(gf.require(f"{arch}.embedding_length"))
-    n_head = int(gf.require(f"{arch}.attention.head_count"))
-    n_head_kv = _per_layer(
-        gf.get(f"{arch}.attention.head_count_kv", n_head), n_blocks, "head_count_kv"
-    )
+    n_blocks = gf.get_int(f"{arch}.block_count", low=1)
+    if n_blocks > len(gf.tensors):  # each block has tensors: a count past them is damage, not a model
+        raise ModelError(f"{path.name} declares {n_blocks} blocks but holds only {len(gf.tensors)} tensors")
+    n_embd = gf.get_int(f"{arch}.embedding_length", low=1)
+    n_head = gf.get_int(f"{arch}.attention.head_count", low=1)
+    n_head_kv = gf.get_per_layer(f"{arch}.attention.head_count_kv", n_blocks, n_head)
     head_dim = n_embd // n_head
-    key_len = int(gf.get(f"{arch}.attention.key_length", head_dim))
-    value_len = int(gf.get(f"{arch}.attention.value_length", head_dim))
+    key_len = gf.get_int(f"{arch}.attention.key_length", head_dim)
+    value_len = gf.get_int(f"{arch}.attention.value_length", head_dim)
 
     tensors = gf.tensors
     blocks = [0] * n_blocks
@@ -98,7 +89,7 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
             raise ModelError(f"tensor {required} is missing")
 
     embd = tensors["token_embd.weight"]
-    vocab = int(gf.get(f"{arch}.vocab_size", embd.ne[-1]))
+    vocab = gf.get_int(f"{arch}.vocab_size", embd.ne[-1])
     output = tensors.get("output.weight")
     tied = output is None
     unembed = int((embd if tied else output).n_bytes)  # type: ignore[union-attr]
@@ -116,7 +107,7 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
         n_blocks=n_blocks,
         n_embd=n_embd,
         n_head=n_head,
-        context_length=int(gf.get(f"{arch}.context_length", 0)),
+        context_length=gf.get_int(f"{arch}.context_length", 0),
         vocab_size=vocab,
         blocks_bytes=tuple(blocks),
         kv_bytes_per_token=tuple(h * (key_len + value_len) * KV_BYTES_PER_ELEMENT for h in n_head_kv),

@@ -71,6 +71,7 @@ class PeerEndpoint(LinkOwner):
         self._links: dict[PinnedQuicConnection, Link] = {}
         self._accepted: asyncio.Queue[Link] = asyncio.Queue(maxsize=64)
         self._path_events: dict[bytes, asyncio.Event] = {}
+        self._rejoin_task: asyncio.Task[None] | None = None
         self._closing = False
         self._in_transmit = False
         self._last_refresh = float("-inf")
@@ -123,6 +124,8 @@ class PeerEndpoint(LinkOwner):
         self._closing = True
         self._wake.set()
         self._ticker_task.cancel()
+        if self._rejoin_task is not None:
+            self._rejoin_task.cancel()
         assert self._tg is not None
         try:
             await self._tg.__aexit__(None, None, None)
@@ -194,7 +197,7 @@ class PeerEndpoint(LinkOwner):
                 if (waiter := self._path_events.get(e.member_id)) is not None:
                     waiter.set()
             elif isinstance(e, ev.RejoinDue):
-                self.rdv.rejoin()
+                self._start_rejoin()
         return n
 
     async def _ticker(self) -> None:
@@ -216,6 +219,13 @@ class PeerEndpoint(LinkOwner):
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    def _start_rejoin(self) -> None:
+        """Re-join in the background, one at a time (two would spend each other's nonces)."""
+        if self._tg is None or self._closing:
+            return
+        if self._rejoin_task is None or self._rejoin_task.done():
+            self._rejoin_task = self._tg.create_task(self.rdv.rejoin())
 
     # ---- LinkOwner --------------------------------------------------------------------------
 
@@ -262,7 +272,7 @@ class PeerEndpoint(LinkOwner):
         return code
 
     async def join_session(self, rendezvous: Addr, code: JoinCode | str) -> None:
-        """Join with a code; SessionError 'wrong join code' when the secret does not match."""
+        """Join with a code; WrongJoinCode / UnknownSession (SessionErrors) when the rendezvous refuses it."""
         self.rendezvous = rendezvous
         self._joined(rendezvous, await self.rdv.join(rendezvous, code))
 

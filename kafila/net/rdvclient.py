@@ -9,14 +9,16 @@ The session registration lives here too: `create`, `join`, the periodic `rejoin`
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Callable
 from typing import Any
 
-from kafila.errors import NetworkError, SessionError
-from kafila.net import stun, wire
+from kafila.errors import KafilaError, NetworkError, NotMember, SessionError
+from kafila.net import registration, stun, wire
 from kafila.net.trust import JoinCode
 
+log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
 
 
@@ -28,6 +30,7 @@ class RendezvousClient:
         self._send = send
         self.rendezvous: Addr | None = None
         self.code: JoinCode | None = None
+        self.reg_key: bytes | None = None  # from our first join; re-joins prove it instead of the token
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -99,8 +102,7 @@ class RendezvousClient:
     def _checked(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """The reply when it says ok; else the refusal as an error (one place maps replies to exceptions)."""
         if reply.get("ok") is not True:
-            err = reply.get("error")
-            raise SessionError(f"rendezvous refused {body.get('op')!r}: {err if isinstance(err, str) else 'no reason'}")
+            raise registration.refusal(body.get("op"), reply)  # a SessionError subclass chosen by its code
         return reply
 
     # ---- the session registration ---------------------------------------------------------
@@ -116,20 +118,31 @@ class RendezvousClient:
         return code
 
     async def join(self, rendezvous: Addr, code: JoinCode | str) -> JoinCode:
-        """Register in a session; SessionError 'wrong join code' when the secret does not match."""
+        """Register in a session; WrongJoinCode / UnknownSession (SessionErrors) when the rendezvous refuses it."""
         self.rendezvous = rendezvous
         code = JoinCode.parse(code) if isinstance(code, str) else code
-        await self.request(
-            {"op": "join", "session": code.session_id, "member": self.member_id.hex(), "token": code.join_token.hex()}
-        )
+        reply = await self.request(registration.join_body(code.session_id, self.member_id, code.join_token))
+        self.reg_key = registration.reg_key_of(reply)  # the token goes out in clear this once only
         self.code = code
         return code
 
-    def rejoin(self) -> None:
-        """The periodic re-join, not a bare ping: if our NAT rebinds, the rendezvous learns the new address."""
-        if self.code is not None:
-            self.send_control({"op": "join", "session": self.code.session_id, "member": self.member_id.hex(),
-                               "token": self.code.join_token.hex()})
+    async def rejoin(self) -> None:
+        """The periodic re-join, not a bare ping: if our NAT rebinds, the rendezvous learns the new address.
+
+        It proves the registration key over a server nonce (kafila.net.registration); a member the
+        rendezvous forgot registers afresh. Failures are logged: the next re-join tries again.
+        """
+        code, reg_key = self.code, self.reg_key
+        if code is None or reg_key is None:
+            return
+        try:
+            try:
+                await registration.rejoin(self.request, code.session_id, self.member_id, reg_key)
+            except NotMember:  # forgotten (silent past the rendezvous's timeout): register afresh
+                reply = await self.request(registration.join_body(code.session_id, self.member_id, code.join_token))
+                self.reg_key = registration.reg_key_of(reply)
+        except KafilaError as exc:
+            log.info("re-join with the rendezvous failed: %s", exc)
 
     async def announce(self, sealed: str) -> None:
         """Publish a sealed announcement (see kafila.net.trust)."""

@@ -7,12 +7,23 @@ From the secret, HKDF-SHA256 (salt "kafila-v1", info = purpose + session id) der
 * ``join_token`` (16 bytes, info without the session id): shown to the rendezvous at join time;
   the rendezvous stores only its SHA-256, so a wrong code fails early with a clear error.
   It reveals nothing about the other keys.
-* ``announce_key``: HMAC-SHA256 over each member's announcement (certificate fingerprint,
-  addresses, NAT class, measurements). A member that does not know the secret cannot make one;
-  the rendezvous cannot change one (e.g. swap a fingerprint) without the MAC failing.
+* ``announce_key``: ChaCha20-Poly1305 over each member's announcement (name, certificate
+  fingerprint, addresses, NAT class, measurements, the time it was made). A member that does not
+  know the secret cannot make one; the rendezvous can neither read one nor change one (e.g. swap a
+  fingerprint) without the tag failing.
 * ``punch_key``: MACs on punch frames, so only members can steer a peer's direct path.
 
 Every QUIC edge then pins the peer's certificate fingerprint taken from a verified announcement.
+
+A sealed announcement, as the rendezvous stores and lists it (base64, opaque to it)::
+
+    0x02 | nonce (12 random bytes) | ChaCha20-Poly1305(announce_key, nonce, body padded with
+    spaces to a multiple of 128 bytes, associated data "kafila-announce-v2|" + session id)
+
+The body is canonical JSON; ``t`` (when it was made, wall clock) lets a reader refuse one older
+than a session can live (MAX_ANNOUNCEMENT_AGE_S) or older than one already seen from the member.
+So the rendezvous learns a member's id, the address it talks from and when, and its
+announcement's size to within 128 bytes, and nothing else of it.
 """
 
 from __future__ import annotations
@@ -21,13 +32,16 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from kafila.errors import ProtocolError, SessionError
@@ -38,7 +52,12 @@ _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32: no i, l, o, 
 _CONFUSABLE = str.maketrans({"i": "1", "l": "1", "o": "0"})
 SESSION_ID_LEN = 8
 SECRET_LEN = 16  # 16 x 5 bits = 80 bits the rendezvous never sees
-MAX_ANNOUNCEMENT = 900  # bytes of JSON body; with the MAC and base64 it fits one control datagram
+MAX_ANNOUNCEMENT = 900  # bytes of JSON body; sealed and in base64 (1240 characters) it fits one control datagram
+ANNOUNCE_VERSION = 2
+ANNOUNCE_PAD = 128  # bodies are padded to a multiple of this: the rendezvous learns sizes only this coarsely
+_NONCE_LEN, _TAG_LEN = 12, 16
+# A session lives at most 24 h at the rendezvous; the extra hour forgives clocks that differ.
+MAX_ANNOUNCEMENT_AGE_S = 25 * 3600.0
 _CODE_RE = re.compile(rf"^[{_ALPHABET}]{{{SESSION_ID_LEN}}}[{_ALPHABET}]{{{SECRET_LEN}}}$")
 
 
@@ -98,8 +117,8 @@ class JoinCode:
 
     @property
     def announce_key(self) -> bytes:
-        """HMAC key for announcements."""
-        return _hkdf(self.secret, "announce", self.session_id, 32)
+        """ChaCha20-Poly1305 key for announcements."""
+        return _hkdf(self.secret, "announce-v2", self.session_id, 32)
 
     @property
     def punch_key(self) -> bytes:
@@ -129,9 +148,9 @@ class Announcement:
     issued_at: float
 
     def body(self) -> bytes:
-        """Canonical JSON bytes (what the MAC covers)."""
+        """Canonical JSON bytes (what is sealed)."""
         d = {
-            "v": 1,
+            "v": ANNOUNCE_VERSION,
             "session": self.session_id,
             "member": self.member_id.hex(),
             "name": self.name,
@@ -149,10 +168,16 @@ class Announcement:
         return raw
 
     def seal(self, code: JoinCode) -> str:
-        """Body + MAC, base64 (what travels through the rendezvous, opaque to it)."""
+        """The body, padded and encrypted under the join code, in base64: what travels through the rendezvous."""
         raw = self.body()
-        tag = hmac.new(code.announce_key, b"kafila-announce-v1" + raw, hashlib.sha256).digest()
-        return base64.b64encode(raw + tag).decode()
+        padded = raw.ljust(min(-(-len(raw) // ANNOUNCE_PAD) * ANNOUNCE_PAD, MAX_ANNOUNCEMENT))  # JSON allows spaces
+        nonce = secrets.token_bytes(_NONCE_LEN)
+        sealed = ChaCha20Poly1305(code.announce_key).encrypt(nonce, padded, _aad(code))
+        return base64.b64encode(bytes([ANNOUNCE_VERSION]) + nonce + sealed).decode()
+
+
+def _aad(code: JoinCode) -> bytes:
+    return b"kafila-announce-v2|" + code.session_id.encode()
 
 
 @dataclass(frozen=True)
@@ -168,6 +193,7 @@ class VerifiedMember:
     observed: tuple[str, int] | None  # what the rendezvous says it sees: a hint, not covered by the MAC
     rtt_ms: float | None
     measurements: dict[str, Any]
+    issued_at: float = 0.0  # when the member made its announcement (its wall clock)
 
     @property
     def short_id(self) -> str:
@@ -176,26 +202,49 @@ class VerifiedMember:
 
 
 def open_announcement(
-    sealed: str, code: JoinCode, claimed_member: bytes, observed: tuple[str, int] | None = None
+    sealed: str, code: JoinCode, claimed_member: bytes, observed: tuple[str, int] | None = None, *,
+    previous: VerifiedMember | None = None, now: float | None = None,
 ) -> VerifiedMember:
-    """Check an announcement's MAC and that it belongs to this session and member; SessionError if not."""
+    """Decrypt and check an announcement: this session's, this member's, fresh, and not older than `previous`
+    (the last one accepted from the member); SessionError if it is refused, ProtocolError if malformed."""
+    who = f"member {claimed_member.hex()[:8]}"
     try:
         blob = base64.b64decode(sealed.encode(), validate=True)
     except (ValueError, UnicodeEncodeError):
         raise ProtocolError("announcement is not base64") from None
-    if len(blob) < 33 or len(blob) > MAX_ANNOUNCEMENT + 32:
+    if not 1 + _NONCE_LEN + _TAG_LEN < len(blob) <= 1 + _NONCE_LEN + MAX_ANNOUNCEMENT + _TAG_LEN:
         raise ProtocolError("announcement has a bad length")
-    raw, tag = blob[:-32], blob[-32:]
-    good = hmac.new(code.announce_key, b"kafila-announce-v1" + raw, hashlib.sha256).digest()
-    if not hmac.compare_digest(tag, good):
+    if blob[0] != ANNOUNCE_VERSION:
+        raise ProtocolError(f"announcement is of version {blob[0]}, not {ANNOUNCE_VERSION} (a different Kafila)")
+    try:
+        raw = ChaCha20Poly1305(code.announce_key).decrypt(blob[1:1 + _NONCE_LEN], blob[1 + _NONCE_LEN:], _aad(code))
+    except InvalidTag:
         raise SessionError(
-            f"member {claimed_member.hex()[:8]} was refused: its announcement does not carry this join code's MAC "
+            f"{who} was refused: its announcement does not carry this join code's MAC "
             "(an outsider, or a rendezvous that altered it)"
-        )
+        ) from None
+    vm, session = _parse_body(raw, observed)
+    if session != code.session_id:
+        raise SessionError(f"{who} announced itself for another session")
+    if vm.member_id != claimed_member:
+        raise SessionError(f"the rendezvous listed {who} with the announcement of {vm.member_id.hex()[:8]}: refused")
+    age = (now_wall() if now is None else now) - vm.issued_at
+    if age > MAX_ANNOUNCEMENT_AGE_S:
+        raise SessionError(f"{who} was refused: its announcement is {age / 3600:.0f} h old, older than any live "
+                           "session (a replay, or a clock that is far off)")
+    if previous is not None and previous.member_id == vm.member_id and vm.issued_at < previous.issued_at:
+        raise SessionError(f"{who} was refused: its announcement is older than one already seen from it (a replay)")
+    return vm
+
+
+def _parse_body(raw: bytes, observed: tuple[str, int] | None) -> tuple[VerifiedMember, object]:
     try:
         d = json.loads(raw)
-        if d.get("v") != 1 or not isinstance(d, dict):
-            raise ValueError("version")
+        if not isinstance(d, dict) or d.get("v") != ANNOUNCE_VERSION:
+            raise ValueError("not a version 2 announcement object")
+        issued_at = float(d["t"])
+        if not math.isfinite(issued_at):
+            raise ValueError("its time is not a number")
         vm = VerifiedMember(
             member_id=bytes.fromhex(d["member"]),
             name=str(d["name"])[:64],
@@ -206,20 +255,14 @@ def open_announcement(
             observed=observed,
             rtt_ms=float(d["rtt_ms"]) if d["rtt_ms"] is not None else None,
             measurements=dict(d["m"]),
+            issued_at=issued_at,
         )
         session = d["session"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ProtocolError(f"announcement body is malformed: {exc}") from None
-    if session != code.session_id:
-        raise SessionError(f"member {claimed_member.hex()[:8]} announced itself for another session")
-    if vm.member_id != claimed_member:
-        raise SessionError(
-            f"the rendezvous listed member {claimed_member.hex()[:8]} with the announcement of "
-            f"{vm.member_id.hex()[:8]}: refused"
-        )
     if len(vm.fingerprint) != 32:
         raise ProtocolError("announcement fingerprint must be 32 bytes")
-    return vm
+    return vm, session
 
 
 def now_wall() -> float:

@@ -1,5 +1,6 @@
 """The OpenAI-compatible endpoint on 127.0.0.1: `/v1/chat/completions` (streaming or not), `/v1/models`,
-and `/kafila/state` (the session-state model as JSON, for dashboards on any member's machine).
+and `/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
+join code). Every request passes `api_guard.Guard` first; bodies are validated by `chat_request`.
 
 Every process of a session serves it; the head answers chats itself, the others forward them
 (members along the ring, the host over its control link to the head) through a `Forwarder`.
@@ -15,18 +16,23 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from kafila.errors import NetworkError
+from kafila.errors import NetworkError, SessionError
 from kafila.session import messages
+from kafila.session.api_guard import Guard, error_response
+from kafila.session.api_token import new_token, remove_token, write_token
+from kafila.session.chat_request import BadRequest, parse_chat
 from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.api")
 Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
 EVENT_TIMEOUT_S = 30.0  # no event for this long from the head: the request ends with an error
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
+MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
 
 
 class Forwarder:
@@ -67,25 +73,31 @@ class Forwarder:
             queue.put_nowait(evt)
         return True
 
-    def fail_all(self, reason: str) -> None:
-        """End the requests waiting on the head: a member was lost (the API server may resume them)."""
+    def fail_all(self, reason: str, lost: str | None = None) -> None:
+        """End the requests waiting on the head: member `lost` was lost (the API server may resume them)."""
         for queue in self._queues.values():
-            queue.put_nowait({"error": reason, "resumable": True})
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "kafila_error"}}, status=status)
+            queue.put_nowait({"error": reason, "resumable": True, "lost": lost})
 
 
 class ApiServer:
-    """The HTTP endpoint; `chat` is set once the session is admitted (503 before)."""
+    """The HTTP endpoint; `chat` is set once the session is admitted (503 before).
 
-    def __init__(self, state: SessionState, host: str = "127.0.0.1", port: int = 8711) -> None:
+    Every request first passes the `Guard` (Host, Origin, bearer token, content type); with
+    `require_token` (the default) the token is made at `start()` and written to a 0600 file.
+    """
+
+    def __init__(self, state: SessionState, host: str = "127.0.0.1", port: int = 8711, *,
+                 require_token: bool = True) -> None:
         self.state, self.host, self.port = state, host, port
         self._chat: Chat | None = None
         self._epoch = 0  # counts the rings this server has been given to serve on
         self._runner: web.AppRunner | None = None
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        self.guard = Guard()
+        # Set before the port is bound, so no request is ever served without it (its file follows).
+        self.token: str | None = new_token() if require_token else None
+        self.guard.token = self.token
+        self.token_path: Path | None = None
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self.guard.middleware])
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/kafila/state", self._state)
@@ -103,9 +115,14 @@ class ApiServer:
             self._epoch += 1
 
     async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring."""
+        """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring.
+
+        A request is never sent again when the member lost was the head serving it: the request
+        itself may be what brought the head down, and re-sending it would take down each next head.
+        """
         tokens: list[int] = []
-        max_tokens = int(body.get("max_tokens") or messages.DEFAULT_MAX_TOKENS)
+        max_tokens = body.get("max_tokens")
+        max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else messages.DEFAULT_MAX_TOKENS
         while True:
             chat, epoch = self._chat, self._epoch
             if chat is None:
@@ -113,16 +130,24 @@ class ApiServer:
             if tokens and len(tokens) >= max_tokens:  # cut after its last token: nothing is left to do
                 yield {"done": {"finish_reason": "length", "completion_tokens": len(tokens)}}
                 return
+            head = (self.state.plan or {}).get("head")
+            resumed = len(tokens)
             again = {**body, "resume": list(tokens), "max_tokens": max_tokens - len(tokens)} if tokens else body
             cut = None
             async for evt in chat(again):
                 if "delta" in evt:
                     tokens += evt.get("tokens") or []
+                elif "error" in evt and evt.get("resumable") and head is not None and evt.get("lost") == head:
+                    evt = {"error": f"{evt['error']}; the request is not sent again: the head itself was lost "
+                                    "while serving it, and the request may be why"}
                 elif "error" in evt and evt.get("resumable"):
                     cut = str(evt["error"])
                     continue  # the chat ends after an error; let it end (and clean up) by itself
                 elif "done" in evt and tokens:
-                    evt = {"done": {**evt["done"], "completion_tokens": len(tokens)}}
+                    done = {**evt["done"], "completion_tokens": len(tokens)}
+                    if resumed and isinstance(done.get("prompt_tokens"), int):
+                        done["prompt_tokens"] -= resumed  # the new ring's prompt held the resumed tokens
+                    evt = {"done": done}
                 yield evt
             if cut is None:
                 return
@@ -144,15 +169,25 @@ class ApiServer:
         return None
 
     async def start(self) -> str:
-        """Start serving; returns the base URL (port 0 picks a free one)."""
+        """Start serving; returns the base URL (port 0 picks a free one). The token file is written here."""
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:
             await site.start()
         except OSError as exc:
+            await self._runner.cleanup()
             raise NetworkError(f"cannot serve the chat API on {self.host}:{self.port}: {exc.strerror}") from None
         port = self._runner.addresses[0][1]  # the real port when 0 asked for any
+        self.guard.port = port
+        if self.token is not None:
+            try:
+                self.token_path = write_token(port, self.token)
+            except SessionError:
+                await self._runner.cleanup()
+                raise
+            self.guard.token_hint = (f": `kafila chat` and the TUI read it from {self.token_path}; another OpenAI "
+                                     "client passes that file's text as its api_key")
         self.url = f"http://{self.host}:{port}"
         self.state.api_url = self.url
         self.state.changed()
@@ -161,68 +196,135 @@ class ApiServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.token_path is not None and self.token is not None:
+            remove_token(self.token_path, self.token)
+
+    @property
+    def model_id(self) -> str:
+        """The id clients name the model by: the GGUF file's stem (the session sets it), else "kafila"."""
+        return self.state.model or "kafila"
 
     async def _models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.state.model or "kafila", "object": "model",
-                                                             "owned_by": "kafila"}]})
+        return web.json_response({"object": "list", "data": [{"id": self.model_id, "object": "model",
+                                                             "created": 0, "owned_by": "kafila"}]})
 
     async def _state(self, _request: web.Request) -> web.Response:
-        return web.json_response(self.state.to_json())
+        return web.json_response(self.state.public_json())  # never the join code (DESIGN §5)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "the request body is not JSON")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return _error(400, "the request needs a 'messages' list")
+            req = parse_chat(_json_body(await request.read()))
+        except BadRequest as exc:
+            return error_response(400, str(exc), exc.param, exc.code)
         if self.chat is None:
             why = self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
-            return _error(503, f"the session is not serving ({why})")
+            return error_response(503, f"the session is not serving ({why})", code="not_serving")
         cid = f"chatcmpl-{int(time.time() * 1000)}"
-        model = self.state.model or "kafila"
-        events = self.events(body)
-        if not body.get("stream"):
-            text, notices, done = [], [], None
-            async for evt in events:
-                if "error" in evt:
-                    return _error(502, str(evt["error"]))
-                if "delta" in evt:
-                    text.append(evt["delta"])
-                if "notice" in evt:
-                    notices.append(evt["notice"])
-                done = evt.get("done", done)
-            done = {**(done or {}), **({"notices": notices} if notices else {})}
-            return web.json_response({
-                "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                             "finish_reason": done.get("finish_reason")}],
-                "usage": {"prompt_tokens": done.get("prompt_tokens"),
-                          "completion_tokens": done.get("completion_tokens")},
-                "kafila": done,
-            })
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        events = self.events(req.body())
+        # The first event decides the status: a request the head refuses (a prompt longer than the
+        # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
+        first = await anext(events, {"error": "the ring ended the request without an answer"})
+        if "error" in first:
+            return _event_error(first)
+        base = {"id": cid, "created": int(time.time()), "model": self.model_id}
+        if not req.stream:
+            return await _whole(base, first, events)
+        return await _stream(request, base, first, events, req.include_usage)
 
-        async def send(obj: dict[str, Any] | str) -> None:
-            data = obj if isinstance(obj, str) else json.dumps(obj)
-            await resp.write(f"data: {data}\n\n".encode())
 
-        base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
-        async for evt in events:
-            if evt.get("delta"):
-                delta = {"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}
-                await send({**base, "choices": [delta]})
-            elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
-                await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
-            elif "error" in evt:
-                await send({"error": {"message": str(evt["error"]), "type": "kafila_error"}})
-                break
-            elif "done" in evt:
-                done = evt["done"]
-                await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": done.get("finish_reason")}],
-                            "kafila": done})
-        await send("[DONE]")
-        await resp.write_eof()
-        return resp
+async def _whole(base: dict[str, Any], first: dict[str, Any], events: AsyncIterator[dict[str, Any]]) -> web.Response:
+    """A non-streamed reply: every event gathered into one chat.completion."""
+    text, notices, done = [], [], None
+    async for evt in _chain(first, events):
+        if "error" in evt:
+            return _event_error(evt)
+        if "delta" in evt:
+            text.append(evt["delta"])
+        if "notice" in evt:
+            notices.append(evt["notice"])
+        done = evt.get("done", done)
+    done = {**(done or {}), **({"notices": notices} if notices else {})}
+    return web.json_response({
+        **base, "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+                     "finish_reason": done.get("finish_reason"), "logprobs": None}],
+        "usage": _usage(done), "kafila": done,
+    })
+
+
+async def _stream(request: web.Request, base: dict[str, Any], first: dict[str, Any],
+                  events: AsyncIterator[dict[str, Any]], include_usage: bool) -> web.StreamResponse:
+    """A streamed reply as Server-Sent Events, OpenAI's chat.completion.chunk objects, then [DONE]."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    base = {**base, "object": "chat.completion.chunk"}
+
+    async def send(obj: dict[str, Any] | str) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        await resp.write(f"data: {data}\n\n".encode())
+
+    await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    async for evt in _chain(first, events):
+        if evt.get("delta"):
+            delta = {"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}
+            await send({**base, "choices": [delta]})
+        elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
+            await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
+        elif "error" in evt:
+            await send({"error": _error_body(evt)})
+            break
+        elif "done" in evt:
+            done = evt["done"]
+            await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": done.get("finish_reason")}],
+                        "kafila": done})
+            if include_usage:
+                await send({**base, "choices": [], "usage": _usage(done)})
+    await send("[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+async def _chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for evt in rest:
+        yield evt
+
+
+def _json_body(data: bytes) -> Any:
+    """The body as JSON, strictly: UTF-8, no NaN or Infinity literals; BadRequest otherwise."""
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadRequest(f"the request body is not valid JSON ({_short_reason(exc)})", None, "invalid_json") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _short_reason(exc: BaseException) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
+
+
+def _usage(done: dict[str, Any]) -> dict[str, int]:
+    prompt, completion = done.get("prompt_tokens"), done.get("completion_tokens")
+    prompt = prompt if isinstance(prompt, int) else 0
+    completion = completion if isinstance(completion, int) else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _error_body(evt: dict[str, Any]) -> dict[str, Any]:
+    status = _event_status(evt)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"message": str(evt["error"]), "type": kind, "param": evt.get("param"), "code": evt.get("code")}
+
+
+def _event_status(evt: dict[str, Any]) -> int:
+    """A head's refusal carries its status (400); every other failure of the ring is a 502."""
+    status = evt.get("status")
+    return status if isinstance(status, int) and 400 <= status <= 599 else 502
+
+
+def _event_error(evt: dict[str, Any]) -> web.Response:
+    body = _error_body(evt)
+    return error_response(_event_status(evt), body["message"], body["param"], body["code"])

@@ -9,9 +9,11 @@ The wire contract, as the session's head serves it (and every member forwards it
   then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error;
   a chunk with no choices and ``"kafila": {"notice": …}`` is a line for the reader (a member was
   lost and the reply resumes on the re-planned ring).
-* Errors before the stream: HTTP 4xx/5xx with ``{"error": {"message": …}}``.
+* Errors before the stream: HTTP 4xx/5xx with ``{"error": {"message", "type", "param", "code"}}``.
+* Every request carries ``Authorization: Bearer TOKEN``, the token the session wrote to a file only
+  this user can read (kafila.session.api_token); without it the session answers 401.
 * ``GET {api}/v1/models`` → ``{"data": [{"id": …}, …]}``; ``GET {api}/kafila/state`` →
-  ``SessionState.to_json()``.
+  ``SessionState.public_json()`` (no join code).
 
 Every failure is raised as one of the `ApiError` family below, each naming the URL, so the chat
 command and the TUI can show it as is.
@@ -139,8 +141,10 @@ def _error_message(body: Any) -> str | None:
 class ApiClient:
     """One connection pool to a session's API. Use as ``async with ApiClient(url) as api: …``."""
 
-    def __init__(self, url: str = DEFAULT_API_URL, *, connect_timeout: float = 5.0, read_timeout: float = 120.0):
+    def __init__(self, url: str = DEFAULT_API_URL, *, connect_timeout: float = 5.0, read_timeout: float = 120.0,
+                 token: str | None = None):
         self.url = url.rstrip("/")
+        self.token = token  # None: read the session's token file (api_token) before each request
         self.connect_timeout = connect_timeout
         # Longest wait for the next byte once connected: the first token includes prompt processing.
         self.read_timeout = read_timeout
@@ -166,10 +170,17 @@ class ApiClient:
             self._session = aiohttp.ClientSession(timeout=timeout)
         return self._session
 
+    def _headers(self) -> dict[str, str]:
+        """The bearer token, read afresh: a session restarted on the same port has a new one."""
+        from kafila.session.api_token import read_token
+
+        token = self.token or read_token(self.url)
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     async def _get_json(self, path: str) -> Any:
         url = self.url + path
         with self._errors_named():
-            async with self._http().get(url) as resp:
+            async with self._http().get(url, headers=self._headers()) as resp:
                 body = await _read_body(resp)
                 if resp.status >= 400:
                     raise ApiError(self.url, _error_message(body) or f"{path} answered {resp.reason}", resp.status)
@@ -205,7 +216,8 @@ class ApiClient:
         payload = {"model": model, "messages": messages, "stream": True,
                    "max_tokens": max_tokens, "temperature": temperature}
         with self._errors_named():
-            async with self._http().post(self.url + "/v1/chat/completions", json=payload) as resp:
+            async with self._http().post(self.url + "/v1/chat/completions", json=payload,
+                                         headers=self._headers()) as resp:
                 if resp.status >= 400:
                     body = await _read_body(resp)
                     raise ApiError(self.url, _error_message(body) or str(resp.reason), resp.status)

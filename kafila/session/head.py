@@ -22,13 +22,14 @@ import numpy as np
 from kafila.engine.chain import pack
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
-from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, KafilaError, SessionError
+from kafila.errors import EngineError, SessionError
 from kafila.net import frames
 from kafila.net.frames import ActivationHeader, Phase
 from kafila.session import messages
+from kafila.session.chat_request import BadRequest, parse_chat
 from kafila.session.stage_runtime import Frame, StageWorker
 
 log = logging.getLogger("kafila.head")
@@ -44,7 +45,7 @@ class Job:
     """One chat request and the queue its events go to."""
 
     id: str
-    body: dict[str, Any]
+    body: Any  # as the client sent it: _make_request validates it
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     request: Request | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -120,7 +121,7 @@ class Head:
         self._tg: asyncio.TaskGroup | None = None
 
     # -- requests -------------------------------------------------------------------------------
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
         """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
 
         An error a lost member caused carries "resumable": the API server then sends the request
@@ -132,8 +133,12 @@ class Head:
         job = Job(f"chat-{next(self._ids)}", body)
         try:
             job.request = self._make_request(job, slot=-1)
-        except (KafilaError, ValueError) as exc:
-            yield {"error": str(exc)}
+        except BadRequest as exc:  # checked again here: the API is not the only way in (DESIGN §5)
+            yield exc.event()
+            return
+        except Exception as exc:  # a bug must cost this request only, not the head and the ring with it
+            log.exception("the head could not start a request")
+            yield {"error": f"the head failed on this request: {exc}", "status": 500}
             return
         self._waiting.append(job)
         self._wake.set()
@@ -159,28 +164,22 @@ class Head:
                 return
 
     def _make_request(self, job: Job, slot: int) -> Request:
-        body = job.body
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in msgs
-        ):
-            raise SessionError("'messages' must be a non-empty list of {role, content} objects")
-        params = SamplingParams(
-            temperature=float(body.get("temperature", 0.7)),
-            top_k=int(body.get("top_k", 40)),
-            top_p=float(body.get("top_p", 0.95)),
-            seed=body.get("seed") if isinstance(body.get("seed"), int) else None,
-        )
-        max_tokens = int(body.get("max_tokens") or messages.DEFAULT_MAX_TOKENS)
-        if max_tokens < 1:
-            raise SessionError("max_tokens must be at least 1")
-        prompt = self.vocab.chat_tokens(msgs) if body.get("raw") is None else self.vocab.tokenize(str(body["raw"]))
-        resume = body.get("resume") or []  # tokens an earlier ring generated before it lost a member
-        if not isinstance(resume, list) or not all(isinstance(t, int) and 0 <= t < self.embedder.n_vocab
-                                                   for t in resume):
-            raise SessionError("'resume' must be a list of token ids")
-        request = Request(slot, prompt + resume, max_tokens, self.config.n_ctx_per_seq, Sampler(params), self.vocab)
-        for t in resume:  # the text stream continues where the reply stopped (a character may span the cut)
+        """The engine's request for a chat body; BadRequest (never anything else) when the body is bad."""
+        chat = parse_chat(job.body, internal=True)
+        if any(t >= self.embedder.n_vocab for t in chat.resume):
+            raise BadRequest("'resume' holds a token id outside the vocabulary", "resume")
+        try:
+            prompt = self.vocab.chat_tokens([{"role": r, "content": c} for r, c in chat.messages])
+        except Exception as exc:  # the model's own template (jinja2) may refuse a conversation in its own way
+            raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
+        n_ctx = self.config.n_ctx_per_seq
+        if len(prompt) + len(chat.resume) >= n_ctx:
+            raise BadRequest(f"the prompt is {len(prompt) + len(chat.resume)} tokens but the context holds {n_ctx} "
+                             "per request; shorten it (or the host raises --context)", "messages",
+                             "context_length_exceeded")
+        request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
+                          self.vocab)
+        for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
 
@@ -280,7 +279,13 @@ class Head:
             if job is None or job.request is None:
                 continue
             before = len(job.request.generated)
-            piece = job.request.complete(chunk, row)
+            try:
+                piece = job.request.complete(chunk, row)
+            except Exception as exc:  # this request's sampling failed: it ends, the ring goes on
+                log.exception("the head failed on request %s", job.id)
+                job.events.put_nowait({"error": f"the head failed on this request: {exc}", "status": 500})
+                await self._free(slot)
+                continue
             new = job.request.generated[before:]
             if new:
                 self.stats.count_token()
@@ -303,6 +308,10 @@ class Head:
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         job.events.put_nowait({"done": done})
+        await self._free(slot)
+
+    async def _free(self, slot: int) -> None:
+        """Forget the request in `slot`; its sequence is reused once the free has gone round the ring."""
         del self._active[slot]
         if self.trace:
             self.trace({"free": slot})
@@ -328,12 +337,21 @@ class Head:
     def serve_remote(self, msg: dict[str, Any], reply: Callable[[bytes], Awaitable[None]]) -> None:
         """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
         cid, origin = messages.field(msg, "id", str), messages.field(msg, "origin", str)
-        body = messages.field(msg, "body", dict)
+        body = msg.get("body")
 
         async def answer() -> None:
-            async for evt in self.chat(body):
+            async for evt in self._guarded(body):
                 await reply(messages.control("chat_evt", id=cid, dest=origin, evt=evt))
 
         if self._tg is None:
             raise SessionError("the head is not running")
         self._tg.create_task(answer())
+
+    async def _guarded(self, body: Any) -> AsyncIterator[dict[str, Any]]:
+        """`chat`'s events; a failure on one request ends that request with an error, never the head."""
+        try:
+            async for evt in self.chat(body):
+                yield evt
+        except Exception as exc:
+            log.exception("the head failed on one request")
+            yield {"error": f"the head failed on this request: {exc}", "status": 500}

@@ -251,7 +251,7 @@ class HostRuntime:
             await j.link.send(messages.control(
                 "assign", epoch=self.epoch, order=order, head=plan.head,
                 ranges={n: list(r) for n, r in plan.ranges.items()}, config=config, plan=self.state.plan,
-                model=self.info.name, stage=j.manifest.as_dict()))
+                model=self.model.stem, stage=j.manifest.as_dict()))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
@@ -290,7 +290,7 @@ class HostRuntime:
         self.state.update_member(who, status="lost", note=reason)
         self.state.set_phase("lost", f"member {who} was lost: {reason}")
         if self.forwarder is not None:
-            self.forwarder.fail_all(f"member {who} was lost: {reason}")
+            self.forwarder.fail_all(f"member {who} was lost: {reason}", lost=who)
         if self.api is not None:
             self.api.chat = None
         gone = self.joined.pop(who, None)
@@ -316,7 +316,7 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
     state.role, state.me = "host", "host"
     model = resolve_model(opts.model)
     info = describe_model(model)
-    state.model = info.name
+    state.model = model.stem  # what clients name it by (/v1/models), not general.name
     cache = StageCache(opts.cache_dir)
     async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct) as ep:

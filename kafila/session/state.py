@@ -8,6 +8,7 @@ subscribes and re-renders. `to_json()`/`from_json()` let tests record a real run
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -135,6 +136,17 @@ class SessionState:
         d["events"] = [list(e) for e in self.events]
         return json.loads(json.dumps(d, default=str))  # a deep, JSON-safe copy
 
+    def public_json(self) -> dict[str, Any]:
+        """`to_json()` for whoever asks over HTTP: no join code, and its secret scrubbed from every text.
+
+        The code admits anyone to the session; a dashboard elsewhere does not need it, and the
+        process that does (the TUI beside the host) holds this object itself (DESIGN §5).
+        """
+        d = self.to_json()
+        d["code"] = None
+        pattern = _code_pattern(self.code) if self.code else None
+        return _scrub(d, pattern) if pattern is not None else d
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SessionState:
         d = dict(d)
@@ -144,3 +156,34 @@ class SessionState:
         d["delivery"] = {k: tuple(v) for k, v in d.get("delivery", {}).items()}
         d["events"] = [tuple(e) for e in d.get("events", [])]
         return cls(**d)
+
+
+# How a person may write the join code's secret (as JoinCode.parse forgives it): any case, separators
+# between characters, and the letters i, l, o for the digits 1, 1, 0.
+_SEPARATORS = r"[\s\-_]*"
+_FORGIVEN = {"1": "1il", "0": "0o"}
+_AS_DIGITS = str.maketrans({"i": "1", "l": "1", "o": "0"})
+SECRET_CHARS = 16
+REDACTED = "[join code withheld]"
+
+
+def _code_pattern(code: str) -> re.Pattern[str] | None:
+    """A pattern matching the code's secret however it is written (None when there is nothing to hide)."""
+    chars = re.sub(r"[\s\-_]", "", code.strip().lower()).translate(_AS_DIGITS)
+    if not chars:
+        return None
+    # the whole code as written (its session id is not secret, but a text with both is the code) ...
+    forms = [re.escape(code.strip())]
+    if len(chars) > SECRET_CHARS:  # ... and its secret in any form (a malformed code has none to find)
+        forms.append(_SEPARATORS.join(f"[{re.escape(_FORGIVEN.get(c, c))}]" for c in chars[-SECRET_CHARS:]))
+    return re.compile("|".join(forms), re.IGNORECASE)
+
+
+def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(REDACTED, value)
+    if isinstance(value, list):
+        return [_scrub(v, pattern) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k, pattern): _scrub(v, pattern) for k, v in value.items()}
+    return value

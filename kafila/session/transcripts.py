@@ -14,6 +14,9 @@ record, flushed when written, so a crash mid-reply leaves every earlier line int
 The unsent text of the input box is kept beside it in ``<id>.draft`` (replaced on each change,
 removed on send). `Conversation.load` rebuilds the messages; a reply whose "end" never came
 is kept and marked interrupted.
+
+Conversations are private: the directory is 0700 (tightened when an older one was not) and every
+file is created 0600, so other users of the machine cannot read them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,19 @@ def data_dir() -> Path:
 def chats_dir() -> Path:
     """Where conversations are saved."""
     return data_dir() / "chats"
+
+
+def private_dir(directory: Path) -> Path:
+    """Create `directory` (and its parents) readable by this user only; an existing one is tightened."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)  # mkdir's mode is cut by the umask, and an older directory may be 0755
+    return directory
+
+
+def _open_private(path: Path, flag: int) -> TextIO:
+    """Open `path` for writing as a 0600 file (created with that mode: never readable by others, not even briefly)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flag, 0o600)
+    return os.fdopen(fd, "w", encoding="utf-8")
 
 
 def _title(first_message: str) -> str:
@@ -84,14 +100,14 @@ class Conversation:
     def create(cls, directory: Path | None = None, api: str | None = None, title: str = "") -> Conversation:
         """A new, empty conversation whose file is created (with its meta line) at once."""
         directory = directory if directory is not None else chats_dir()
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
         # A counter makes two conversations started within the same second distinct.
         for n in range(1000):
             cid = stamp if n == 0 else f"{stamp}-{n}"
             path = directory / f"{cid}.jsonl"
             try:
-                handle = path.open("x", encoding="utf-8")
+                handle = _open_private(path, os.O_EXCL)
             except FileExistsError:
                 continue
             conv = cls(cid, path, title)
@@ -138,7 +154,7 @@ class Conversation:
     # -- recording (each call writes one line and flushes) -----------------------------------------
     def _write(self, rec: dict[str, Any]) -> None:
         if self._file is None or self._file.closed:
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = _open_private(self.path, os.O_APPEND)
         self._file.write(json.dumps(rec, ensure_ascii=False) + "\n")
         self._file.flush()
 
@@ -176,7 +192,8 @@ class Conversation:
             self.draft_path.unlink(missing_ok=True)
             return
         tmp = self.draft_path.with_suffix(".draft.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        with _open_private(tmp, os.O_TRUNC) as f:
+            f.write(text)
         os.replace(tmp, self.draft_path)
 
     def history(self) -> list[dict[str, str]]:

@@ -46,3 +46,18 @@ def test_seed_reproduces_and_distribution_follows_softmax() -> None:
 def test_bad_params(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": float("nan")}, {"temperature": float("inf")},
+                                    {"temperature": None}, {"temperature": "0.7"}, {"top_k": "40"},
+                                    {"top_k": 4.0}, {"top_p": float("nan")}, {"seed": -1}, {"seed": "7"}])
+def test_bad_params_from_a_request_body(kwargs: dict[str, object]) -> None:
+    # what a hostile chat body could hand the head: each is refused here, never reaches numpy
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+@given(logits_st, st.floats(5e-324, 1e-3, allow_subnormal=True) | st.just(1e-310), st.integers(0, 2**31))
+def test_tiny_temperature_is_greedy_not_nan(logits: np.ndarray, temperature: float, seed: int) -> None:
+    token = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, seed=seed)).sample(logits)
+    assert logits[token] == logits.max()

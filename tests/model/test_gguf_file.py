@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
+import struct
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType, GGUFValueType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kafila.errors import ModelError
+from kafila.model.describe import describe_model
 from kafila.model.gguf_file import GGUFFile
+from tests.conftest import run_kafila
 
 
 def test_matches_reference_reader(synthetic_models: dict[str, Path]) -> None:
@@ -20,7 +25,7 @@ def test_matches_reference_reader(synthetic_models: dict[str, Path]) -> None:
     ref = gguf.GGUFReader(path)
     assert set(ours.fields) == {k for k in ref.fields if not k.startswith("GGUF.")}
     for key, field in ours.fields.items():
-        assert field.value == ref.fields[key].contents(), key
+        assert field.plain() == ref.fields[key].contents(), key
     assert list(ours.tensors) == [t.name for t in ref.tensors]
     for t in ref.tensors:
         mine = ours.tensors[t.name]
@@ -58,10 +63,10 @@ def test_truncated(synthetic_models: dict[str, Path], tmp_path: Path, keep: int)
         GGUFFile(p)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_damaged_header_is_model_error(synthetic_models: dict[str, Path], tmp_path: Path, data: st.DataObject) -> None:
-    """Random byte damage in the header either still parses or gives a ModelError, never anything else."""
+    """Random byte damage in the header either still describes a model or gives a ModelError, nothing else."""
     raw = bytearray(synthetic_models["qwen2"].read_bytes())
     header_end = GGUFFile(synthetic_models["qwen2"]).data_start
     for _ in range(data.draw(st.integers(1, 8))):
@@ -70,6 +75,126 @@ def test_damaged_header_is_model_error(synthetic_models: dict[str, Path], tmp_pa
     p = tmp_path / "damaged.gguf"
     p.write_bytes(bytes(raw))
     try:
-        GGUFFile(p)
+        describe_model(p)  # the parser, then what `kafila inspect` reads from it
     except ModelError:
         pass
+
+
+# -- crafted files: each damage the format allows gets its own one-line error ---------------------------------------
+
+def _str(s: str) -> bytes:
+    raw = s.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def kv(key: str, vtype: int, payload: bytes) -> bytes:
+    """One metadata entry: key, value type, value bytes."""
+    return _str(key) + struct.pack("<I", vtype) + payload
+
+
+def u32(key: str, value: int) -> bytes:
+    return kv(key, GGUFValueType.UINT32, struct.pack("<I", value))
+
+
+def crafted(path: Path, kvs: list[bytes], tensors: list[tuple[str, tuple[int, ...], int, int]] = (),  # type: ignore[assignment]
+            data: bytes = b"\0" * 64, pad_to: int = 32) -> Path:
+    """A GGUF v3 file from raw parts: metadata entries, (name, ne, ggml type, offset) tensors, data."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs)
+    for name, ne, ttype, offset in tensors:
+        head += _str(name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, ttype, offset)
+    head += b"\0" * (-len(head) % pad_to)
+    path.write_bytes(head + data)
+    return path
+
+
+F32, Q4_0 = int(GGMLQuantizationType.F32), int(GGMLQuantizationType.Q4_0)
+DAMAGED: dict[str, tuple[list[bytes], list[tuple[str, tuple[int, ...], int, int]], str]] = {
+    "alignment 0": ([u32("general.alignment", 0)], [], "general.alignment must be a power of two, got 0"),
+    "alignment 48": ([u32("general.alignment", 48)], [], "general.alignment must be a power of two, got 48"),
+    "alignment as text": ([kv("general.alignment", GGUFValueType.STRING, _str("32"))], [],
+                          "must be a power of two, got a value of type STRING"),
+    "empty array of an unknown type": ([kv("x", GGUFValueType.ARRAY, struct.pack("<IQ", 99, 0))], [],
+                                       "unknown element type 99"),
+    "array of arrays": ([kv("x", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.ARRAY, 1))], [],
+                        "arrays of arrays are not supported"),
+    "2^60 strings": ([kv("x", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 1 << 60))], [],
+                     "claims 1152921504606846976 strings"),
+    "2^62 floats": ([kv("x", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.FLOAT32, 1 << 62))], [],
+                    "an array at byte 49 runs past the end"),
+    "a shape whose size wraps to 0 in 64 bits": ([], [("t", (1 << 33, 1 << 31), F32, 0)],
+                                                 f"tensor t ends at byte {96 + (1 << 66)}"),
+    "rows of partial blocks": ([], [("q", (33, 2), Q4_0, 0)], "rows of 33 are not whole Q4_0 blocks of 32"),
+    "an unaligned offset": ([], [("t", (4,), F32, 4)], "tensor t's offset 4 is not a multiple of 32"),
+    "a tensor twice": ([], [("t", (4,), F32, 0), ("t", (4,), F32, 32)], "tensor t appears twice"),
+    "a key twice": ([u32("k", 1), u32("k", 2)], [], "metadata key 'k' appears twice"),
+    "an unknown ggml type": ([], [("t", (4,), 1000, 0)], "tensor t has unknown ggml type 1000"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_crafted_damage_is_a_specific_model_error(tmp_path: Path, case: str) -> None:
+    kvs, tensors, message = DAMAGED[case]
+    with pytest.raises(ModelError, match=re.escape(message)):
+        GGUFFile(crafted(tmp_path / "bad.gguf", kvs, tensors))
+
+
+def test_a_well_formed_crafted_file_parses(tmp_path: Path) -> None:
+    """The crafting helper itself is right: without damage, the same kind of file reads back."""
+    gf = GGUFFile(crafted(tmp_path / "ok.gguf", [u32("general.alignment", 32)], [("t", (4, 2), F32, 0)]))
+    assert gf.tensors["t"].n_bytes == 32 and gf.data_start == 128 and gf.get("general.alignment") == 32
+
+
+@pytest.mark.parametrize("case", ["alignment 0", "empty array of an unknown type", "a shape whose size wraps to 0 in "
+                                  "64 bits"])
+def test_kafila_inspect_reports_damage_in_one_line(tmp_path: Path, case: str) -> None:
+    kvs, tensors, message = DAMAGED[case]
+    path = crafted(tmp_path / "bad.gguf", kvs, tensors)
+    out = run_kafila("inspect", str(path), timeout=120)
+    assert out.returncode == 1 and out.stderr.startswith("kafila: error: bad.gguf") and message in out.stderr, out
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_numeric_arrays_are_compact(smollm: Path) -> None:
+    scores = GGUFFile(smollm).fields["tokenizer.ggml.token_type"]
+    assert isinstance(scores.value, np.ndarray) and scores.value.dtype == np.int32 and len(scores.value) == 49152
+    assert not scores.value.flags.writeable  # shared by every reader of the field
+    assert scores.plain() == gguf.GGUFReader(smollm).fields["tokenizer.ggml.token_type"].contents()
+
+
+ARCH = kv("general.architecture", GGUFValueType.STRING, _str("llama"))
+LAYERS = [("blk.0.attn_q.weight", (4,), F32, 0), ("token_embd.weight", (4, 1), F32, 32),
+          ("output_norm.weight", (4,), F32, 0)]
+
+
+@pytest.mark.parametrize(("kvs", "message"), [
+    ([kv("llama.block_count", GGUFValueType.STRING, _str("two"))],
+     "'llama.block_count' must be a whole number from 1, got a value of type STRING"),
+    ([u32("llama.block_count", 0)], "'llama.block_count' must be a whole number from 1, got 0"),
+    ([kv("llama.block_count", GGUFValueType.UINT64, struct.pack("<Q", 1 << 40))],
+     f"'llama.block_count' must be a whole number from 1, got {1 << 40}"),
+    ([u32("llama.block_count", 1000)], "declares 1000 blocks but holds only 3 tensors"),
+    ([u32("llama.block_count", 1), u32("llama.embedding_length", 4), u32("llama.attention.head_count", 0)],
+     "'llama.attention.head_count' must be a whole number from 1, got 0"),
+    ([u32("llama.block_count", 1), u32("llama.embedding_length", 4), u32("llama.attention.head_count", 1),
+      kv("llama.attention.head_count_kv", GGUFValueType.ARRAY, struct.pack("<IQ2i", GGUFValueType.INT32, 2, 1, 1))],
+     "'llama.attention.head_count_kv' must hold 1 whole numbers, one per block"),
+])
+def test_hyper_parameters_of_the_wrong_kind_are_a_model_error(tmp_path: Path, kvs: list[bytes], message: str) -> None:
+    with pytest.raises(ModelError, match=re.escape(message)):
+        describe_model(crafted(tmp_path / "bad.gguf", [ARCH, *kvs], LAYERS))
+
+
+def test_hyper_parameters_once_or_per_layer(tmp_path: Path) -> None:
+    per_layer = kv("x", GGUFValueType.ARRAY, struct.pack("<IQ3I", GGUFValueType.UINT32, 3, 2, 4, 8))
+    gf = GGUFFile(crafted(tmp_path / "ok.gguf", [u32("once", 5), per_layer]))
+    assert gf.get_per_layer("once", 3, 1) == [5, 5, 5] and gf.get_per_layer("x", 3, 1) == [2, 4, 8]
+    assert gf.get_per_layer("absent", 2, 7) == [7, 7] and gf.get_int("absent", 9) == 9
+    with pytest.raises(ModelError, match="'absent' is missing"):
+        gf.get_int("absent")
+
+
+def test_kafila_inspect_reports_a_zero_head_count_in_one_line(tmp_path: Path) -> None:
+    kvs = [ARCH, u32("llama.block_count", 1), u32("llama.embedding_length", 4), u32("llama.attention.head_count", 0)]
+    out = run_kafila("inspect", str(crafted(tmp_path / "bad.gguf", kvs, LAYERS)), timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out  # was a ZeroDivisionError's traceback
+    assert out.stderr.startswith("kafila: error: bad.gguf: GGUF metadata key 'llama.attention.head_count'")

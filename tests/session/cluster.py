@@ -84,8 +84,15 @@ class Cluster:
                                           "--api-port", "-1", *args], self.env) for name, args in members}
         self.procs += self.members.values()
 
+    def headers(self) -> dict[str, str]:
+        """What the host's API asks of a client: JSON, and the bearer token from the host's token file."""
+        from kafila.session.api_token import read_token
+
+        return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(self.url)}"}
+
     def state(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/kafila/state", timeout=10) as r:
+        req = urllib.request.Request(self.url + "/kafila/state", headers=self.headers())
+        with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
     def wait_phase(self, phases: set[str], timeout: float = 240) -> dict[str, Any]:
@@ -105,7 +112,7 @@ class Cluster:
     def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 120) -> dict:
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": temperature}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return json.loads(r.read())
@@ -116,7 +123,7 @@ class Cluster:
         """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line."""
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": 0.0, "stream": True}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
         out: list[tuple[float, Any]] = []
         with urllib.request.urlopen(req, timeout=timeout) as r:
             for raw in r:

@@ -110,7 +110,7 @@ def test_four_concurrent_chats(ring: Cluster, llama_cpp_replies: dict[str, str],
 def test_streaming_api(ring: Cluster) -> None:
     body = json.dumps({"messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 8, "temperature": 0,
                        "stream": True}).encode()
-    req = urllib.request.Request(ring.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(ring.url + "/v1/chat/completions", body, ring.headers())
     with urllib.request.urlopen(req, timeout=60) as r:
         lines = [ln.decode().strip() for ln in r if ln.strip()]
     assert lines[-1] == "data: [DONE]"

@@ -1,0 +1,112 @@
+"""A member's registration with the rendezvous: one first join with the token, MAC'd re-joins after it.
+
+The join token (derived from the join code, see kafila.net.trust) goes to the rendezvous in
+clear exactly once, at the member's first join; the reply carries a fresh registration key
+the rendezvous keeps for that member id. Every later re-join — which moves the member's relay
+address to wherever its NAT now maps it — proves that key over a single-use server nonce:
+
+    join      {"op":"join", "session", "member": hex8, "token": hex16}    -> {"members": n, "reg": hex32}
+              only for a member id the session does not have yet (else code "member_exists")
+    challenge {"op":"challenge", "session", "member"}                     -> {"nonce": hex16}
+              from any source address; the rendezvous keeps the latest nonce per member, 30 s
+    rejoin    {"op":"rejoin", "session", "member", "nonce": hex16, "mac": hex32}  -> {"members": n}
+              mac = HMAC-SHA256(reg, b"kafila-rejoin\\x00" | session id (ASCII, 8) | member id (8) | nonce (16))
+
+So whoever sees a re-join, or replays one, can neither register a member id nor move its relay
+address. Refusals carry a machine-readable code, mapped here to the types in kafila.errors.
+Both sides use this module: the rendezvous to issue keys and check MACs, the member to make them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kafila.errors import RENDEZVOUS_CODES, RendezvousError
+from kafila.net import wire
+
+TOKEN_LEN = 16
+REG_KEY_LEN = 32
+NONCE_LEN = 16
+MAC_LEN = 32
+NONCE_TTL_S = 30.0
+_LABEL = b"kafila-rejoin\x00"
+
+# What each refusal code means to a person, used by the rendezvous and when a reply had to
+# leave its text out (a refusal is never larger than the request it answers).
+MESSAGES: dict[str, str] = {
+    "wrong_code": "wrong join code for this session",
+    "unknown_session": "no such session (expired, or the join code is mistyped)",
+    "not_member": "not a member of this session; join again",
+    "member_exists": "member id already registered in this session",
+    "rate_limited": "too many requests; wait a moment and retry",
+    "full": "no room here; try later",
+    "stale_nonce": "stale or reused nonce; challenge again",
+    "bad_mac": "re-join MAC does not verify",
+    "bad_request": "malformed request",
+}
+
+Request = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def new_reg_key() -> bytes:
+    """A fresh registration key (the rendezvous makes one per first join)."""
+    return secrets.token_bytes(REG_KEY_LEN)
+
+
+def new_nonce() -> bytes:
+    """A fresh challenge nonce."""
+    return secrets.token_bytes(NONCE_LEN)
+
+
+def rejoin_mac(reg_key: bytes, session_id: str, member_id: bytes, nonce: bytes) -> bytes:
+    """The MAC a re-join carries; every input has a fixed length, so plain concatenation is unambiguous."""
+    return hmac.new(reg_key, _LABEL + session_id.encode() + member_id + nonce, hashlib.sha256).digest()
+
+
+def mac_ok(reg_key: bytes, session_id: str, member_id: bytes, nonce: bytes, mac: bytes) -> bool:
+    """True when mac is the re-join MAC for these inputs (constant-time compare)."""
+    return hmac.compare_digest(rejoin_mac(reg_key, session_id, member_id, nonce), mac)
+
+
+def join_body(session_id: str, member_id: bytes, token: bytes) -> dict[str, Any]:
+    """The first join's request body: the only one that carries the join token."""
+    return {"op": "join", "session": session_id, "member": member_id.hex(), "token": token.hex()}
+
+
+def challenge_body(session_id: str, member_id: bytes) -> dict[str, Any]:
+    """A request for a fresh nonce to re-join with."""
+    return {"op": "challenge", "session": session_id, "member": member_id.hex()}
+
+
+def rejoin_body(session_id: str, member_id: bytes, reg_key: bytes, nonce: bytes) -> dict[str, Any]:
+    """A re-join proving the registration key over the nonce."""
+    mac = rejoin_mac(reg_key, session_id, member_id, nonce)
+    return {"op": "rejoin", "session": session_id, "member": member_id.hex(), "nonce": nonce.hex(), "mac": mac.hex()}
+
+
+def reg_key_of(reply: dict[str, Any]) -> bytes:
+    """The registration key from a join's reply; ProtocolError when it has none."""
+    return wire.get_hex(reply, "reg", REG_KEY_LEN)
+
+
+async def rejoin(request: Request, session_id: str, member_id: bytes, reg_key: bytes) -> int:
+    """Challenge, then re-join from wherever we are now; the member count, or the refusal raised."""
+    nonce = wire.get_hex(await request(challenge_body(session_id, member_id)), "nonce", NONCE_LEN)
+    reply = await request(rejoin_body(session_id, member_id, reg_key, nonce))
+    return wire.get_int(reply, "members", 0, 1 << 16)
+
+
+def refusal(op: Any, reply: dict[str, Any]) -> RendezvousError:
+    """The exception for a refused request: its type from the reply's code, its text for a person."""
+    code = reply.get("code")
+    cls = RENDEZVOUS_CODES.get(code) if isinstance(code, str) else None
+    if cls is None or not isinstance(code, str):
+        code, cls = "refused", RendezvousError
+    text = reply.get("error")
+    if not isinstance(text, str) or not text or len(text) > 200 or not text.isprintable():
+        text = MESSAGES.get(code, "no reason given")  # a reply cut to its code, or a text not fit to print
+    return cls(f"rendezvous refused {op!r}: {text}", code)

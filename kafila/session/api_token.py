@@ -1,0 +1,90 @@
+"""The chat API's bearer token: a fresh one per serving process, in a file only this user can read.
+
+127.0.0.1 is not a trust boundary (DESIGN §5): every local user can connect to the API. The token
+file, `<user runtime dir>/kafila/api-<port>.token` (mode 0600 in a 0700 directory), is what tells
+the user's own clients (`kafila chat`, the TUI, any OpenAI client given it as `api_key`) from
+everyone else's. `KAFILA_API_TOKEN` hands a client the token directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+import warnings
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from kafila.errors import SessionError
+
+TOKEN_ENV = "KAFILA_API_TOKEN"
+
+
+def token_dir() -> Path:
+    """Where token files live: the user's runtime directory (tmpfs, private, cleared at reboot)."""
+    import platformdirs
+
+    with warnings.catch_warnings():  # its fallback when XDG_RUNTIME_DIR is unset is fine: it checks owner and mode
+        warnings.simplefilter("ignore")
+        return Path(platformdirs.user_runtime_dir("kafila"))
+
+
+def token_path(port: int) -> Path:
+    """The token file of the API serving on `port`."""
+    return token_dir() / f"api-{port}.token"
+
+
+def new_token() -> str:
+    """A fresh bearer token (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def write_token(port: int, token: str) -> Path:
+    """Write the token of the API on `port` where only this user can read it; returns the file."""
+    path = token_path(port)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a file left by an earlier process on this port
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise SessionError(f"cannot write the chat API's token file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
+
+
+def remove_token(path: Path, token: str) -> None:
+    """Remove our token file (not one a later process on the same port wrote since)."""
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == token:
+            path.unlink()
+
+
+def read_token(url: str) -> str | None:
+    """The token for the API at `url`: KAFILA_API_TOKEN, else the file of its port; None when neither exists."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip()
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        return None
+    if port is None:
+        return None
+    try:
+        return token_path(port).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _check_private(directory: Path) -> None:
+    """Refuse a directory another user owns or can enter (they could read or swap the token)."""
+    if not hasattr(os, "getuid"):
+        return  # Windows: the per-user profile directory is private already
+    st = directory.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SessionError(f"{directory} is not a directory of this user; the API token cannot be kept there")
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)

@@ -1,0 +1,215 @@
+"""A chat request body, validated: what the API accepts and what the head will run.
+
+The body is hostile input (DESIGN §5: any web page or local user can send one), so every field the
+ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
+head, and a bad one becomes a `BadRequest` naming the field, which the API answers as a 400 in
+OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` is an extension, and
+`resume` (token ids an earlier ring generated, see api.ApiServer.events) is only ever set by the
+API itself: a client's `resume` is dropped, not trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kafila.engine.sampler import SamplingParams
+from kafila.errors import SessionError
+from kafila.session.messages import DEFAULT_MAX_TOKENS
+
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 0.95
+DEFAULT_TOP_K = 40
+MAX_MESSAGES = 1024
+# The whole body travels the ring as one control message (messages.MAX_CONTROL, 4 MiB): JSON may
+# write a character as 12 bytes (an escaped astral character), so 256 Ki characters always fit.
+MAX_CONTENT_CHARS = 256 * 1024
+MAX_TOKENS_LIMIT = 1 << 20
+MAX_TOP_K = 1 << 20
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
+UNSUPPORTED = ("stop", "tools", "functions", "tool_choice", "function_call", "logit_bias", "logprobs",
+               "top_logprobs", "presence_penalty", "frequency_penalty", "response_format", "n", "audio",
+               "modalities", "prediction")
+# ... unless they carry the value that asks for nothing (what many clients send by default).
+NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
+                                       "n": (1,), "response_format": ({"type": "text"},), "tools": ([],),
+                                       "stop": ([],)}
+
+
+class BadRequest(SessionError):
+    """A chat body the ring will not run; `param` names the field (OpenAI's error shape)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+    def event(self) -> dict[str, Any]:
+        """As a head's error event: answered with HTTP 400, never resumed."""
+        return {"error": str(self), "status": 400, "param": self.param, "code": self.code}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated chat: messages as (role, text) pairs and sampling settings within their ranges."""
+
+    messages: tuple[tuple[str, str], ...]
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+    resume: tuple[int, ...] = ()
+
+    def body(self) -> dict[str, Any]:
+        """The normalised body sent toward the head (only the fields above, nothing a client added)."""
+        out: dict[str, Any] = {
+            "messages": [{"role": r, "content": c} for r, c in self.messages], "max_tokens": self.max_tokens,
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
+        }
+        if self.resume:
+            out["resume"] = list(self.resume)
+        return out
+
+    def sampling(self) -> SamplingParams:
+        """The sampler's settings; top_p 0 (allowed by OpenAI) keeps only the most likely token."""
+        if self.top_p == 0.0:
+            return SamplingParams(self.temperature, 1, 1.0, self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
+    """Validate a chat body; BadRequest names the first bad field. `internal`: from our own API (resume kept)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", None, "invalid_type")
+    for name in UNSUPPORTED:
+        value = body.get(name)
+        if value is not None and not any(_same(value, ok) for ok in NEUTRAL.get(name, ())):
+            raise BadRequest(f"'{name}' is not supported by Kafila", name, "unsupported_parameter")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > 256):
+        raise BadRequest("'model' must be a string of at most 256 characters", "model", "invalid_type")
+    stream = _optional(body, "stream", bool, False)
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict)
+                                    and isinstance(options.get("include_usage", False), bool)):
+        raise BadRequest("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
+    limit = body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens")
+    param = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
+    seed = _integer({"seed": body.get("seed")}, "seed", -(1 << 63), (1 << 64) - 1, None)
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        max_tokens=_integer({param: limit}, param, 1, MAX_TOKENS_LIMIT, DEFAULT_MAX_TOKENS),
+        temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
+        top_p=_number(body, "top_p", 0.0, 1.0, DEFAULT_TOP_P),
+        top_k=_integer(body, "top_k", 0, MAX_TOP_K, DEFAULT_TOP_K),
+        seed=None if seed is None else seed % (1 << 64),  # numpy's generators take non-negative seeds
+        stream=stream,
+        include_usage=bool(stream and options and options.get("include_usage")),
+        resume=_resume(body.get("resume")) if internal else (),
+    )
+
+
+def _same(value: Any, ok: Any) -> bool:
+    return (type(value) is type(ok) and value == ok) or (isinstance(ok, int) and _is_number(value) and value == ok)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise BadRequest(f"'{name}' must be a {kind.__name__}, got {_shown(value)}", name, "invalid_type")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}, got {_shown(value)}", name,
+                         "invalid_type")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not (math.isfinite(number) and low <= number <= high):
+        raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}, got {_shown(value)}", name)
+    return number
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int, default: int | None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 100.0 from a client that writes every number as a float
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}, got {_shown(value)}", name,
+                         "invalid_type")
+    if not low <= value <= high:
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}, got {_shown(value)}", name)
+    return value
+
+
+def _messages(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages",
+                         "invalid_type")
+    if len(value) > MAX_MESSAGES:
+        raise BadRequest(f"'messages' holds {len(value)} messages; at most {MAX_MESSAGES} are accepted", "messages")
+    out, total = [], 0
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise BadRequest(f"'{where}.role' must be one of {', '.join(ROLES)}, got {_shown(role)}",
+                             f"{where}.role")
+        text = _content(m.get("content"), f"{where}.content")
+        total += len(text)
+        if total > MAX_CONTENT_CHARS:
+            raise BadRequest(f"the messages hold more than {MAX_CONTENT_CHARS} characters", "messages",
+                             "context_length_exceeded")
+        out.append((ROLES[role], text))
+    return tuple(out)
+
+
+def _content(value: Any, where: str) -> str:
+    """A string, or OpenAI's list of text parts (joined); images and audio are refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
+        return "\n".join(p["text"] for p in value)
+    raise BadRequest(f"'{where}' must be a string or a list of text parts, got {_shown(value)}", where,
+                     "invalid_type")
+
+
+def _resume(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_TOKENS_LIMIT or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise BadRequest("'resume' must be a list of token ids", "resume")
+    return tuple(value)
+
+
+def _shown(value: Any) -> str:
+    """A short rendering of a bad value for the error message (never the whole of a large one)."""
+    try:
+        text = "null" if value is None else repr(value)
+    except ValueError:  # an integer past Python's digit limit for printing
+        text = f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 40 else text[:37] + "..."

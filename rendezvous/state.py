@@ -1,0 +1,47 @@
+"""The rendezvous's records: sessions, their members, and its counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rendezvous.limits import Addr
+
+
+@dataclass
+class Member:
+    """One member's registration."""
+
+    member_id: bytes
+    addr: Addr  # where relayed packets and answers go
+    local: Addr  # our socket it registered through
+    last_seen: float
+    reg_key: bytes = field(repr=False, default=b"")
+    nonce: tuple[float, bytes] | None = None  # (issued at, nonce) of the latest challenge
+    announcement: str | None = None
+
+
+@dataclass
+class Session:
+    """One session: token hash from the host, members by id."""
+
+    session_id: str
+    token_hash: bytes
+    created: float
+    last_active: float
+    owner: str = ""  # ip_key of the creator, for the per-IP session cap
+    joined: int = 0  # member ids ever registered: 1 means only the creator came
+    members: dict[bytes, Member] = field(default_factory=dict)
+
+
+@dataclass
+class Stats:
+    """Counters for logs and tests."""
+
+    probes: int = 0
+    requests: int = 0
+    relayed: int = 0
+    relayed_bytes: int = 0
+    dropped: int = 0
+    malformed: int = 0
+    rate_limited: int = 0
+    rejoins: int = 0

@@ -1,0 +1,102 @@
+"""Member registration at the rendezvous (issue 13 item 6): the token once, then MAC'd re-joins."""
+
+from __future__ import annotations
+
+import hashlib
+
+from kafila.net import registration, wire
+from rendezvous.core import Limits, RendezvousCore
+
+A = ("100.64.0.2", 3478)
+TOKEN = bytes(range(16))
+MID = b"m" * 8
+HOME, MOVED, EVE = ("10.0.0.1", 1000), ("10.0.0.1", 1001), ("6.6.6.6", 666)
+
+
+def ask(c: RendezvousCore, body: dict, src: tuple[str, int], now: float = 0.0, rid: int = 1) -> dict:
+    [(data, _via, dst)] = c.handle(wire.encode_control(wire.REQUEST, rid, body), src, A, now)
+    frame = wire.decode(data)
+    assert isinstance(frame, wire.Control) and dst == src
+    return frame.body
+
+
+def registered() -> tuple[RendezvousCore, str, bytes]:
+    """A core with one session and member MID joined from HOME; its registration key."""
+    c = RendezvousCore([A], Limits(member_timeout_s=300))  # members stay while nonces age
+    sid = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, HOME, rid=99)["session"]
+    r = ask(c, registration.join_body(sid, MID, TOKEN), HOME, rid=98)
+    assert r["ok"] is True and r["members"] == 1
+    return c, sid, registration.reg_key_of(r)
+
+
+def challenge(c: RendezvousCore, sid: str, src: tuple[str, int], now: float = 0.0, rid: int = 2) -> bytes:
+    r = ask(c, registration.challenge_body(sid, MID), src, now, rid)
+    assert r["ok"] is True, r
+    return bytes.fromhex(r["nonce"])
+
+
+def test_whoever_saw_the_token_cannot_take_over_a_member() -> None:
+    c, sid, _ = registered()
+    # before: this re-registered MID at Eve's address, and relayed traffic for MID went to her
+    r = ask(c, registration.join_body(sid, MID, TOKEN), EVE, rid=3)
+    assert r["ok"] is False and r["code"] == "member_exists"
+    assert c.sessions[sid].members[MID].addr == HOME and EVE not in c.by_addr
+
+
+def test_rejoin_with_the_key_moves_the_relay_address() -> None:
+    c, sid, key = registered()
+    nonce = challenge(c, sid, MOVED, now=1.0)  # the NAT rebound: challenge and re-join from the new address
+    r = ask(c, registration.rejoin_body(sid, MID, key, nonce), MOVED, now=1.5, rid=3)
+    assert r == {"ok": True, "members": 1}
+    assert c.sessions[sid].members[MID].addr == MOVED and c.by_addr[MOVED] == (sid, MID) and HOME not in c.by_addr
+    assert c.stats.rejoins == 1
+
+
+def test_rejoin_without_the_key_or_with_a_spent_nonce_is_refused() -> None:
+    c, sid, key = registered()
+    nonce = challenge(c, sid, EVE)
+    r = ask(c, registration.rejoin_body(sid, MID, b"\0" * 32, nonce), EVE, rid=3)
+    assert r["code"] == "bad_mac"
+    r = ask(c, registration.rejoin_body(sid, MID, key, nonce), EVE, rid=4)  # spent by the wrong MAC
+    assert r["code"] == "stale_nonce"
+    # a rejoin seen on the wire, replayed from elsewhere, is spent too
+    nonce = challenge(c, sid, HOME, rid=5)
+    seen = registration.rejoin_body(sid, MID, key, nonce)
+    assert ask(c, seen, HOME, rid=6)["ok"] is True
+    assert ask(c, seen, EVE, rid=7)["code"] == "stale_nonce"
+    assert c.sessions[sid].members[MID].addr == HOME
+
+
+def test_only_the_latest_nonce_within_30_s_counts() -> None:
+    c, sid, key = registered()
+    old = challenge(c, sid, HOME, now=0.0, rid=2)
+    new = challenge(c, sid, HOME, now=1.0, rid=3)
+    assert ask(c, registration.rejoin_body(sid, MID, key, old), HOME, now=1.0, rid=4)["code"] == "stale_nonce"
+    late = 1.0 + registration.NONCE_TTL_S + 0.1
+    assert ask(c, registration.rejoin_body(sid, MID, key, new), HOME, now=late, rid=5)["code"] == "stale_nonce"
+    fresh = challenge(c, sid, HOME, now=late, rid=6)
+    assert ask(c, registration.rejoin_body(sid, MID, key, fresh), HOME, now=late, rid=7)["ok"] is True
+
+
+def test_a_rejoin_answered_once_is_answered_again_to_its_retry() -> None:
+    c, sid, key = registered()
+    nonce = challenge(c, sid, MOVED)
+    body = registration.rejoin_body(sid, MID, key, nonce)
+    first = ask(c, body, MOVED, rid=8)
+    assert first["ok"] is True and ask(c, body, MOVED, now=0.5, rid=8) == first  # the reply was lost: same answer
+
+
+def test_another_members_key_does_not_open_this_member() -> None:
+    c, sid, _ = registered()
+    other = registration.reg_key_of(ask(c, registration.join_body(sid, b"o" * 8, TOKEN), EVE, rid=3))
+    nonce = challenge(c, sid, EVE, rid=4)
+    r = ask(c, registration.rejoin_body(sid, MID, other, nonce), EVE, rid=5)
+    assert r["code"] == "bad_mac" and c.sessions[sid].members[MID].addr == HOME
+
+
+def test_challenge_and_rejoin_for_strangers_are_refused_with_codes() -> None:
+    c, sid, key = registered()
+    assert ask(c, registration.challenge_body(sid, b"x" * 8), EVE)["code"] == "not_member"
+    assert ask(c, registration.challenge_body("zzzzzzzz", MID), EVE, rid=2)["code"] == "unknown_session"
+    r = ask(c, registration.rejoin_body(sid, MID, key, b"\1" * 16), EVE, rid=3)  # no challenge issued
+    assert r["code"] == "stale_nonce"

@@ -1,0 +1,97 @@
+"""A real rendezvous server on loopback with real endpoints: the token goes out once, re-joins prove the key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from kafila.net import wire
+from kafila.net.endpoint import PeerEndpoint
+from kafila.net.ports import free_udp_pair
+from rendezvous.core import Addr, RendezvousCore
+from rendezvous.server import RendezvousServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Watched:
+    """An in-process rendezvous that records each datagram and wakes a waiter when its condition holds."""
+
+    def __init__(self, server: RendezvousServer) -> None:
+        self.server = server
+        self.seen: list[tuple[bytes, Addr]] = []
+        self._waits: list[tuple[Callable[[RendezvousCore], bool], asyncio.Event]] = []
+        original = server.dispatch
+
+        def recording(data: bytes, src: Addr, local: Addr) -> None:
+            self.seen.append((data, src))
+            original(data, src, local)
+            for cond, ev in self._waits:
+                if server.core is not None and cond(server.core):
+                    ev.set()
+
+        server.dispatch = recording  # type: ignore[method-assign]
+
+    @property
+    def core(self) -> RendezvousCore:
+        assert self.server.core is not None
+        return self.server.core
+
+    async def until(self, cond: Callable[[RendezvousCore], bool], timeout_s: float = 20.0) -> None:
+        ev = asyncio.Event()
+        if self.server.core is not None and cond(self.server.core):
+            return
+        self._waits.append((cond, ev))
+        async with asyncio.timeout(timeout_s):
+            await ev.wait()
+
+    def ops_from(self, src: Addr) -> list[object]:
+        return [wire.decode(d).body.get("op") for d, s in self.seen  # type: ignore[union-attr]
+                if s == src and wire.kind_of(d) == "kafila"]
+
+
+@asynccontextmanager
+async def rendezvous() -> AsyncIterator[tuple[Addr, Watched]]:
+    port = free_udp_pair("127.0.0.1")
+    server = RendezvousServer("127.0.0.1", port)
+    watched = Watched(server)
+    await server.start()
+    try:
+        yield ("127.0.0.1", port), watched
+    finally:
+        server.close()
+
+
+async def test_members_rejoin_with_their_key_and_send_the_token_once() -> None:
+    async with rendezvous() as (rdv, w), \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="a", rendezvous_ping_s=0.05) as a, \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="b", rendezvous_ping_s=0.05) as b:
+        code = await a.create_session(rdv)
+        await b.join_session(rdv, code)
+        await w.until(lambda core: core.stats.rejoins >= 6)  # both members have re-joined a few times
+        session = w.core.sessions[code.session_id]
+        for ep in (a, b):
+            m = session.members[ep.member_id]
+            assert m.addr == ep.local_addr and m.reg_key == ep.rdv.reg_key
+        token = code.join_token.hex().encode()
+        for ep in (a, b):
+            assert sum(token in d for d, src in w.seen if src == ep.local_addr) == 1, "the token went out again"
+            ops = w.ops_from(ep.local_addr)
+            assert ops.count("join") == 1 and ops.count("rejoin") >= 2 and ops.count("challenge") >= 2
+        assert len(session.members) == 2
+
+
+async def test_a_member_the_rendezvous_forgot_registers_again() -> None:
+    async with rendezvous() as (rdv, w), \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="a", rendezvous_ping_s=0.05) as a:
+        code = await a.create_session(rdv)
+        first_key = a.rdv.reg_key
+        w.core._remove(code.session_id, a.member_id)  # as after a suspend longer than its member timeout
+        await w.until(lambda core: a.member_id in core.sessions[code.session_id].members)
+        m = w.core.sessions[code.session_id].members[a.member_id]
+        assert m.addr == a.local_addr and m.reg_key != first_key
+        await w.until(lambda core: core.stats.rejoins >= 2)  # and it re-joins with the new key
+        assert a.rdv.reg_key == m.reg_key and w.ops_from(a.local_addr).count("join") == 2
