@@ -42,7 +42,7 @@ class Forwarder:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._queues[cid] = queue
         try:
-            await self.send(messages.control("chat", id=cid, origin=self.me, body=body))
+            await self.send(messages.encode(messages.Chat(cid, self.me, body)))
             while True:
                 try:
                     evt = await asyncio.wait_for(queue.get(), EVENT_TIMEOUT_S)
@@ -57,14 +57,13 @@ class Forwarder:
         finally:
             del self._queues[cid]
 
-    def deliver(self, msg: dict[str, Any]) -> bool:
+    def deliver(self, msg: messages.ChatEvt) -> bool:
         """Hand a chat_evt to its waiting request; False when it is not ours."""
-        if msg.get("dest") != self.me:
+        if msg.dest != self.me:
             return False
-        queue = self._queues.get(str(msg.get("id")))
-        evt = msg.get("evt")
-        if queue is not None and isinstance(evt, dict):
-            queue.put_nowait(evt)
+        queue = self._queues.get(msg.id)
+        if queue is not None:
+            queue.put_nowait(msg.evt)
         return True
 
     def fail_all(self, reason: str) -> None:
