@@ -28,6 +28,7 @@ from kafila.planner import Member, ModelSpec, Plan, Workload, make_plan, predict
 from kafila.planner.placement import Placement
 from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
+from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, manifest_for, read_chunk
 from kafila.session.measure import build_differences, build_tag
 from kafila.session.options import HostOptions
@@ -71,9 +72,10 @@ class HostRuntime:
     """The host's session after it is open (see run_host)."""
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
-                 cache: StageCache, api: ApiServer | None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
+        self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.forwarder: Forwarder | None = None
@@ -267,6 +269,8 @@ class HostRuntime:
             spec = StageSpec(start, end, head=(name == plan.head))
             j = self.joined[name]
             j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, spec)
+            if self.use is not None:
+                self.use.add(j.stage_path)
             j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
             loop = asyncio.get_running_loop()
             j.loaded, j.ready = loop.create_future(), loop.create_future()
@@ -345,6 +349,12 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
     info = describe_model(model)
     state.model = model_label(model)
     cache = StageCache(opts.cache_dir)
+    with start_cache_use(cache.root) as use:
+        return await _serve_host(opts, state, model, info, cache, use)
+
+
+async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info: ModelInfo, cache: StageCache,
+                      use: InUse) -> int:
     async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct) as ep:
         await ep.probe_nat(opts.rendezvous)
@@ -357,7 +367,7 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
             api = ApiServer(state, port=opts.api_port)
             await api.start()
         try:
-            return await HostRuntime(ep, opts, state, model, info, cache, api).run()
+            return await HostRuntime(ep, opts, state, model, info, cache, api, use).run()
         finally:
             if api is not None:
                 await api.stop()

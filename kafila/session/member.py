@@ -26,6 +26,7 @@ from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session import frames, messages
 from kafila.session.api import ApiServer, Forwarder
+from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, StageReceiver
 from kafila.session.head import Head
 from kafila.session.measure import Emulation, cached_probe, measurements
@@ -60,8 +61,9 @@ class MemberRuntime:
     """Everything a member does after it is connected to the host."""
 
     def __init__(self, ep: PeerEndpoint, control: Link, state: SessionState, opts: MemberOptions,
-                 cache: StageCache, api: ApiServer | None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
         self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
+        self.use = use  # the delivered stage this member serves: `kafila cache --prune` leaves it
         self.worker: StageWorker | None = None
         self.head: Head | None = None
         self.forwarder: Forwarder | None = None
@@ -161,6 +163,8 @@ class MemberRuntime:
         is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
         path = await self._receive_stage(msg.stage)
+        if self.use is not None:
+            self.use.add(path)
         config = self._config()
         self.state.update_member(me, status="loading")
         engine = await asyncio.to_thread(StageEngine, path, config, is_head)
@@ -323,6 +327,11 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
     """Join a session with a code and serve in it until the host ends it; returns an exit status."""
     state.role, state.me, state.code = "member", opts.name, opts.code
     cache = StageCache(opts.cache_dir)
+    with start_cache_use(cache.root) as use:
+        return await _serve_member(opts, state, cache, use)
+
+
+async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCache, use: InUse) -> int:
     emulation = Emulation(opts.throttle, opts.memory_gb)
     state.set_phase("measuring", "measuring this machine")
     result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
@@ -345,7 +354,7 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
             api = ApiServer(state, port=opts.api_port)
             await api.start()
         try:
-            return await MemberRuntime(ep, control, state, opts, cache, api).run()
+            return await MemberRuntime(ep, control, state, opts, cache, api, use).run()
         finally:
             if api:
                 await api.stop()
