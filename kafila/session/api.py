@@ -83,6 +83,8 @@ class ApiServer:
         self.state, self.host, self.port = state, host, port
         self._chat: Chat | None = None
         self._epoch = 0  # counts the rings this server has been given to serve on
+        self._ring_changed = asyncio.Event()  # set when a ring is given or the session's phase moves
+        state.subscribe(lambda _state: self._ring_changed.set())
         self._runner: web.AppRunner | None = None
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._completions)
@@ -100,6 +102,7 @@ class ApiServer:
         self._chat = chat
         if chat is not None:
             self._epoch += 1
+        self._ring_changed.set()
 
     async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring."""
@@ -133,13 +136,15 @@ class ApiServer:
 
     async def _next_ring(self, epoch: int) -> str | None:
         """Wait for a ring newer than `epoch`; None when it serves, else why there will be none."""
-        deadline = time.monotonic() + RESUME_WAIT_S
-        while not (self._chat is not None and self._epoch > epoch):
-            if self.state.phase in ("rejected", "closed"):
-                return f"the session cannot go on ({self.state.rejection or self.state.phase})"
-            if time.monotonic() > deadline:
-                return f"no ring was planned within {RESUME_WAIT_S:.0f} s"
-            await asyncio.sleep(0.2)
+        try:
+            async with asyncio.timeout(RESUME_WAIT_S):
+                while not (self._chat is not None and self._epoch > epoch):
+                    if self.state.phase in ("rejected", "closed"):
+                        return f"the session cannot go on ({self.state.rejection or self.state.phase})"
+                    self._ring_changed.clear()
+                    await self._ring_changed.wait()
+        except TimeoutError:
+            return f"no ring was planned within {RESUME_WAIT_S:.0f} s"
         return None
 
     async def start(self) -> str:
