@@ -39,14 +39,21 @@ RECV_TIMEOUT_S = 60.0
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
-    """The session's host among the verified members (polls until it is listed)."""
+    """The session's host among the verified members.
+
+    The rendezvous answers requests and never pushes, so the member list is asked for again (backing
+    off to once a second) until the host is on it. The host announces itself before its join code
+    exists, so the first answer almost always has it.
+    """
+    delay = 0.05
     try:
         async with asyncio.timeout(timeout_s):
             while True:
                 for vm in (await ep.members()).verified:
                     if vm.measurements.get("role") == "host":
                         return vm
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
     except TimeoutError:
         raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
