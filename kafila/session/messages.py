@@ -113,22 +113,32 @@ class Assign(Control):
 
 
 @dataclass(frozen=True)
+class _Epoch(Control):
+    """A message that only names the epoch it belongs to (its type says the rest)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class _Reason(Control):
+    """A message that only carries a reason for a person."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Need(Control):
     T = "need"
     epoch: int
     chunks: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Loaded(Control):
+class Loaded(_Epoch):
     T = "loaded"
-    epoch: int
 
 
-@dataclass(frozen=True)
-class Connect(Control):
+class Connect(_Epoch):
     T = "connect"
-    epoch: int
 
 
 @dataclass(frozen=True)
@@ -138,22 +148,16 @@ class Ready(Control):
     edge: EdgeOutcome | None
 
 
-@dataclass(frozen=True)
-class Admit(Control):
+class Admit(_Epoch):
     T = "admit"
-    epoch: int
 
 
-@dataclass(frozen=True)
-class Reject(Control):
+class Reject(_Reason):
     T = "reject"
-    reason: str
 
 
-@dataclass(frozen=True)
-class Refused(Control):
+class Refused(_Reason):
     T = "refused"
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -194,10 +198,8 @@ class ChatEvt(Control):
     evt: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Bye(Control):
+class Bye(_Reason):
     T = "bye"
-    reason: str
 
 
 # -- field checks: (value, where) -> the decoded value, or ProtocolError --------------------------
