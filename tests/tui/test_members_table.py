@@ -14,7 +14,7 @@ from tests.tui.test_app import until
 @pytest.mark.parametrize("size", [(120, 30), (80, 24)])
 async def test_serving_is_not_truncated(size: tuple[int, int]) -> None:
     st = SessionState(role="host", phase="waiting", code="kf-1")
-    app = KafilaApp(st, tick_s=0.05)
+    app = KafilaApp(st, tick_s=3600)  # no timed re-render: this test renders on demand (below)
     async with app.run_test(size=size) as pilot:
         await until(lambda: app.rendered, 60)  # a shared machine can take seconds to start an app
         await pilot.pause()
