@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,5 +117,3 @@ class StageReceiver:
         os.replace(self.part, self.final)
         return self.final
 
-
-Progress = Callable[[int, int], None]
