@@ -1,4 +1,5 @@
-"""The demo flow's own lifetime: cancelling it ends everything it started, its host task included."""
+"""The demo flow: the model shown by its file's name; cancelling it ends everything it started, its host
+task included."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kafila.model.embedded import default_model_path
 from kafila.session.demo import DemoOptions, run_demo
 from kafila.session.state import SessionState
 from tests.conftest import processes_marked
@@ -18,7 +20,7 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("demo-cache")  # shared: the probe runs once for every test here
 
 
-async def test_cancelling_the_demo_ends_its_host_and_processes(demo_cache: Path) -> None:
+async def test_the_demo_shows_the_model_file_and_cancelling_it_ends_everything(demo_cache: Path) -> None:
     state = SessionState()
     opened = asyncio.Event()
     state.subscribe(lambda s: opened.set() if s.code else None)
@@ -26,6 +28,8 @@ async def test_cancelling_the_demo_ends_its_host_and_processes(demo_cache: Path)
     done, _ = await asyncio.wait({demo, asyncio.ensure_future(opened.wait())}, timeout=300,
                                  return_when=asyncio.FIRST_COMPLETED)
     assert demo not in done and state.code, "the demo ended before its host opened a session"
+    # the file's name, not the GGUF's general.name slug ("Smollm2 135M 8k Lc100K Mix1 Ep2")
+    assert state.model == default_model_path().stem == "SmolLM2-135M-Instruct.Q4_1"
     demo.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await demo
