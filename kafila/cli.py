@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "chat": "chat",
     "demo": "demo",
     "tui": "tui",
+    "cache": "cache",
 }
 
 log = logging.getLogger("kafila")

@@ -81,15 +81,7 @@ def load_model(path: str | None) -> ModelSpec:
         from kafila.model.embedded import resolve_model
     except ImportError as exc:
         raise PlanInputError(f"reading GGUF files needs the model layer ({exc}); pass --model MODEL.json") from None
-    info = describe_model(resolve_model(path))
-    return ModelSpec(
-        name=info.name,
-        blocks_bytes=tuple(info.blocks_bytes),
-        kv_bytes_per_token=tuple(info.kv_bytes_per_token),
-        unembed_bytes=info.unembed_bytes,
-        head_bytes=info.head_bytes,
-        quant=getattr(info, "quant", None),
-    )
+    return ModelSpec.described(describe_model(resolve_model(path)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,12 +1,16 @@
 """The local chain: every stage of a split model in one process, run one after another (no network).
 
 The head's block range is last, as in the ring: embedding rows → body stages → head stage → logits.
+How requests share a call (`take_batch`, `pack`) and get their logits back (`logit_rows`) lives here
+once: the ring's head batches the same way, and the exactness tests hold both to one llama.cpp
+context fed the same batches.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +56,46 @@ def pack(chunks: list[Chunk]) -> tuple[np.ndarray, Rows]:
     return tokens, Rows(seq, pos, want)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """The chunks of several requests that share one call, packed."""
+
+    requests: tuple[Request, ...]
+    chunks: tuple[Chunk, ...]  # chunks[i] is requests[i]'s
+    tokens: np.ndarray
+    rows: Rows
+
+    @property
+    def decode_only(self) -> bool:
+        """Every chunk is a generated token (no prompt rows)."""
+        return all(c.start_pos >= len(r.prompt) for r, c in zip(self.requests, self.chunks, strict=True))
+
+
+def take_batch(requests: Iterable[Request], budget: int) -> Batch | None:
+    """The next chunk of every ready request, `budget` rows at most in all; None when none is ready."""
+    taken: list[tuple[Request, Chunk]] = []
+    for r in requests:
+        chunk = r.take(budget)
+        if chunk is not None:
+            taken.append((r, chunk))
+            budget -= len(chunk.tokens)
+    if not taken:
+        return None
+    chunks = tuple(c for _, c in taken)
+    tokens, rows = pack(list(chunks))
+    return Batch(tuple(r for r, _ in taken), chunks, tokens, rows)
+
+
+def logit_rows(chunks: Iterable[Chunk], logits: np.ndarray) -> Iterator[tuple[Chunk, np.ndarray | None]]:
+    """Each chunk with its row of `logits` (one per chunk that wanted logits, in order), or None."""
+    i = 0
+    for chunk in chunks:
+        row = None
+        if chunk.wants_logits:
+            row, i = logits[i], i + 1
+        yield chunk, row
+
+
 class LocalChain:
     """All stages of one split in this process."""
 
@@ -85,22 +129,12 @@ class LocalChain:
 
     def step(self, requests: list[Request]) -> list[tuple[Request, str]]:
         """One call through the chain carrying a chunk of every ready request; returns new text."""
-        budget = self.config.n_batch
-        taken: list[tuple[Request, Chunk]] = []
-        for r in requests:
-            chunk = r.take(budget)
-            if chunk:
-                taken.append((r, chunk))
-                budget -= len(chunk.tokens)
-        if not taken:
+        batch = take_batch(requests, self.config.n_batch)
+        if batch is None:
             return []
-        tokens, rows = pack([c for _, c in taken])
-        logits = self.forward(tokens, rows)
-        out, i = [], 0
-        for r, c in taken:
-            row = None
-            if c.wants_logits:
-                row, i = logits[i], i + 1
+        logits = self.forward(batch.tokens, batch.rows)
+        out = []
+        for r, (c, row) in zip(batch.requests, logit_rows(batch.chunks, logits), strict=True):
             out.append((r, r.complete(c, row)))
             if r.done:
                 self.free(r.seq)

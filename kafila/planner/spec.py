@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from kafila.errors import PlanInputError
 from kafila.planner.reachability import NatClass
@@ -22,6 +23,23 @@ class Member:
     # bytes per second the head's unembedding streams at (its own quantisation and shape make it run at
     # another speed than the blocks); None: the blocks' bandwidth
     unembed_bandwidth: float | None = None
+
+
+class DescribedModel(Protocol):
+    """What the model layer's description of a GGUF offers the planner (kafila.model.describe.ModelInfo)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def blocks_bytes(self) -> tuple[int, ...]: ...
+    @property
+    def kv_bytes_per_token(self) -> tuple[int, ...]: ...
+    @property
+    def unembed_bytes(self) -> int: ...
+    @property
+    def head_bytes(self) -> int: ...
+    @property
+    def quant(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,12 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         """Every weight byte the ring holds: all blocks plus the head's tensors."""
         return sum(self.blocks_bytes) + self.head_bytes
+
+    @classmethod
+    def described(cls, info: DescribedModel) -> ModelSpec:
+        """The planner's view of a described GGUF (a structural type: the planner imports no model code)."""
+        return cls(info.name, tuple(info.blocks_bytes), tuple(info.kv_bytes_per_token), info.unembed_bytes,
+                   info.head_bytes, quant=info.quant)
 
 
 @dataclass(frozen=True)

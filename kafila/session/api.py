@@ -48,7 +48,7 @@ class Forwarder:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._queues[cid] = queue
         try:
-            await self.send(messages.control("chat", id=cid, origin=self.me, body=body))
+            await self.send(messages.encode(messages.Chat(cid, self.me, body)))
             while True:
                 try:
                     evt = await asyncio.wait_for(queue.get(), EVENT_TIMEOUT_S)
@@ -63,14 +63,13 @@ class Forwarder:
         finally:
             del self._queues[cid]
 
-    def deliver(self, msg: dict[str, Any]) -> bool:
+    def deliver(self, msg: messages.ChatEvt) -> bool:
         """Hand a chat_evt to its waiting request; False when it is not ours."""
-        if msg.get("dest") != self.me:
+        if msg.dest != self.me:
             return False
-        queue = self._queues.get(str(msg.get("id")))
-        evt = msg.get("evt")
-        if queue is not None and isinstance(evt, dict):
-            queue.put_nowait(evt)
+        queue = self._queues.get(msg.id)
+        if queue is not None:
+            queue.put_nowait(msg.evt)
         return True
 
     def fail_all(self, reason: str, lost: str | None = None) -> None:
@@ -91,6 +90,8 @@ class ApiServer:
         self.state, self.host, self.port = state, host, port
         self._chat: Chat | None = None
         self._epoch = 0  # counts the rings this server has been given to serve on
+        self._ring_changed = asyncio.Event()  # set when a ring is given or the session's phase moves
+        state.subscribe(lambda _state: self._ring_changed.set())
         self._runner: web.AppRunner | None = None
         self.guard = Guard()
         # Set before the port is bound, so no request is ever served without it (its file follows).
@@ -113,6 +114,7 @@ class ApiServer:
         self._chat = chat
         if chat is not None:
             self._epoch += 1
+        self._ring_changed.set()
 
     async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring.
@@ -159,13 +161,15 @@ class ApiServer:
 
     async def _next_ring(self, epoch: int) -> str | None:
         """Wait for a ring newer than `epoch`; None when it serves, else why there will be none."""
-        deadline = time.monotonic() + RESUME_WAIT_S
-        while not (self._chat is not None and self._epoch > epoch):
-            if self.state.phase in ("rejected", "closed"):
-                return f"the session cannot go on ({self.state.rejection or self.state.phase})"
-            if time.monotonic() > deadline:
-                return f"no ring was planned within {RESUME_WAIT_S:.0f} s"
-            await asyncio.sleep(0.2)
+        try:
+            async with asyncio.timeout(RESUME_WAIT_S):
+                while not (self._chat is not None and self._epoch > epoch):
+                    if self.state.phase in ("rejected", "closed"):
+                        return f"the session cannot go on ({self.state.rejection or self.state.phase})"
+                    self._ring_changed.clear()
+                    await self._ring_changed.wait()
+        except TimeoutError:
+            return f"no ring was planned within {RESUME_WAIT_S:.0f} s"
         return None
 
     async def start(self) -> str:

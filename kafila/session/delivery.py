@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -135,5 +134,3 @@ class StageReceiver:
         os.replace(self.part, self.final)
         return self.final
 
-
-Progress = Callable[[int, int], None]

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kafila.errors import SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
@@ -26,6 +27,8 @@ from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.demo")
 STOP_GRACE_S = 5.0
+START_TIMEOUT_S = 30.0  # for the rendezvous to listen and the host to open its session
+RENDEZVOUS_READY = b"rendezvous listening on"  # the line the rendezvous logs once its sockets are bound
 # Several members share this machine: their OpenMP threads must not spin long after a call
 # (libgomp spins ~300k iterations by default), or they steal the cores the next stage computes on.
 SHARED_MACHINE_ENV = {"GOMP_SPINCOUNT": "10000"}
@@ -79,6 +82,35 @@ async def _start(argv: list[str], log_path: Path, env: dict[str, str]) -> asynci
         )
 
 
+async def _start_rendezvous(argv: list[str], log_path: Path, env: dict[str, str],
+                            tg: asyncio.TaskGroup) -> asyncio.subprocess.Process:
+    """Start the rendezvous and return once it listens (it says so on stderr, which goes on to its log)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    out = log_path.open("ab")
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                                                stderr=asyncio.subprocess.PIPE, env={**os.environ, **env})
+    listening = asyncio.get_running_loop().create_future()
+
+    async def copy() -> None:
+        assert proc.stderr is not None
+        with out:
+            while line := await proc.stderr.readline():
+                out.write(line)
+                out.flush()
+                if RENDEZVOUS_READY in line and not listening.done():
+                    listening.set_result(None)
+        if not listening.done():
+            listening.set_exception(SessionError(f"the demo's rendezvous stopped before it listened (see {log_path})"))
+
+    tg.create_task(copy())
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            await listening
+    except TimeoutError:
+        raise SessionError(f"the demo's rendezvous did not listen within {START_TIMEOUT_S:.0f} s") from None
+    return proc
+
+
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
     for p in procs:
         if p.returncode is None:
@@ -105,29 +137,43 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe, threads)
     port = free_udp_pair()
     procs: list[asyncio.subprocess.Process] = []
+    code_known = asyncio.Event()
+    state.subscribe(lambda s: code_known.set() if s.code is not None else None)
     try:
-        procs.append(await _start([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
-                                  log_dir / "rendezvous.log", env))
-        await asyncio.sleep(0.5)
-        host = asyncio.create_task(run_host(HostOptions(
-            model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
-            concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port, cache_dir=cache.root,
-            strategy=opts.strategy,
-        ), state))
-        async with asyncio.timeout(30):
-            while state.code is None and not host.done():
-                await asyncio.sleep(0.05)
-        if host.done():
-            return host.result()
-        state.log(f"starting members {', '.join(m.name for m in opts.members)} "
-                  f"(emulated slow-downs {', '.join(f'×{m.throttle:g}' for m in opts.members)}); logs in {log_dir}")
-        for m in opts.members:
-            argv = [*kafila_argv(), "join", state.code or "", "--rendezvous", f"127.0.0.1:{port}", "--name", m.name,
-                    "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
-            if m.memory_gb is not None:
-                argv += ["--memory", str(m.memory_gb)]
-            procs.append(await _start(argv, log_dir / f"{m.name}.log", env))
-        return await host
-    finally:
-        await _stop(procs[1:])
-        await _stop(procs[:1])
+        async with asyncio.TaskGroup() as tg:  # owns the host and the rendezvous' log copier
+            host: asyncio.Task[int] | None = None
+            try:
+                procs.append(await _start_rendezvous(
+                    [*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
+                    log_dir / "rendezvous.log", env, tg))
+                host = tg.create_task(run_host(HostOptions(
+                    model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
+                    concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port,
+                    cache_dir=cache.root, strategy=opts.strategy,
+                ), state))
+                code_wait = tg.create_task(code_known.wait())
+                await asyncio.wait({host, code_wait}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+                code_wait.cancel()
+                if not host.done():
+                    if state.code is None:
+                        raise SessionError(f"the demo's host did not open a session within {START_TIMEOUT_S:.0f} s")
+                    state.log(f"starting members {', '.join(m.name for m in opts.members)} (emulated slow-downs "
+                              f"{', '.join(f'×{m.throttle:g}' for m in opts.members)}); logs in {log_dir}")
+                    for m in opts.members:
+                        argv = [*kafila_argv(), "join", state.code, "--rendezvous", f"127.0.0.1:{port}", "--name",
+                                m.name, "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
+                        if m.memory_gb is not None:
+                            argv += ["--memory", str(m.memory_gb)]
+                        procs.append(await _start(argv, log_dir / f"{m.name}.log", env))
+                    await asyncio.wait({host})
+            finally:
+                if host is not None:
+                    host.cancel()  # no-op once it has ended; else it ends with the demo
+                await _stop(procs[1:])
+                await _stop(procs[:1])
+    except BaseExceptionGroup as group:  # as the host raised it, not wrapped in the demo's own group
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    assert host is not None
+    return host.result()

@@ -1,8 +1,8 @@
 """The head: turns chat requests into tokens, sends rows around the ring, closes it, samples, streams text.
 
 Pipelining: each request has at most one chunk in flight (decode depends on the previous token),
-and several requests are in flight at once, each in its own KV-cache sequence (`seq`, carried as
-the frame's request id). A finished request's sequence is freed by a `free` message that travels
+and several requests are in flight at once, each in its own KV-cache sequence (`seq`, carried per
+row in the frame's header). A finished request's sequence is freed by a `free` message that travels
 the whole ring and comes back; only then is the slot reused, so no stage ever mixes two requests.
 """
 
@@ -19,18 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from kafila.engine.chain import pack
+from kafila.engine.chain import logit_rows, take_batch
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
 from kafila.errors import EngineError, SessionError
-from kafila.net import frames
-from kafila.net.frames import ActivationHeader, Phase
-from kafila.session import messages
+from kafila.session import frames, messages
 from kafila.session.chat_request import BadRequest, parse_chat
-from kafila.session.stage_runtime import Frame, StageWorker
+from kafila.session.frames import ActivationHeader, Frame, Phase
+from kafila.session.stage_runtime import StageWorker
 
 log = logging.getLogger("kafila.head")
 EMA = 0.2  # weight of the newest sample in the running stage-time averages
@@ -87,6 +86,11 @@ class RingStats:
             "tokens_per_s": self.tokens_per_s,
         }
 
+    def message(self) -> messages.Stats:
+        """The `stats` message the head sends the host."""
+        return messages.Stats({n: messages.StageTime(p, self.measured.get(n)) for n, p in self.predicted.items()},
+                              self.network_share, self.tokens_per_s)
+
 
 class Head:
     """The head's serving loop over a ring `order` (head first); a ring of one runs entirely here."""
@@ -119,6 +123,10 @@ class Head:
         self.trace = trace  # records every batch and free in the order all stages compute them
         self.failed: str | None = None
         self._tg: asyncio.TaskGroup | None = None
+        self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
+            messages.Free: self._on_free,
+            messages.Chat: self._on_chat,
+        }
 
     # -- requests -------------------------------------------------------------------------------
     async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
@@ -217,28 +225,20 @@ class Head:
 
     async def _dispatch(self) -> None:
         """Pack the next chunk of every ready request into one frame and send it into the ring."""
-        budget = self.config.n_batch
-        taken: list[Chunk] = []
-        decode_only = True
-        for job in self._active.values():
-            assert job.request is not None
-            chunk = job.request.take(budget)
-            if chunk is not None:
-                taken.append(chunk)
-                budget -= len(chunk.tokens)
-                decode_only &= chunk.start_pos >= len(job.request.prompt)
-        if not taken:
+        batch = take_batch([job.request for job in self._active.values() if job.request is not None],
+                           self.config.n_batch)
+        if batch is None:
             return
-        tokens, rows = pack(taken)
-        embd = self.embedder.rows(tokens)
+        rows = batch.rows
+        embd = self.embedder.rows(batch.tokens)
         fid = next(self._frame_ids)
-        header = ActivationHeader(fid, Phase.DECODE if decode_only else Phase.PREFILL, tuple(rows.pos.tolist()),
-                                  embd.shape[0], embd.shape[1], seqs=tuple(rows.seq.tolist()))
+        header = ActivationHeader(fid, Phase.DECODE if batch.decode_only else Phase.PREFILL,
+                                  tuple(rows.pos.tolist()), embd.shape[0], embd.shape[1], seqs=tuple(rows.seq.tolist()))
         if self.trace:
-            self.trace({"frame": fid, "tokens": tokens.tolist(), "seqs": rows.seq.tolist(),
+            self.trace({"frame": fid, "tokens": batch.tokens.tolist(), "seqs": rows.seq.tolist(),
                         "positions": rows.pos.tolist(), "want": rows.want.tolist()})
-        self._in_flight[fid] = (taken, rows.want, time.perf_counter_ns())
-        msg = frames.encode(header, embd)
+        self._in_flight[fid] = (list(batch.chunks), rows.want, time.perf_counter_ns())
+        msg = frames.encode(Frame(header, embd))
         if self.send_next is None:
             self.inbox.put_nowait(msg)
         else:
@@ -249,13 +249,13 @@ class Head:
             msg = await self.inbox.get()
             kind = messages.kind(msg)
             if kind == "frame":
-                await self._finish_frame(Frame.decode(msg))
+                await self._finish_frame(frames.decode(msg))
             elif kind == "control":
-                await self._on_control(messages.parse_control(msg))
+                await self._on_control(messages.decode(msg))
 
     async def _finish_frame(self, frame: Frame) -> None:
         arrived = time.perf_counter_ns()
-        entry = self._in_flight.pop(frame.header.request_id, None)
+        entry = self._in_flight.pop(frame.header.frame_id, None)
         if entry is None:
             return  # sent before a failure reset the ring: stale
         taken, want, sent = entry
@@ -265,16 +265,12 @@ class Head:
             self.fail_all(f"the head's stage failed: {exc}")
             return
         if self.trace:
-            self.trace({"logits": frame.header.request_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
+            self.trace({"logits": frame.header.frame_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
         if frame.header.phase == Phase.DECODE:
             self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
                            arrived - sent + head_ns)
-        i = 0
-        for chunk in taken:
+        for chunk, row in logit_rows(taken, logits):
             slot = chunk.seq
-            row = None
-            if chunk.wants_logits:
-                row, i = logits[i], i + 1
             job = self._active.get(slot)
             if job is None or job.request is None:
                 continue
@@ -318,30 +314,33 @@ class Head:
         if self.send_next is None:
             await self._release(slot)
         else:
-            await self.send_next(messages.control("free", seq=slot))
+            await self.send_next(messages.encode(messages.Free(slot)))
 
     async def _release(self, slot: int) -> None:
         await self.worker.free(slot)
         self._free_slots.append(slot)
         self._wake.set()
 
-    async def _on_control(self, msg: dict[str, Any]) -> None:
-        t = msg["t"]
-        if t == "free":
-            await self._release(int(messages.field(msg, "seq", int)))
-        elif t == "chat" and self.send_next is not None:
-            self.serve_remote(msg, self.send_next)
-        else:
-            log.warning("head ignored a %r message from the ring", t)
+    async def _on_control(self, msg: messages.Control) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("head ignored a %r message from the ring", msg.T)
+            return
+        await handler(msg)
 
-    def serve_remote(self, msg: dict[str, Any], reply: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _on_free(self, msg: messages.Free) -> None:
+        await self._release(msg.seq)
+
+    async def _on_chat(self, msg: messages.Chat) -> None:
+        if self.send_next is not None:
+            self.serve_remote(msg, self.send_next)
+
+    def serve_remote(self, msg: messages.Chat, reply: Callable[[bytes], Awaitable[None]]) -> None:
         """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
-        cid, origin = messages.field(msg, "id", str), messages.field(msg, "origin", str)
-        body = msg.get("body")
 
         async def answer() -> None:
-            async for evt in self._guarded(body):
-                await reply(messages.control("chat_evt", id=cid, dest=origin, evt=evt))
+            async for evt in self._guarded(msg.body):
+                await reply(messages.encode(messages.ChatEvt(msg.id, msg.origin, evt)))
 
         if self._tg is None:
             raise SessionError("the head is not running")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kafila.engine.build import build_identity
-from kafila.errors import KafilaError, NetworkError, SessionError
+from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.model.cut import StageSpec
 from kafila.model.describe import ModelInfo, describe_model
 from kafila.model.embedded import resolve_model
@@ -27,11 +28,11 @@ from kafila.planner import Member, ModelSpec, Plan, Workload, make_plan, predict
 from kafila.planner.placement import Placement
 from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
+from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, manifest_for, read_chunk
 from kafila.session.measure import build_differences, build_tag
-from kafila.session.member import member_view
 from kafila.session.options import HostOptions
-from kafila.session.state import EdgeView, SessionState, StageStats
+from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 
 log = logging.getLogger("kafila.host")
 N_BATCH = 128
@@ -39,10 +40,9 @@ READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
 EXIT_REJECTED = 3
 
 
-def model_spec(info: ModelInfo) -> ModelSpec:
-    """The planner's view of a described model."""
-    return ModelSpec(info.name, info.blocks_bytes, info.kv_bytes_per_token, info.unembed_bytes, info.head_bytes,
-                     quant=info.quant)
+def model_label(model: Path) -> str:
+    """The name a user sees for a model: its file's stem (a GGUF's general.name is often a raw slug)."""
+    return model.stem
 
 
 def planner_member(vm: VerifiedMember) -> Member:
@@ -61,7 +61,8 @@ class Joined:
 
     peer: VerifiedMember
     link: Link
-    replies: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)  # "loaded", "ready"
+    loaded: asyncio.Future[messages.Loaded] | None = None  # this epoch's replies
+    ready: asyncio.Future[messages.Ready] | None = None
     manifest: StageManifest | None = None
     stage_path: Path | None = None
     sending: set[asyncio.Task[None]] = field(default_factory=set)
@@ -71,9 +72,10 @@ class HostRuntime:
     """The host's session after it is open (see run_host)."""
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
-                 cache: StageCache, api: ApiServer | None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
+        self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.forwarder: Forwarder | None = None
@@ -81,6 +83,14 @@ class HostRuntime:
         self.plan: Plan | None = None
         self._arrived = asyncio.Event()
         self.my_build = build_tag(build_identity())
+        self._handlers: dict[type[messages.Control], Callable[[Joined, Any], None]] = {
+            messages.Need: self._on_need,
+            messages.Loaded: self._on_loaded,
+            messages.Ready: self._on_ready,
+            messages.Lost: self._on_lost_report,
+            messages.Stats: self._on_stats,
+            messages.ChatEvt: self._on_chat_evt,
+        }
 
     async def run(self) -> int:
         async with asyncio.TaskGroup() as tg:
@@ -96,7 +106,7 @@ class HostRuntime:
                 accept.cancel()
                 for j in self.joined.values():
                     with contextlib.suppress(KafilaError):
-                        await j.link.send(messages.control("bye", reason="the host is closing the session"))
+                        await j.link.send(messages.encode(messages.Bye("the host is closing the session")))
                 await asyncio.sleep(0.2)  # let the goodbyes leave before the endpoint closes
 
     # -- members arriving -----------------------------------------------------------------------
@@ -115,13 +125,13 @@ class HostRuntime:
                 self.state.upsert_member(view)
                 self.state.log(f"refused {peer.name}: {reason}")
                 with contextlib.suppress(KafilaError):
-                    await link.send(messages.control("refused", reason=reason))
+                    await link.send(messages.encode(messages.Refused(reason)))
                 continue
             if peer.name in self.joined or (self.plan is not None and self.state.phase == "admitted"):
                 with contextlib.suppress(KafilaError):
                     why = "a member of that name is already in the session" if peer.name in self.joined else \
                         "the session is already planned"
-                    await link.send(messages.control("refused", reason=why))
+                    await link.send(messages.encode(messages.Refused(why)))
                 continue
             self.joined[peer.name] = Joined(peer, link)
             self.state.upsert_member(view)
@@ -144,34 +154,49 @@ class HostRuntime:
     async def _recv_loop(self, name: str, link: Link) -> None:
         try:
             while True:
-                raw = await link.recv()
-                msg = messages.parse_control(raw)
-                await self._on_message(name, msg)
-        except NetworkError as exc:
+                msg = messages.decode(await link.recv())
+                j = self.joined.get(name)
+                handler = self._handlers.get(type(msg))
+                if j is None:
+                    return
+                if handler is None:
+                    log.warning("ignored a %r message from %s", msg.T, name)
+                    continue
+                handler(j, msg)
+        except (NetworkError, ProtocolError) as exc:
             if name in self.joined:
                 self.lost.put_nowait((name, str(exc)))
 
-    async def _on_message(self, name: str, msg: dict[str, Any]) -> None:
-        j = self.joined.get(name)
-        t = msg["t"]
-        if j is None or (msg.get("epoch", self.epoch) != self.epoch and t in ("need", "loaded", "ready")):
+    # -- control messages from members (one handler per type) -----------------------------------
+    def _on_need(self, j: Joined, msg: messages.Need) -> None:
+        if msg.epoch != self.epoch:
             return
-        if t == "need":
-            task = self._tg.create_task(self._send_chunks(j, [int(i) for i in messages.field(msg, "chunks", list)]))
-            j.sending.add(task)
-            task.add_done_callback(j.sending.discard)
-        elif t in ("loaded", "ready") and t in j.replies and not j.replies[t].done():
-            j.replies[t].set_result(msg)
-            self.state.update_member(name, status=t)
-        elif t == "lost":
-            self.lost.put_nowait((str(msg.get("who")), str(msg.get("reason"))))
-        elif t == "stats":
-            for stage, s in dict(msg.get("stages") or {}).items():
-                if stage in self.state.stages and isinstance(s, dict):
-                    self.state.stages[stage].measured_s = s.get("measured_s")
-            self.state.network_share, self.state.tokens_per_s = msg.get("network_share"), msg.get("tokens_per_s")
-            self.state.changed()
-        elif t == "chat_evt" and self.forwarder is not None:
+        task = self._tg.create_task(self._send_chunks(j, list(msg.chunks)))
+        j.sending.add(task)
+        task.add_done_callback(j.sending.discard)
+
+    def _on_loaded(self, j: Joined, msg: messages.Loaded) -> None:
+        if msg.epoch == self.epoch and j.loaded is not None and not j.loaded.done():
+            j.loaded.set_result(msg)
+            self.state.update_member(j.peer.name, status="loaded")
+
+    def _on_ready(self, j: Joined, msg: messages.Ready) -> None:
+        if msg.epoch == self.epoch and j.ready is not None and not j.ready.done():
+            j.ready.set_result(msg)
+            self.state.update_member(j.peer.name, status="ready")
+
+    def _on_lost_report(self, j: Joined, msg: messages.Lost) -> None:
+        self.lost.put_nowait((msg.who, msg.reason))
+
+    def _on_stats(self, j: Joined, msg: messages.Stats) -> None:
+        for stage, s in msg.stages.items():
+            if stage in self.state.stages:
+                self.state.stages[stage].measured_s = s.measured_s
+        self.state.network_share, self.state.tokens_per_s = msg.network_share, msg.tokens_per_s
+        self.state.changed()
+
+    def _on_chat_evt(self, j: Joined, msg: messages.ChatEvt) -> None:
+        if self.forwarder is not None:
             self.forwarder.deliver(msg)
 
     async def _send_chunks(self, j: Joined, chunks: list[int]) -> None:
@@ -195,7 +220,7 @@ class HostRuntime:
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer) for n in names]
         workload = Workload(self.opts.concurrency, self.opts.context)
-        plan = make_plan(members, model_spec(self.info), workload)
+        plan = make_plan(members, ModelSpec.described(self.info), workload)
         placement = plan.placement(self.opts.strategy)
         self.plan = plan
         self.state.plan = plan.to_json(self.opts.strategy)
@@ -207,7 +232,7 @@ class HostRuntime:
             self.state.set_phase("rejected", f"rejected: {reason}")
             for j in self.joined.values():
                 with contextlib.suppress(KafilaError):
-                    await j.link.send(messages.control("reject", reason=reason))
+                    await j.link.send(messages.encode(messages.Reject(reason)))
             return EXIT_REJECTED
         order = list(placement.order)
         self.state.edges = [EdgeView(a, b, self.state.predicted[a][b])
@@ -219,7 +244,7 @@ class HostRuntime:
         loss = await self._wait_all(order, "loaded")
         if loss is None:
             for n in order:
-                await self.joined[n].link.send(messages.control("connect", epoch=self.epoch))
+                await self.joined[n].link.send(messages.encode(messages.Connect(self.epoch)))
             self.state.set_phase("connecting", "every stage is loaded; opening the ring's edges")
             loss = await self._wait_all(order, "ready")
         if loss is not None:
@@ -229,7 +254,7 @@ class HostRuntime:
         if self.api is not None:
             self.api.chat = self.forwarder.chat
         for n in order:
-            await self.joined[n].link.send(messages.control("admit", epoch=self.epoch))
+            await self.joined[n].link.send(messages.encode(messages.Admit(self.epoch)))
             self.state.update_member(n, status="serving")
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
@@ -244,18 +269,23 @@ class HostRuntime:
             spec = StageSpec(start, end, head=(name == plan.head))
             j = self.joined[name]
             j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, spec)
+            if self.use is not None:
+                self.use.add(j.stage_path)
             j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
             loop = asyncio.get_running_loop()
-            j.replies = {"loaded": loop.create_future(), "ready": loop.create_future()}
+            j.loaded, j.ready = loop.create_future(), loop.create_future()
             self.state.delivery[name] = (0, j.manifest.size)
-            await j.link.send(messages.control(
-                "assign", epoch=self.epoch, order=order, head=plan.head,
-                ranges={n: list(r) for n, r in plan.ranges.items()}, config=config, plan=self.state.plan,
-                model=self.model.stem, stage=j.manifest.as_dict()))
+            await j.link.send(messages.encode(messages.Assign(
+                self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
+                self.state.plan or {}, model_label(self.model), j.manifest)))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
-        waits = {n: self.joined[n].replies[kind] for n in order}
+        waits: dict[str, asyncio.Future[Any]] = {}
+        for n in order:
+            fut = self.joined[n].loaded if kind == "loaded" else self.joined[n].ready
+            assert fut is not None
+            waits[n] = fut
         lost_wait = asyncio.ensure_future(self.lost.get())
         try:
             pending: set[asyncio.Future[Any]] = set(waits.values())
@@ -278,12 +308,13 @@ class HostRuntime:
     def _record_edges(self, order: list[str]) -> None:
         """Each member's `ready` reports its outgoing ring edge: predicted against what happened."""
         for a, b in zip(order, order[1:] + order[:1], strict=True):
-            edge = self.joined[a].replies["ready"].result().get("edge")
-            if a != b and isinstance(edge, dict):
-                actual = {"direct": "direct", "relay": "relayed"}.get(str(edge.get("actual")), "failed")
-                self.state.set_edge(a, b, actual, edge.get("ready_ms"))
+            ready = self.joined[a].ready
+            edge = ready.result().edge if ready is not None and ready.done() else None
+            if a != b and edge is not None:
+                actual = {"direct": "direct", "relay": "relayed"}.get(edge.actual, "failed")
+                self.state.set_edge(a, b, actual, edge.ready_ms)
                 self.state.log(f"edge {a} → {b}: predicted {self.state.predicted[a][b]}, {actual}"
-                               f" (usable after {edge.get('ready_ms')} ms)")
+                               f" (usable after {edge.ready_ms} ms)")
 
     async def _on_lost(self, who: str, reason: str) -> int | None:
         self.state.lost = f"{who}: {reason}"
@@ -299,7 +330,7 @@ class HostRuntime:
                 await gone.link.close()
         for j in self.joined.values():
             with contextlib.suppress(KafilaError):
-                await j.link.send(messages.control("lost", who=who, reason=reason, epoch=self.epoch))
+                await j.link.send(messages.encode(messages.Lost(who, reason, self.epoch)))
         # the same loss is often reported by its neighbours and by its own link: keep other losses only
         others = [self.lost.get_nowait() for _ in range(self.lost.qsize())]
         for other in others:
@@ -316,8 +347,14 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
     state.role, state.me = "host", "host"
     model = resolve_model(opts.model)
     info = describe_model(model)
-    state.model = model.stem  # what clients name it by (/v1/models), not general.name
+    state.model = model_label(model)
     cache = StageCache(opts.cache_dir)
+    with start_cache_use(cache.root) as use:
+        return await _serve_host(opts, state, model, info, cache, use)
+
+
+async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info: ModelInfo, cache: StageCache,
+                      use: InUse) -> int:
     async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct) as ep:
         await ep.probe_nat(opts.rendezvous)
@@ -330,7 +367,7 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
             api = ApiServer(state, port=opts.api_port)
             await api.start()
         try:
-            return await HostRuntime(ep, opts, state, model, info, cache, api).run()
+            return await HostRuntime(ep, opts, state, model, info, cache, api, use).run()
         finally:
             if api is not None:
                 await api.stop()

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,40 +24,36 @@ from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint, RingEdges
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
-from kafila.session import messages
+from kafila.session import frames, messages
 from kafila.session.api import ApiServer, Forwarder
+from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, StageReceiver
 from kafila.session.head import Head
 from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
-from kafila.session.stage_runtime import Frame, StageWorker
-from kafila.session.state import MemberView, SessionState, StageStats
+from kafila.session.stage_runtime import StageWorker
+from kafila.session.state import SessionState, StageStats, member_view
 
 log = logging.getLogger("kafila.member")
 RECV_TIMEOUT_S = 60.0
 
 
-def member_view(vm: VerifiedMember) -> MemberView:
-    """What the dashboard shows of a verified member's announcement."""
-    m = vm.measurements
-    return MemberView(
-        name=vm.name, role=str(m.get("role", "member")), status="joined",
-        bandwidth_bytes_per_s=m.get("bw"), dispatch_s=m.get("disp"), memory_bytes=m.get("mem"),
-        rtt_ms=vm.rtt_ms, nat=vm.nat_class.value,
-        nat_evidence={"mapped": vm.mapped, "local": vm.local, "observed": vm.observed},
-        emulated=dict(m.get("emu") or {}), probe_samples=list(m.get("samples") or []), build=str(m.get("build", "")),
-    )
-
-
 async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
-    """The session's host among the verified members (polls until it is listed)."""
+    """The session's host among the verified members.
+
+    The rendezvous answers requests and never pushes, so the member list is asked for again (backing
+    off to once a second) until the host is on it. The host announces itself before its join code
+    exists, so the first answer almost always has it.
+    """
+    delay = 0.05
     try:
         async with asyncio.timeout(timeout_s):
             while True:
                 for vm in (await ep.members()).verified:
                     if vm.measurements.get("role") == "host":
                         return vm
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
     except TimeoutError:
         raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
@@ -72,30 +68,48 @@ class MemberRuntime:
     """Everything a member does after it is connected to the host."""
 
     def __init__(self, ep: PeerEndpoint, control: Link, state: SessionState, opts: MemberOptions,
-                 cache: StageCache, api: ApiServer | None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
         self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
+        self.use = use  # the delivered stage this member serves: `kafila cache --prune` leaves it
         self.worker: StageWorker | None = None
         self.head: Head | None = None
         self.forwarder: Forwarder | None = None
         self.edges: RingEdges | None = None
-        self.assignment: dict[str, Any] = {}
+        self.assignment: messages.Assign | None = None
         self._serving: asyncio.Task[None] | None = None
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[messages.Control] = []
+        # what each of the host's messages does; a handler returns an exit status to end the session
+        self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[int | None]]] = {
+            messages.Assign: self._on_assign,
+            messages.Connect: self._on_connect,
+            messages.Admit: self._on_admit,
+            messages.Reject: self._on_reject,
+            messages.Refused: self._on_reject,
+            messages.Lost: self._on_lost,
+            messages.Chat: self._on_chat,
+            messages.Bye: self._on_bye,
+        }
+
+    @property
+    def _assigned(self) -> messages.Assign:
+        if self.assignment is None:
+            raise ProtocolError("the host sent a ring instruction before assigning a stage")
+        return self.assignment
 
     def _config(self) -> ContextConfig:
         """The host's context settings for every stage, with this machine's own thread count."""
-        return ContextConfig(**{**messages.field(self.assignment, "config", dict), "n_threads": self.opts.threads})
+        return ContextConfig(**self._assigned.config, n_threads=self.opts.threads)
 
-    async def send_host(self, t: str, **fields: Any) -> None:
-        await self.control.send(messages.control(t, **fields))
+    async def send_host(self, msg: messages.Control) -> None:
+        await self.control.send(messages.encode(msg))
 
-    async def _next_control(self) -> dict[str, Any]:
+    async def _next_control(self) -> messages.Control:
         if self._pending:
             return self._pending.pop(0)
         while True:
             raw = await self.control.recv()
             if messages.kind(raw) == "control":
-                return messages.parse_control(raw)
+                return messages.decode(raw)
             log.warning("ignored a stray %s message from the host", messages.kind(raw))
 
     async def run(self) -> int:
@@ -105,54 +119,69 @@ class MemberRuntime:
             try:
                 while True:
                     msg = await self._next_control()
-                    t = msg["t"]
-                    if t == "assign":
-                        await self._stop_serving(None)
-                        await self._setup(msg)
-                    elif t == "connect":
-                        await self._connect()
-                    elif t == "admit":
-                        self._serving = tg.create_task(self._serve())
-                        self.state.set_phase("admitted", "admitted: serving")
-                    elif t in ("reject", "refused"):
-                        reason = str(msg.get("reason"))
-                        self.state.rejection = reason
-                        self.state.set_phase("rejected", f"{t}: {reason}")
-                        raise SessionError(f"the session was {'rejected' if t == 'reject' else 'refused'}: {reason}")
-                    elif t == "lost":
-                        reason = f"member {msg.get('who')} was lost: {msg.get('reason')}"
-                        await self._stop_serving(reason)
-                    elif t == "chat" and self.head is not None:
-                        self.head.serve_remote(msg, self.control.send)
-                    elif t == "bye":
-                        self.state.set_phase("closed", f"the host closed the session: {msg.get('reason')}")
-                        return 0
+                    handler = self._handlers.get(type(msg))
+                    if handler is None:
+                        log.warning("ignored a %r message from the host", msg.T)
+                        continue
+                    status = await handler(msg)
+                    if status is not None:
+                        return status
             finally:
                 await self._stop_serving("this member is leaving")
 
+    # -- the host's messages (one handler per type) ---------------------------------------------
+    async def _on_assign(self, msg: messages.Assign) -> None:
+        await self._stop_serving(None)
+        await self._setup(msg)
+
+    async def _on_connect(self, msg: messages.Connect) -> None:
+        await self._connect()
+
+    async def _on_admit(self, msg: messages.Admit) -> None:
+        self._serving = self._tg.create_task(self._serve())
+        self.state.set_phase("admitted", "admitted: serving")
+
+    async def _on_reject(self, msg: messages.Reject | messages.Refused) -> None:
+        self.state.rejection = msg.reason
+        self.state.set_phase("rejected", f"{msg.T}: {msg.reason}")
+        raise SessionError(f"the session was {'rejected' if msg.T == 'reject' else 'refused'}: {msg.reason}")
+
+    async def _on_lost(self, msg: messages.Lost) -> None:
+        await self._stop_serving(f"member {msg.who} was lost: {msg.reason}")
+
+    async def _on_chat(self, msg: messages.Chat) -> None:
+        if self.head is not None:
+            self.head.serve_remote(msg, self.control.send)
+
+    async def _on_bye(self, msg: messages.Bye) -> int:
+        self.state.set_phase("closed", f"the host closed the session: {msg.reason}")
+        return 0
+
     # -- setting up an epoch --------------------------------------------------------------------
-    async def _setup(self, msg: dict[str, Any]) -> None:
+    async def _setup(self, msg: messages.Assign) -> None:
         self.assignment = msg
         me = self.opts.name
-        order: list[str] = messages.field(msg, "order", list)
-        ranges: dict[str, list[int]] = messages.field(msg, "ranges", dict)
-        self.state.plan = messages.field(msg, "plan", dict)
-        self.state.model = str(msg.get("model", ""))
-        self.state.stages = {n: StageStats(float(s)) for n, s in self.state.plan.get("stage_seconds", {}).items()}
-        start, end = ranges[me]
-        is_head = order[0] == me
+        if me not in msg.ranges:
+            raise ProtocolError(f"the host's assignment has no block range for this member ({me})")
+        self.state.plan = msg.plan
+        self.state.model = msg.model
+        self.state.stages = {n: StageStats(s) for n, s in msg.stage_seconds.items()}
+        start, end = msg.ranges[me]
+        is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
-        path = await self._receive_stage(StageManifest.from_dict(msg["stage"]))
+        path = await self._receive_stage(msg.stage)
+        if self.use is not None:
+            self.use.add(path)
         config = self._config()
         self.state.update_member(me, status="loading")
         engine = await asyncio.to_thread(StageEngine, path, config, is_head)
         self.worker = StageWorker(engine, self.opts.throttle)
-        await self.send_host("loaded", epoch=msg.get("epoch"))
+        await self.send_host(messages.Loaded(msg.epoch))
         self.state.update_member(me, status="loaded")
 
     async def _connect(self) -> None:
         """Open this member's two ring edges (when the host says every stage is loaded)."""
-        order: list[str] = self.assignment["order"]
+        order = self._assigned.order
         self.state.set_phase("connecting", "opening ring edges")
         by_name = {vm.name: vm for vm in (await self.ep.members()).verified}
         missing = [n for n in order if n not in by_name]
@@ -162,22 +191,22 @@ class MemberRuntime:
         edge = None
         if self.edges.report is not None:
             r = self.edges.report
-            edge = {"predicted": r.predicted, "actual": r.actual, "ready_ms": r.ready_ms, "error": r.error}
-        await self.send_host("ready", epoch=self.assignment.get("epoch"), edge=edge)
+            edge = messages.EdgeOutcome(r.predicted, r.actual, r.ready_ms, r.error)
+        await self.send_host(messages.Ready(self._assigned.epoch, edge))
         self.state.update_member(self.opts.name, status="ready")
 
     async def _receive_stage(self, manifest: StageManifest) -> Path:
         me = self.opts.name
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
         missing = receiver.missing()
-        await self.send_host("need", epoch=self.assignment.get("epoch"), chunks=missing)
+        await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))
         total = manifest.size
         self.state.delivery[me] = (total - len(missing) * manifest.chunk_size if missing else total, total)
         self.state.changed()
         while not receiver.complete:
             raw = await self.control.recv(timeout=RECV_TIMEOUT_S)
             if messages.kind(raw) != "chunk":
-                self._pending.append(messages.parse_control(raw))  # handled after the transfer
+                self._pending.append(messages.decode(raw))  # handled after the transfer
                 continue
             index, data = messages.parse_chunk(raw)
             receiver.accept(index, data)
@@ -192,8 +221,8 @@ class MemberRuntime:
     # -- serving --------------------------------------------------------------------------------
     async def _serve(self) -> None:
         assert self.worker is not None and self.edges is not None
-        order: list[str] = self.assignment["order"]
-        is_head = order[0] == self.opts.name
+        order = list(self._assigned.order)
+        is_head = self._assigned.head == self.opts.name
         config = self._config()
         inbox: asyncio.Queue[bytes] = asyncio.Queue()
         try:
@@ -204,8 +233,7 @@ class MemberRuntime:
                     path = self.worker.engine.path
                     vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
                     nxt = self.edges.next
-                    self.head = Head(self.worker, Embedder(path), vocab, config, order,
-                                     dict(self.state.plan.get("stage_seconds", {})) if self.state.plan else {},
+                    self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
                                      nxt.send if nxt is not None else None, inbox, self._trace_writer())
                     if self.api:
                         self.api.chat = self.head.chat
@@ -225,7 +253,7 @@ class MemberRuntime:
             self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
             self._fail_requests(f"member {peer} was lost: {reason}")
             with contextlib.suppress(KafilaError):
-                await self.send_host("lost", who=peer, reason=reason, epoch=self.assignment.get("epoch"))
+                await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
 
     def _failed_peer(self) -> str:
         for link in (self.edges.prev, self.edges.next) if self.edges else ():
@@ -260,14 +288,14 @@ class MemberRuntime:
         while True:
             msg = await inbox.get()
             if messages.kind(msg) == "frame":
-                frame = Frame.decode(msg)
+                frame = frames.decode(msg)
                 out, ns = await self.worker.run(frame)
-                await nxt.send(frame.encode(out, ns))
+                await nxt.send(frames.encode(frame.passed(out, ns)))
                 continue
-            c = messages.parse_control(msg)
-            if c["t"] == "free":
-                await self.worker.free(int(messages.field(c, "seq", int)))
-            elif c["t"] == "chat_evt" and self.forwarder is not None and self.forwarder.deliver(c):
+            c = messages.decode(msg)
+            if isinstance(c, messages.Free):
+                await self.worker.free(c.seq)
+            elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
                 continue
             await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
 
@@ -275,13 +303,13 @@ class MemberRuntime:
         assert self.head is not None
         while True:
             await asyncio.sleep(1.0)
-            stats = self.head.stats.as_dict()
-            for name, s in stats["stages"].items():
+            stats = self.head.stats.message()
+            for name, s in stats.stages.items():
                 if name in self.state.stages:
-                    self.state.stages[name].measured_s = s["measured_s"]
-            self.state.network_share, self.state.tokens_per_s = stats["network_share"], stats["tokens_per_s"]
+                    self.state.stages[name].measured_s = s.measured_s
+            self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
             self.state.changed()
-            await self.send_host("stats", **stats)
+            await self.send_host(stats)
 
     async def _stop_serving(self, reason: str | None) -> None:
         if reason:
@@ -306,6 +334,11 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
     """Join a session with a code and serve in it until the host ends it; returns an exit status."""
     state.role, state.me, state.code = "member", opts.name, opts.code
     cache = StageCache(opts.cache_dir)
+    with start_cache_use(cache.root) as use:
+        return await _serve_member(opts, state, cache, use)
+
+
+async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCache, use: InUse) -> int:
     emulation = Emulation(opts.throttle, opts.memory_gb)
     state.set_phase("measuring", "measuring this machine")
     result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
@@ -328,7 +361,7 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
             api = ApiServer(state, port=opts.api_port)
             await api.start()
         try:
-            return await MemberRuntime(ep, control, state, opts, cache, api).run()
+            return await MemberRuntime(ep, control, state, opts, cache, api, use).run()
         finally:
             if api:
                 await api.stop()

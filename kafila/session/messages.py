@@ -2,49 +2,60 @@
 
 Three kinds, told apart by their first bytes:
 
-    b"KFA1" ...   activation frame (kafila.net.frames): hidden-state rows moving around the ring
+    b"KFA1" ...   activation frame (kafila.session.frames): hidden-state rows moving around the ring
     b"KFC1" ...   stage chunk: u32 index | raw bytes of one chunk of a stage file (host → member)
-    b"{" ...      a control message: one UTF-8 JSON object with a "t" (type) field, below
+    b"{" ...      a control message: one UTF-8 JSON object whose "t" names its type, below
 
-Control types (host ⇄ member on the control link; ring messages on ring links):
+Control messages, each a frozen dataclass here (every field is required; "|null" marks the ones
+that may be null; fields this build does not know are ignored):
 
-    assign     host → member   epoch, order [names], head, ranges, config, plan, stage {sha256, size,
-                               chunk_size, chunks [sha256 per chunk]}, api_port
-    need       member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
-    loaded     member → host   epoch (stage received, verified and loaded into llama.cpp)
-    connect    host → member   epoch (every stage is loaded: open the ring edges now)
-    ready      member → host   epoch, edge {predicted, actual, ready_ms} (its outgoing ring edge)
-    admit      host → member   epoch
-    reject     host → member   reason (the planner's text)
-    refused    host → member   reason (this member cannot take part, e.g. a different llama.cpp build)
-    lost       any → host/all  who, reason, epoch
-    stats      head → host     stages {name: [predicted_s, measured_s]}, network_share, tokens_per_s
-    free       ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
-    chat       ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
-                               an earlier ring generated), forwarded to the head
-    chat_evt   ring / control  id, dest, evt ({"delta": str, "tokens": [ids]} | {"done": {...stats}} |
-                               {"error": str, "resumable": bool})
-    bye        any             reason (closing on purpose)
+    assign    host → member   epoch, order [names, head first], head (= order[0]),
+                              ranges {name: [start, end)} for every name in order,
+                              config {n_ctx_per_seq, n_seq_max, n_batch}, plan (the planner's JSON;
+                              its "stage_seconds" {name: s} are read), model (the name to show),
+                              stage {sha256, size, chunk_size, chunks [sha256 per chunk]}
+    need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
+    loaded    member → host   epoch (stage received, verified and loaded into llama.cpp)
+    connect   host → member   epoch (every stage is loaded: open the ring edges now)
+    ready     member → host   epoch, edge {predicted, actual, ready_ms|null, error|null}|null
+                              (its outgoing ring edge; null for a ring of one)
+    admit     host → member   epoch
+    reject    host → member   reason (the planner's text)
+    refused   host → member   reason (this member cannot take part, e.g. a different llama.cpp build)
+    lost      any → host/all  who, reason, epoch
+    stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
+                              tokens_per_s|null
+    free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
+    chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
+                              an earlier ring generated), forwarded to the head
+    chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
+                              {"error": str, "resumable": bool}
+    bye       any             reason (closing on purpose)
 
-Every decoder checks types and sizes; malformed input is a ProtocolError naming what is wrong.
+decode() checks every field's type and range from one table (SCHEMA); anything malformed is a
+ProtocolError naming what is wrong, never another exception.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 from kafila.errors import ProtocolError
+from kafila.session.delivery import StageManifest
+from kafila.session.frames import MAGIC as FRAME_MAGIC
 
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
-FRAME_MAGIC = b"KFA1"
 CHUNK_MAGIC = b"KFC1"
-CONTROL_TYPES = frozenset(
-    {"assign", "need", "loaded", "connect", "ready", "admit", "reject", "refused", "lost", "stats", "free", "chat",
-     "chat_evt", "bye"}
-)
 MAX_CONTROL = 4 * 1024 * 1024
+MAX_NAME = 255
+MAX_TEXT = 64 * 1024
+MAX_INDEX = (1 << 31) - 1
+CONFIG_KEYS = ("n_ctx_per_seq", "n_seq_max", "n_batch")
 
 
 def kind(msg: bytes) -> str:
@@ -58,31 +69,332 @@ def kind(msg: bytes) -> str:
     raise ProtocolError(f"unknown session message starting {msg[:4]!r}")
 
 
-def control(t: str, **fields: Any) -> bytes:
-    """Encode a control message of type `t`."""
-    assert t in CONTROL_TYPES, t
-    return json.dumps({"t": t, **fields}, separators=(",", ":")).encode()
+# -- the messages ---------------------------------------------------------------------------------
+class Control:
+    """A control message; T is its "t" on the wire."""
+
+    T: ClassVar[str]
 
 
-def parse_control(msg: bytes) -> dict[str, Any]:
-    """Decode a control message; ProtocolError unless it is a JSON object of a known type."""
-    if len(msg) > MAX_CONTROL:
-        raise ProtocolError(f"control message of {len(msg)} bytes exceeds {MAX_CONTROL}")
-    try:
-        obj = json.loads(msg)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"control message is not JSON: {exc}") from None
-    if not isinstance(obj, dict) or obj.get("t") not in CONTROL_TYPES:
-        raise ProtocolError(f"control message has no known type: {str(obj)[:80]}")
+@dataclass(frozen=True)
+class EdgeOutcome:
+    """A member's outgoing ring edge: predicted against what verification found."""
+
+    predicted: str
+    actual: str  # "direct", "relay" or "failed"
+    ready_ms: float | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One stage's predicted and measured compute time per call, in seconds."""
+
+    predicted_s: float
+    measured_s: float | None
+
+
+@dataclass(frozen=True)
+class Assign(Control):
+    T = "assign"
+    epoch: int
+    order: tuple[str, ...]
+    head: str
+    ranges: dict[str, tuple[int, int]]
+    config: dict[str, int]
+    plan: dict[str, Any]
+    model: str
+    stage: StageManifest
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """The planner's predicted stage time per member (validated by decode)."""
+        return dict(self.plan.get("stage_seconds") or {})
+
+
+@dataclass(frozen=True)
+class _Epoch(Control):
+    """A message that only names the epoch it belongs to (its type says the rest)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class _Reason(Control):
+    """A message that only carries a reason for a person."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Need(Control):
+    T = "need"
+    epoch: int
+    chunks: tuple[int, ...]
+
+
+class Loaded(_Epoch):
+    T = "loaded"
+
+
+class Connect(_Epoch):
+    T = "connect"
+
+
+@dataclass(frozen=True)
+class Ready(Control):
+    T = "ready"
+    epoch: int
+    edge: EdgeOutcome | None
+
+
+class Admit(_Epoch):
+    T = "admit"
+
+
+class Reject(_Reason):
+    T = "reject"
+
+
+class Refused(_Reason):
+    T = "refused"
+
+
+@dataclass(frozen=True)
+class Lost(Control):
+    T = "lost"
+    who: str
+    reason: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Stats(Control):
+    T = "stats"
+    stages: dict[str, StageTime]
+    network_share: float | None
+    tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Free(Control):
+    T = "free"
+    seq: int
+
+
+@dataclass(frozen=True)
+class Chat(Control):
+    T = "chat"
+    id: str
+    origin: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChatEvt(Control):
+    T = "chat_evt"
+    id: str
+    dest: str
+    evt: dict[str, Any]
+
+
+class Bye(_Reason):
+    T = "bye"
+
+
+# -- field checks: (value, where) -> the decoded value, or ProtocolError --------------------------
+Check = Callable[[Any, str], Any]
+
+
+def _int(lo: int, hi: int) -> Check:
+    def check(v: Any, where: str) -> int:
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ProtocolError(f"{where} must be an integer in [{lo}, {hi}]")
+        return v
+    return check
+
+
+def _num(lo: float, hi: float) -> Check:
+    def check(v: Any, where: str) -> float:
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
+            raise ProtocolError(f"{where} must be a number in [{lo:g}, {hi:g}]")
+        return float(v)
+    return check
+
+
+def _str(max_len: int, min_len: int = 0) -> Check:
+    def check(v: Any, where: str) -> str:
+        if not isinstance(v, str) or not min_len <= len(v) <= max_len:
+            raise ProtocolError(f"{where} must be a string of {min_len} to {max_len} characters")
+        return v
+    return check
+
+
+def _null_or(inner: Check) -> Check:
+    def check(v: Any, where: str) -> Any:
+        return None if v is None else inner(v, where)
+    return check
+
+
+def _list(item: Check, max_len: int | None = None) -> Check:
+    def check(v: Any, where: str) -> tuple[Any, ...]:
+        if not isinstance(v, list) or (max_len is not None and len(v) > max_len):
+            raise ProtocolError(f"{where} must be a list" + (f" of at most {max_len} items" if max_len else ""))
+        return tuple(item(x, f"{where}[{i}]") for i, x in enumerate(v))
+    return check
+
+
+def _map(value: Check) -> Check:
+    def check(v: Any, where: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise ProtocolError(f"{where} must be an object")
+        return {_NAME(k, f"a key of {where}"): value(x, f"{where}[{k!r}]") for k, x in v.items()}
+    return check
+
+
+def _object(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ProtocolError(f"{where} must be an object")
+    return v
+
+
+def _record(cls: type, checks: dict[str, Check]) -> Check:
+    """A nested object decoded into the dataclass `cls`."""
+    def check(v: Any, where: str) -> Any:
+        return cls(**_fields(_object(v, where), checks, where))
+    return check
+
+
+_NAME = _str(MAX_NAME, 1)
+_NAMES = _list(_NAME, 64)
+_EPOCH = _int(0, MAX_INDEX)
+_TEXT = _str(MAX_TEXT)
+_SECONDS = _num(0.0, 1e9)
+_SHA256 = _str(64, 64)
+
+
+def _range(v: Any, where: str) -> tuple[int, int]:
+    if not isinstance(v, list) or len(v) != 2:
+        raise ProtocolError(f"{where} must be a block range [start, end)")
+    start, end = (_int(0, MAX_INDEX)(x, where) for x in v)
+    if not start < end:
+        raise ProtocolError(f"{where} must be a block range [start, end) with start < end")
+    return start, end
+
+
+def _config(v: Any, where: str) -> dict[str, int]:
+    obj = _object(v, where)
+    return {k: _int(1, 1 << 24)(obj.get(k), f"{where}.{k}") for k in CONFIG_KEYS}
+
+
+def _plan(v: Any, where: str) -> dict[str, Any]:
+    obj = _object(v, where)
+    _map(_SECONDS)(obj.get("stage_seconds", {}), f"{where}.stage_seconds")
     return obj
 
 
-def field(msg: dict[str, Any], name: str, kind_: type | tuple[type, ...]) -> Any:
-    """A required field of a given type, or a ProtocolError naming it."""
-    value = msg.get(name)
-    if not isinstance(value, kind_) or (isinstance(value, bool) and kind_ in (int, float)):
-        raise ProtocolError(f"'{msg.get('t')}' message: field '{name}' is missing or not {kind_}")
-    return value
+def _manifest(v: Any, where: str) -> StageManifest:
+    obj = _object(v, where)
+    # the types first, so that the manifest's own consistency check sees only sane numbers
+    _SHA256(obj.get("sha256"), f"{where}.sha256")
+    _int(0, 1 << 50)(obj.get("size"), f"{where}.size")
+    _int(1, 1 << 32)(obj.get("chunk_size"), f"{where}.chunk_size")
+    _list(_SHA256)(obj.get("chunks"), f"{where}.chunks")
+    return StageManifest.from_dict(obj)
+
+
+def _event(v: Any, where: str) -> dict[str, Any]:
+    obj = _object(v, where)
+    if "delta" in obj:
+        _str(MAX_CONTROL)(obj["delta"], f"{where}.delta")
+        _list(_int(0, MAX_INDEX))(obj.get("tokens"), f"{where}.tokens")
+    elif "done" in obj:
+        _object(obj["done"], f"{where}.done")
+    elif "error" in obj or "notice" in obj:
+        _TEXT(obj.get("error", obj.get("notice")), f"{where}'s text")
+    else:
+        raise ProtocolError(f"{where} must carry one of delta, done, error, notice")
+    return obj
+
+
+_EDGE = _record(EdgeOutcome, {"predicted": _NAME, "actual": _NAME, "ready_ms": _null_or(_SECONDS),
+                              "error": _null_or(_TEXT)})
+_STAGE_TIME = _record(StageTime, {"predicted_s": _SECONDS, "measured_s": _null_or(_SECONDS)})
+
+# The one decode table: each type's class and a check per field.
+SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
+    "assign": (Assign, {"epoch": _EPOCH, "order": _NAMES, "head": _NAME, "ranges": _map(_range),
+                        "config": _config, "plan": _plan, "model": _TEXT, "stage": _manifest}),
+    "need": (Need, {"epoch": _EPOCH, "chunks": _list(_int(0, MAX_INDEX))}),
+    "loaded": (Loaded, {"epoch": _EPOCH}),
+    "connect": (Connect, {"epoch": _EPOCH}),
+    "ready": (Ready, {"epoch": _EPOCH, "edge": _null_or(_EDGE)}),
+    "admit": (Admit, {"epoch": _EPOCH}),
+    "reject": (Reject, {"reason": _TEXT}),
+    "refused": (Refused, {"reason": _TEXT}),
+    "lost": (Lost, {"who": _NAME, "reason": _TEXT, "epoch": _EPOCH}),
+    "stats": (Stats, {"stages": _map(_STAGE_TIME), "network_share": _null_or(_num(0.0, 1.0)),
+                      "tokens_per_s": _null_or(_num(0.0, 1e9))}),
+    "free": (Free, {"seq": _int(0, 0xFFFF)}),
+    "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
+    "chat_evt": (ChatEvt, {"id": _NAME, "dest": _NAME, "evt": _event}),
+    "bye": (Bye, {"reason": _TEXT}),
+}
+
+
+def _fields(obj: dict[str, Any], checks: dict[str, Check], where: str) -> dict[str, Any]:
+    missing = [name for name in checks if name not in obj]
+    if missing:
+        raise ProtocolError(f"{where}: missing field {', '.join(missing)}")
+    return {name: check(obj[name], f"{where}: {name}") for name, check in checks.items()}
+
+
+def _assign_consistent(msg: Assign) -> None:
+    if len(set(msg.order)) != len(msg.order) or not msg.order or msg.head != msg.order[0]:
+        raise ProtocolError("'assign': the order must name each member once, the head first")
+    if set(msg.ranges) != set(msg.order):
+        raise ProtocolError("'assign': every member of the order needs a block range, and only they")
+
+
+def decode(raw: bytes) -> Control:
+    """A control message from its bytes; ProtocolError for anything malformed."""
+    if len(raw) > MAX_CONTROL:
+        raise ProtocolError(f"control message of {len(raw)} bytes exceeds {MAX_CONTROL}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep for the parser
+        raise ProtocolError(f"control message is not JSON: {str(exc)[:80]}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("control message is not a JSON object")
+    t = obj.get("t")
+    entry = SCHEMA.get(t) if isinstance(t, str) else None
+    if entry is None:
+        raise ProtocolError(f"control message of unknown type {str(t)[:40]!r}")
+    cls, checks = entry
+    msg = cls(**_fields(obj, checks, f"'{t}' message"))
+    if isinstance(msg, Assign):
+        _assign_consistent(msg)
+    return msg
+
+
+def _plain(v: Any) -> Any:
+    """A message field as JSON data."""
+    if isinstance(v, StageManifest):
+        return v.as_dict()
+    if isinstance(v, EdgeOutcome | StageTime):
+        return {f.name: getattr(v, f.name) for f in fields(v)}
+    if isinstance(v, tuple | list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def encode(msg: Control) -> bytes:
+    """The wire bytes of a control message."""
+    assert isinstance(msg, Control) and msg.T in SCHEMA, msg
+    body = {"t": msg.T, **{f.name: _plain(getattr(msg, f.name)) for f in fields(msg)}}  # type: ignore[arg-type]
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 _CHUNK = struct.Struct("<4sI")

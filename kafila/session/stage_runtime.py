@@ -12,33 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from kafila.engine.stage import Rows, StageEngine
-from kafila.net import frames
-from kafila.net.frames import ActivationHeader
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A decoded activation frame."""
-
-    header: ActivationHeader
-    rows: np.ndarray
-
-    @classmethod
-    def decode(cls, msg: bytes) -> Frame:
-        header, payload = frames.decode(msg)
-        return cls(header, frames.rows_array(header, payload))
-
-    def encode(self, rows: np.ndarray, extra_time_ns: int) -> bytes:
-        """The next stage's frame: this stage's output rows, its compute time appended."""
-        h = self.header
-        out = ActivationHeader(h.request_id, h.phase, h.positions, rows.shape[0], rows.shape[1], h.dtype,
-                               (*h.stage_times_ns, extra_time_ns), h.seqs)
-        return frames.encode(out, rows)
+from kafila.session.frames import Frame
 
 
 class StageWorker:

@@ -12,7 +12,10 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the annotation only: the state model imports no network code at run time
+    from kafila.net.trust import VerifiedMember
 
 PHASES = ("starting", "waiting", "measuring", "planning", "delivering", "connecting",
           "admitted", "rejected", "lost", "closed")
@@ -36,6 +39,18 @@ class MemberView:
     probe_samples: list[float] = field(default_factory=list)  # bytes/s of each probe call, for a sparkline
     build: str = ""
     note: str = ""  # why refused or lost
+
+
+def member_view(vm: VerifiedMember) -> MemberView:
+    """What the dashboard shows of a verified member's announcement."""
+    m = vm.measurements
+    return MemberView(
+        name=vm.name, role=str(m.get("role", "member")), status="joined",
+        bandwidth_bytes_per_s=m.get("bw"), dispatch_s=m.get("disp"), memory_bytes=m.get("mem"),
+        rtt_ms=vm.rtt_ms, nat=vm.nat_class.value,
+        nat_evidence={"mapped": vm.mapped, "local": vm.local, "observed": vm.observed},
+        emulated=dict(m.get("emu") or {}), probe_samples=list(m.get("samples") or []), build=str(m.get("build", "")),
+    )
 
 
 @dataclass

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafila.errors import ProtocolError, SessionError
-from kafila.net import frames, stun, wire
+from kafila.net import stun, wire
 from kafila.net.trust import JoinCode, open_announcement
 
 FUZZ = settings(max_examples=500, deadline=None)
@@ -37,17 +36,6 @@ def test_wire_round_trips() -> None:
 def test_control_body_too_large_is_refused() -> None:
     with pytest.raises(ProtocolError):
         wire.encode_control(wire.REQUEST, 1, {"x": "y" * 2000})
-
-
-def test_activation_round_trip() -> None:
-    rows = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)
-    h = frames.ActivationHeader(7, frames.Phase.DECODE, (10, 11, 12), 3, 5, 0, (1000, 2000), (0, 3, 1))
-    buf = frames.encode(h, rows)
-    h2, payload = frames.decode(buf)
-    assert h2 == h
-    assert np.array_equal(frames.rows_array(h2, payload), rows)
-    with pytest.raises(ProtocolError, match="header says"):
-        frames.decode(buf[:-1])
 
 
 @FUZZ
@@ -84,25 +72,6 @@ def test_fuzz_wire(data: bytes) -> None:
 def test_fuzz_wire_known_types(kind: int, rest: bytes) -> None:
     try:
         wire.decode(bytes([kind]) + rest)
-    except ProtocolError:
-        pass
-
-
-@FUZZ
-@given(st.binary(max_size=400))
-def test_fuzz_activation(data: bytes) -> None:
-    try:
-        frames.decode(data)
-    except ProtocolError:
-        pass
-
-
-@FUZZ
-@given(st.integers(0, 300), st.integers(0, 300), st.integers(0, 70), st.binary(max_size=300))
-def test_fuzz_activation_with_valid_prefix(rows: int, width: int, n_times: int, rest: bytes) -> None:
-    head = frames._FIXED.pack(frames.MAGIC, frames.VERSION, 0, 0, n_times, 1, rows, width)
-    try:
-        frames.decode(head + rest)
     except ProtocolError:
         pass
 

@@ -114,7 +114,8 @@ class MembersPane(Vertical):
             cells = row_cells(view)
             if view.name in known:
                 for key, value in cells.items():
-                    table.update_cell(view.name, key, value)
+                    # a cell that grows (joined → serving) widens its column instead of being cut
+                    table.update_cell(view.name, key, value, update_width=True)
             else:
                 table.add_row(*(cells[key] for key, _ in COLUMNS), key=view.name)
         for gone in known - {m.name for m in members}:

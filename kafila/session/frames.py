@@ -1,5 +1,8 @@
 """Activation frames: the message one stage sends the next (a header plus raw float32 rows).
 
+The one codec for them: the head encodes the first frame of a batch, every stage decodes what it
+receives and encodes what it passes on (`Frame.passed`), the head decodes it when it comes back.
+
 Layout (little-endian, because the rows are little-endian float32 straight from llama.cpp):
 
     offset  size        field
@@ -8,7 +11,7 @@ Layout (little-endian, because the rows are little-endian float32 straight from 
     5       1           phase: 0 prefill, 1 decode
     6       1           dtype: 0 float32 (the only one for now)
     7       1           n_times: number of per-stage compute times that follow the positions
-    8       8           u64 request id
+    8       8           u64 frame id (the head matches a returning frame to what it sent)
     16      4           u32 rows
     20      4           u32 width (n_embd)
     24      4*rows      u32 position of each row
@@ -51,7 +54,7 @@ DTYPES: dict[int, np.dtype] = {0: np.dtype("<f4")}
 class ActivationHeader:
     """Everything about an activation frame except the rows themselves."""
 
-    request_id: int
+    frame_id: int
     phase: Phase
     positions: tuple[int, ...]
     rows: int
@@ -66,8 +69,24 @@ class ActivationHeader:
         return self.rows * self.width * DTYPES[self.dtype].itemsize
 
 
-def encode(header: ActivationHeader, rows: np.ndarray | bytes) -> bytes:
-    """Serialise a header and its rows (an array of shape rows x width, or the raw bytes)."""
+@dataclass(frozen=True, eq=False)  # eq on arrays is ambiguous: compare header and rows separately
+class Frame:
+    """A header and its rows (shape rows x width)."""
+
+    header: ActivationHeader
+    rows: np.ndarray
+
+    def passed(self, rows: np.ndarray, time_ns: int) -> Frame:
+        """The next stage's frame: this stage's output rows, its compute time appended."""
+        h = self.header
+        out = ActivationHeader(h.frame_id, h.phase, h.positions, rows.shape[0], rows.shape[1], h.dtype,
+                               (*h.stage_times_ns, time_ns), h.seqs)
+        return Frame(out, rows)
+
+
+def encode(frame: Frame) -> bytes:
+    """Serialise a frame; ValueError when the header and the rows disagree (a bug, not bad input)."""
+    header, rows = frame.header, frame.rows
     if header.dtype not in DTYPES:
         raise ValueError(f"unsupported dtype code {header.dtype}")
     if len(header.positions) != header.rows or len(header.seqs) != header.rows:
@@ -75,16 +94,11 @@ def encode(header: ActivationHeader, rows: np.ndarray | bytes) -> bytes:
     in_bounds = 0 <= header.rows <= MAX_ROWS and 0 <= header.width <= MAX_WIDTH
     if not in_bounds or len(header.stage_times_ns) > MAX_TIMES:
         raise ValueError("frame shape out of bounds")
-    if isinstance(rows, np.ndarray):
-        if rows.shape != (header.rows, header.width):
-            raise ValueError(f"rows have shape {rows.shape}, header says {(header.rows, header.width)}")
-        payload = np.ascontiguousarray(rows, dtype=DTYPES[header.dtype]).tobytes()
-    else:
-        payload = bytes(rows)
-    if len(payload) != header.payload_bytes:
-        raise ValueError("payload size does not match the header")
+    if rows.shape != (header.rows, header.width):
+        raise ValueError(f"rows have shape {rows.shape}, header says {(header.rows, header.width)}")
+    payload = np.ascontiguousarray(rows, dtype=DTYPES[header.dtype]).tobytes()
     head = _FIXED.pack(MAGIC, VERSION, int(header.phase), header.dtype, len(header.stage_times_ns),
-                       header.request_id, header.rows, header.width)
+                       header.frame_id, header.rows, header.width)
     return b"".join([
         head,
         struct.pack(f"<{header.rows}I", *header.positions),
@@ -94,12 +108,12 @@ def encode(header: ActivationHeader, rows: np.ndarray | bytes) -> bytes:
     ])
 
 
-def decode(buf: bytes | memoryview) -> tuple[ActivationHeader, memoryview]:
-    """Parse a frame; returns the header and a view of the raw rows (no copy)."""
+def decode(buf: bytes | memoryview) -> Frame:
+    """Parse a frame; its rows are a view of `buf` (no copy)."""
     mv = memoryview(buf)
     if len(mv) < _FIXED.size:
         raise ProtocolError(f"activation frame of {len(mv)} bytes is shorter than its {_FIXED.size}-byte header")
-    magic, version, phase, dtype, n_times, request_id, rows, width = _FIXED.unpack_from(mv)
+    magic, version, phase, dtype, n_times, frame_id, rows, width = _FIXED.unpack_from(mv)
     if magic != MAGIC:
         raise ProtocolError("not an activation frame (bad magic)")
     if version != VERSION:
@@ -120,11 +134,6 @@ def decode(buf: bytes | memoryview) -> tuple[ActivationHeader, memoryview]:
     o += 2 * rows
     times = struct.unpack_from(f"<{n_times}Q", mv, o)
     o += 8 * n_times
-    header = ActivationHeader(request_id, Phase(phase), tuple(positions), rows, width, dtype, tuple(times),
+    header = ActivationHeader(frame_id, Phase(phase), tuple(positions), rows, width, dtype, tuple(times),
                               tuple(seqs))
-    return header, mv[o:]
-
-
-def rows_array(header: ActivationHeader, payload: memoryview) -> np.ndarray:
-    """The rows as a (rows, width) array viewing the payload."""
-    return np.frombuffer(payload, dtype=DTYPES[header.dtype]).reshape(header.rows, header.width)
+    return Frame(header, np.frombuffer(mv[o:], dtype=DTYPES[dtype]).reshape(rows, width))
