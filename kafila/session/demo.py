@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kafila.engine.variant import env_for
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
@@ -38,6 +39,7 @@ class DemoMember:
     name: str
     throttle: float = 1.0
     memory_gb: float | None = None
+    llama_path: Path | None = None  # a second llama-cpp-python build to run on (kafila.engine.variant)
 
 
 DEFAULT_MEMBERS = (DemoMember("ada", 1.0), DemoMember("bo", 2.0), DemoMember("cy", 4.0))
@@ -57,6 +59,7 @@ class DemoOptions:
     strategy: str = "kafila"
     fresh_probe: bool = False  # measure again even when a recent probe is cached
     threads: int | None = None  # llama.cpp threads per member (default: the cores shared out among them)
+    mixed_builds: bool = False  # the host admits members of another llama.cpp build (then not bit-exact)
 
     def member_threads(self) -> int:
         """Threads per member: members on one machine compute at once, and ggml's threads spin-wait at
@@ -112,7 +115,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
         host = asyncio.create_task(run_host(HostOptions(
             model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
             concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port, cache_dir=cache.root,
-            strategy=opts.strategy,
+            strategy=opts.strategy, mixed_builds=opts.mixed_builds,
         ), state))
         async with asyncio.timeout(30):
             while state.code is None and not host.done():
@@ -126,7 +129,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                     "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
             if m.memory_gb is not None:
                 argv += ["--memory", str(m.memory_gb)]
-            procs.append(await _start(argv, log_dir / f"{m.name}.log", env))
+            member_env = env if m.llama_path is None else env_for(m.llama_path, {**os.environ, **env})
+            procs.append(await _start(argv, log_dir / f"{m.name}.log", member_env))
         return await host
     finally:
         await _stop(procs[1:])
