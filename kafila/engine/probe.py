@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kafila.engine.memory import available_memory, resident_memory
 from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import EngineError
 from kafila.model.cut import StageSpec
@@ -48,27 +49,6 @@ class ProbeResult:
         d = asdict(self)
         d["samples"] = [list(s) for s in self.samples]
         return d
-
-
-def available_memory() -> int:
-    """Bytes the OS says a new process can use without swapping."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2)
-
-
-def resident_memory() -> int:
-    """This process's resident set size in bytes (0 where it cannot be read)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 def memory_read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
