@@ -67,7 +67,9 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
     memory = result.memory_bytes
     if emulation.memory_gb is not None:
         memory = min(memory, int(emulation.memory_gb * 1e9))
+    gpu = {"gpu": result.device} if result.device else {}  # its memory is then the GPU's (engine/devices.py)
     return {
+        **gpu,
         "bw": round(result.bandwidth_bytes_per_s / t),
         "ubw": round(result.unembed_bandwidth_bytes_per_s / t),
         "disp": result.dispatch_s * t,
