@@ -17,7 +17,7 @@ from typing import Any
 from kafila.engine.embedding import Embedder
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.engine.vocab import Vocab
-from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
@@ -145,7 +145,13 @@ class MemberRuntime:
         path = await self._receive_stage(StageManifest.from_dict(msg["stage"]))
         config = self._config()
         self.state.update_member(me, status="loading")
-        engine = await asyncio.to_thread(StageEngine, path, config, is_head)
+        try:
+            engine = await asyncio.to_thread(StageEngine, path, config, is_head)
+        except EngineError as exc:  # e.g. another build that does not know the model's architecture
+            reason = f"its llama.cpp build cannot load this model's stage: {exc}"
+            with contextlib.suppress(KafilaError):
+                await self.send_host("lost", who=me, reason=reason, epoch=msg.get("epoch"))
+            raise SessionError(f"{me} left the session: {reason}") from None
         self.worker = StageWorker(engine, self.opts.throttle)
         await self.send_host("loaded", epoch=msg.get("epoch"))
         self.state.update_member(me, status="loaded")
