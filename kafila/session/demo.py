@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kafila.engine.variant import env_for
+from kafila.errors import SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
@@ -27,6 +28,7 @@ from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.demo")
 STOP_GRACE_S = 5.0
+RENDEZVOUS_START_S = 60.0
 # Several members share this machine: their OpenMP threads must not spin long after a call
 # (libgomp spins ~300k iterations by default), or they steal the cores the next stage computes on.
 SHARED_MACHINE_ENV = {"GOMP_SPINCOUNT": "10000"}
@@ -82,6 +84,17 @@ async def _start(argv: list[str], log_path: Path, env: dict[str, str]) -> asynci
         )
 
 
+async def _until_listening(proc: asyncio.subprocess.Process, log_path: Path, offset: int) -> None:
+    """Until the rendezvous says it listens: on a busy machine starting it took over the host's 3 s of tries."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RENDEZVOUS_START_S
+    while b"rendezvous listening on" not in log_path.read_bytes()[offset:]:
+        if proc.returncode is not None or loop.time() > deadline:
+            raise SessionError(f"the demo's rendezvous did not start within {RENDEZVOUS_START_S:.0f} s "
+                               f"(see {log_path})")
+        await asyncio.sleep(0.05)
+
+
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
     for p in procs:
         if p.returncode is None:
@@ -109,9 +122,11 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     port = free_udp_pair()
     procs: list[asyncio.subprocess.Process] = []
     try:
+        rdv_log = log_dir / "rendezvous.log"
+        offset = rdv_log.stat().st_size if rdv_log.exists() else 0  # the log is appended to, run after run
         procs.append(await _start([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
-                                  log_dir / "rendezvous.log", env))
-        await asyncio.sleep(0.5)
+                                  rdv_log, env))
+        await _until_listening(procs[0], rdv_log, offset)
         host = asyncio.create_task(run_host(HostOptions(
             model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
             concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port, cache_dir=cache.root,
