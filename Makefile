@@ -4,10 +4,11 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 # Portable llama.cpp build: -march=native binaries crash on older CPUs.
+# A GPU build: CMAKE_ARGS=-DGGML_CUDA=on make setup (or -DGGML_METAL=on, -DGGML_VULKAN=on, -DGGML_HIP=on).
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup sysdeps demo test lint dist clean
+.PHONY: setup sysdeps demo test lint dist clean llama-variant
 
 $(VENV)/.ready: requirements.txt requirements-dev.txt
 	$(PY) -m venv $(VENV)
@@ -35,7 +36,14 @@ sysdeps:
 demo: setup
 	$(VPY) kafila.py demo
 
+# A second llama-cpp-python build (this CPU's own kernels) in the user cache, for mixed-build rings
+# (tests/session/test_mixed_builds.py, `kafila bench mixed`); built once, ~10 minutes on 2 cores.
+VARIANT_CMAKE_ARGS ?= -DGGML_NATIVE=ON
+llama-variant: setup
+	$(VPY) -m kafila.engine.variant --cmake-args "$(VARIANT_CMAKE_ARGS)"
+
 test: setup sysdeps
+	@if [ "$$CI" = true ]; then $(MAKE) llama-variant; fi
 	$(VPY) -m pytest
 
 lint: setup

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, nat, ring) and write a report"
+HELP = "run a benchmark (engine, planner, nat, ring, mixed) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -13,6 +13,7 @@ BENCHES: dict[str, str] = {
     "planner": "planner",
     "nat": "nat",
     "ring": "ring",
+    "mixed": "mixed",
 }
 
 

@@ -18,6 +18,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
     p.add_argument("--api-port", type=int, default=8711, help="the chat API port (default 8711; 0: any free one)")
+    p.add_argument("--mixed-builds", action="store_true",
+                   help="admit members whose llama.cpp build differs from the host's (the ring is then not bit-exact)")
+    p.add_argument("--other-build", default=None, metavar="NAME",
+                   help="run member NAME on the second llama.cpp build (make llama-variant builds it)")
     p.add_argument("--json", action="store_true", help="with --prompt: print one JSON object (text, plan, timings)")
 
 
@@ -33,7 +37,17 @@ def _members(args: argparse.Namespace) -> tuple:
         raise KafilaError("--throttle and --memory take comma-separated numbers") from None
     if not 1 <= len(throttles) <= len(names) or len(mems) != len(throttles) or min(throttles) < 1:
         raise KafilaError(f"give 1 to {len(names)} throttles (each >= 1), and as many --memory values")
-    return tuple(DemoMember(n, t, m) for n, t, m in zip(names, throttles, mems, strict=False))
+    other = None
+    if args.other_build is not None:
+        from kafila.engine.variant import is_built, variant_dir
+
+        other = variant_dir()
+        if args.other_build not in names[:len(throttles)]:
+            raise KafilaError(f"--other-build names a member of this demo ({', '.join(names[:len(throttles)])})")
+        if not is_built(other):
+            raise KafilaError("the second llama.cpp build is not there: run `make llama-variant` first")
+    return tuple(DemoMember(n, t, m, other if n == args.other_build else None)
+                 for n, t, m in zip(names, throttles, mems, strict=False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from kafila.session.report import plan_summary, reply_via_api
 
     opts = DemoOptions(model=Path(args.model) if args.model else None, members=_members(args),
-                       concurrency=args.concurrency, context=args.context, api_port=args.api_port)
+                       concurrency=args.concurrency, context=args.context, api_port=args.api_port,
+                       mixed_builds=args.mixed_builds)
     console = Console(stderr=True, highlight=False)
     with SessionThread(lambda state: run_demo(opts, state), console=None if args.json else console) as session:
         state = session.wait_settled(timeout_s=600)
@@ -68,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"text": text, "admitted": True, "plan": state.plan, "rejection": None,
                               "tokens_per_s": stats.get("tokens_per_s"), "stages": stats.get("stages"),
-                              "network_share": stats.get("network_share"),
+                              "network_share": stats.get("network_share"), "builds": state.builds,
                               "members": {n: {"emulated": m.emulated} for n, m in state.members.items()}}))
         else:
             sys.stdout.write("\n")

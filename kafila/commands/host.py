@@ -15,6 +15,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
     p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; -1: none)")
+    p.add_argument("--mixed-builds", action="store_true",
+                   help="admit members whose llama.cpp build differs from this one (the ring is then not bit-exact)")
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
 
 
@@ -29,5 +31,6 @@ def run(args: argparse.Namespace) -> int:
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
         members=args.members, wait_s=args.wait, concurrency=args.concurrency, context=args.context,
         api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan,
+        mixed_builds=args.mixed_builds,
     )
     return run_printing(lambda state: run_host(opts, state))

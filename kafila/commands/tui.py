@@ -30,6 +30,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rendezvous", metavar="HOST:PORT", help="the rendezvous to use (default 127.0.0.1:3478)")
     p.add_argument("--name", help="this member's name (--join; default: the host name)")
     p.add_argument("--members", type=int, default=None, help="members to wait for (--host)")
+    p.add_argument("--mixed-builds", action="store_true", default=None,
+                   help="admit members of another llama.cpp build (--host, --demo; the ring is then not bit-exact)")
     p.add_argument("--concurrency", type=int, default=None, help="concurrent requests to admit")
     p.add_argument("--context", type=int, default=None, help="tokens of context per request")
     p.add_argument("--api-port", type=int, default=None,

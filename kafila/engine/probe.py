@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kafila.engine.devices import DEVICE_MARGIN, Offload
+from kafila.engine.memory import available_memory, resident_memory
 from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import EngineError
 from kafila.model.cut import StageSpec
@@ -43,32 +45,13 @@ class ProbeResult:
     fit_residual: float  # relative RMS error of the linear fit
     head_call_s: float  # median seconds per decode call of the head cut
     unembed_bandwidth_bytes_per_s: float  # unembedding bytes / its share of the head cut's call
+    device: str | None = None  # the GPU the stages ran on (None: the CPU); then memory_bytes is its memory
+    device_free_bytes: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["samples"] = [list(s) for s in self.samples]
         return d
-
-
-def available_memory() -> int:
-    """Bytes the OS says a new process can use without swapping."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2)
-
-
-def resident_memory() -> int:
-    """This process's resident set size in bytes (0 where it cannot be read)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 def memory_read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -164,6 +147,7 @@ def probe(
     finally:
         for engine in engines:
             engine.close()
+    offload = engines[0].offload  # the first stage saw the device's memory before any stage was on it
     samples = [(sum(info.blocks_bytes[:n]), t) for n, t in zip(sizes, seconds, strict=True)]
     bandwidth, dispatch, resid = fit_cost(samples)
     unembed_s = head_s - (dispatch + info.blocks_bytes[-1] / bandwidth)
@@ -171,4 +155,15 @@ def probe(
     unembed_bw = info.unembed_bytes / unembed_s if unembed_s > 0 else bandwidth
     avail = available_memory()
     usable = max(int(avail * (1 - SAFETY_MARGIN)) - overhead, 0)
-    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw)
+    device, device_free = offload_memory(offload)
+    if device_free is not None:  # weights and KV cache live on the GPU: its memory is what the planner may fill
+        usable = int(device_free * (1 - DEVICE_MARGIN))
+    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw,
+                       device, device_free)
+
+
+def offload_memory(offload: Offload | None) -> tuple[str | None, int | None]:
+    """The GPU a probe's stages went on and its free memory before they loaded; (None, None) on the CPU."""
+    if offload is None or offload.device is None or offload.device_free_bytes is None:
+        return None, None
+    return offload.device, offload.device_free_bytes

@@ -10,6 +10,7 @@ against one context on the whole file with `np.array_equal`).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,11 @@ from typing import Any
 import numpy as np
 
 from kafila.engine.capture import TensorCapture
+from kafila.engine.devices import plan_offload
 from kafila.engine.llama_lib import llama
 from kafila.errors import EngineError
+
+log = logging.getLogger("kafila.engine")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class ContextConfig:
     n_seq_max: int = 4
     n_batch: int = 512  # most rows one call may carry; prefill is chunked to this
     n_threads: int = 0  # 0: all cores
+    gpu: bool = True  # offload the whole stage to a GPU when llama.cpp has one and it fits (devices.py)
 
     @property
     def threads(self) -> int:
@@ -65,14 +70,16 @@ def make_context_params(config: ContextConfig) -> Any:
     return params
 
 
-def load_model(path: Path) -> Any:
-    """Load a GGUF into llama.cpp (CPU, mmap); a refusal becomes an EngineError."""
+def load_model(path: Path, n_gpu_layers: int = 0) -> Any:
+    """Load a GGUF into llama.cpp (mmap; `n_gpu_layers` on the GPU); a refusal becomes an EngineError."""
     lc = llama()
     mparams = lc.llama_model_default_params()
-    mparams.n_gpu_layers = 0
+    mparams.n_gpu_layers = n_gpu_layers
     model = lc.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
-        raise EngineError(f"llama.cpp could not load {Path(path).name} (see -vv for its log)")
+        # most often a model architecture this llama.cpp build does not know
+        raise EngineError(f"llama.cpp {lc.__version__} could not load {Path(path).name} "
+                          f"(an architecture this build does not know? see -vv for its log)")
     return model
 
 
@@ -84,7 +91,9 @@ class StageEngine:
         self.path = Path(path)
         self.config = config
         self.final = final
-        self._model = load_model(self.path)
+        self.offload = plan_offload(self.path, config.n_ctx_per_seq * config.n_seq_max, config.gpu)
+        log.debug("stage %s: %s", self.path.name, self.offload.reason)
+        self._model = load_model(self.path, self.offload.n_gpu_layers)
         self.n_embd = int(lc.llama_model_n_embd(self._model))
         self.n_layer = int(lc.llama_model_n_layer(self._model))
         self.vocab = lc.llama_model_get_vocab(self._model)

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kafila.engine.variant import env_for
 from kafila.errors import SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
@@ -27,7 +28,7 @@ from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.demo")
 STOP_GRACE_S = 5.0
-START_TIMEOUT_S = 30.0  # for the rendezvous to listen and the host to open its session
+START_TIMEOUT_S = 60.0  # for the rendezvous to listen and the host to open its session
 RENDEZVOUS_READY = b"rendezvous listening on"  # the line the rendezvous logs once its sockets are bound
 # Several members share this machine: their OpenMP threads must not spin long after a call
 # (libgomp spins ~300k iterations by default), or they steal the cores the next stage computes on.
@@ -41,6 +42,7 @@ class DemoMember:
     name: str
     throttle: float = 1.0
     memory_gb: float | None = None
+    llama_path: Path | None = None  # a second llama-cpp-python build to run on (kafila.engine.variant)
 
 
 DEFAULT_MEMBERS = (DemoMember("ada", 1.0), DemoMember("bo", 2.0), DemoMember("cy", 4.0))
@@ -60,6 +62,7 @@ class DemoOptions:
     strategy: str = "kafila"
     fresh_probe: bool = False  # measure again even when a recent probe is cached
     threads: int | None = None  # llama.cpp threads per member (default: the cores shared out among them)
+    mixed_builds: bool = False  # the host admits members of another llama.cpp build (then not bit-exact)
 
     def member_threads(self) -> int:
         """Threads per member: members on one machine compute at once, and ggml's threads spin-wait at
@@ -149,7 +152,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                 host = tg.create_task(run_host(HostOptions(
                     model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
                     concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port,
-                    cache_dir=cache.root, strategy=opts.strategy,
+                    cache_dir=cache.root, strategy=opts.strategy, mixed_builds=opts.mixed_builds,
                 ), state))
                 code_wait = tg.create_task(code_known.wait())
                 await asyncio.wait({host, code_wait}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
@@ -164,7 +167,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                                 m.name, "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
                         if m.memory_gb is not None:
                             argv += ["--memory", str(m.memory_gb)]
-                        procs.append(await _start(argv, log_dir / f"{m.name}.log", env))
+                        member_env = env if m.llama_path is None else env_for(m.llama_path, {**os.environ, **env})
+                        procs.append(await _start(argv, log_dir / f"{m.name}.log", member_env))
                     await asyncio.wait({host})
             finally:
                 if host is not None:

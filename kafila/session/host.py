@@ -28,9 +28,9 @@ from kafila.planner import Member, ModelSpec, Plan, Workload, make_plan, predict
 from kafila.planner.placement import Placement
 from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
+from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, manifest_for, read_chunk
-from kafila.session.measure import build_differences, build_tag
 from kafila.session.options import HostOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 
@@ -91,6 +91,7 @@ class HostRuntime:
             messages.Stats: self._on_stats,
             messages.ChatEvt: self._on_chat_evt,
         }
+        self.builds = RingBuilds(self.my_build)
 
     async def run(self) -> int:
         async with asyncio.TaskGroup() as tg:
@@ -118,9 +119,9 @@ class HostRuntime:
                 continue
             peer = link.peer
             view = member_view(peer)
-            diffs = build_differences(self.my_build, view.build)
-            if diffs:
-                reason = "its llama.cpp build differs from the host's (" + "; ".join(diffs) + ")"
+            verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
+            if not verdict.admitted:
+                reason = verdict.reason
                 view.status, view.note = "refused", reason
                 self.state.upsert_member(view)
                 self.state.log(f"refused {peer.name}: {reason}")
@@ -134,6 +135,7 @@ class HostRuntime:
                     await link.send(messages.encode(messages.Refused(why)))
                 continue
             self.joined[peer.name] = Joined(peer, link)
+            self.builds.add(peer.name, verdict)
             self.state.upsert_member(view)
             self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.opts.members})")
             self._tg.create_task(self._recv_loop(peer.name, link))
@@ -224,6 +226,7 @@ class HostRuntime:
         placement = plan.placement(self.opts.strategy)
         self.plan = plan
         self.state.plan = plan.to_json(self.opts.strategy)
+        self.state.plan["builds"] = self.state.builds = self.builds.for_members(names)
         self.state.predicted = {a.name: {b.name: predict_edge(a.nat, b.nat) for b in members if b.name != a.name}
                                 for a in members}
         if not placement.feasible:

@@ -7,7 +7,6 @@ started together on one machine (the demo) do not time each other's noise. Emula
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -16,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kafila.engine.build import BuildIdentity, build_identity
+from kafila.engine.build import build_identity
 from kafila.engine.probe import ProbeResult, probe
 from kafila.model.stage_cache import StageCache
+from kafila.session.builds import build_tag, wire_protocol
 
 PROBE_MAX_AGE_S = 24 * 3600
 
@@ -39,26 +39,12 @@ class Emulation:
         return d
 
 
-def build_tag(b: BuildIdentity) -> str:
-    """A compact build identity for announcements: version/libs/features-hash."""
-    features = hashlib.sha256(b.features.encode()).hexdigest()[:8]
-    return f"{b.llama_cpp_python}/{b.libs_sha256}/{features}"
-
-
-def build_differences(mine: str, theirs: str) -> list[str]:
-    """What differs between two build tags, for a refusal message."""
-    names = ("llama-cpp-python version", "llama.cpp libraries", "compiled CPU features")
-    a, b = mine.split("/"), theirs.split("/")
-    if len(a) != 3 or len(b) != 3:
-        return [f"build {theirs!r} is not comparable with {mine!r}"]
-    return [f"{n}: {y} there, {x} here" for n, x, y in zip(names, a, b, strict=True) if x != y]
-
-
 def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
                  fresh: bool = False, threads: int = 0) -> ProbeResult:
     """The engine probe on `threads` threads (0: all), reused from the cache when recent and from this build."""
     tag = build_tag(build_identity())
-    path = cache.root / f"probe-{threads or 'all'}-threads.json"
+    # one file per build: members of two builds on one machine must not overwrite each other's
+    path = cache.root / f"probe-{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
     if not fresh:
         try:
             saved = json.loads(path.read_text())
@@ -81,7 +67,9 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
     memory = result.memory_bytes
     if emulation.memory_gb is not None:
         memory = min(memory, int(emulation.memory_gb * 1e9))
+    gpu = {"gpu": result.device} if result.device else {}  # its memory is then the GPU's (engine/devices.py)
     return {
+        **gpu,
         "bw": round(result.bandwidth_bytes_per_s / t),
         "ubw": round(result.unembed_bandwidth_bytes_per_s / t),
         "disp": result.dispatch_s * t,
@@ -89,4 +77,5 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         "samples": [round(b / s / t) for b, s in result.samples],
         "emu": emulation.as_dict(),
         "build": build_tag(build_identity()),
+        "proto": wire_protocol(),  # must match the host's in every mode (kafila.session.builds)
     }

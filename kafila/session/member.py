@@ -17,7 +17,7 @@ from typing import Any
 from kafila.engine.embedding import Embedder
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.engine.vocab import Vocab
-from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
@@ -98,7 +98,9 @@ class MemberRuntime:
 
     def _config(self) -> ContextConfig:
         """The host's context settings for every stage, with this machine's own thread count."""
-        return ContextConfig(**self._assigned.config, n_threads=self.opts.threads)
+        c = self._assigned.config  # validated: exactly the CONFIG_KEYS, each a positive int
+        return ContextConfig(n_ctx_per_seq=c["n_ctx_per_seq"], n_seq_max=c["n_seq_max"], n_batch=c["n_batch"],
+                             n_threads=self.opts.threads)
 
     async def send_host(self, msg: messages.Control) -> None:
         await self.control.send(messages.encode(msg))
@@ -174,7 +176,13 @@ class MemberRuntime:
             self.use.add(path)
         config = self._config()
         self.state.update_member(me, status="loading")
-        engine = await asyncio.to_thread(StageEngine, path, config, is_head)
+        try:
+            engine = await asyncio.to_thread(StageEngine, path, config, is_head)
+        except EngineError as exc:  # e.g. another build that does not know the model's architecture
+            reason = f"its llama.cpp build cannot load this model's stage: {exc}"
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(me, reason, msg.epoch))
+            raise SessionError(f"{me} left the session: {reason}") from None
         self.worker = StageWorker(engine, self.opts.throttle)
         await self.send_host(messages.Loaded(msg.epoch))
         self.state.update_member(me, status="loaded")

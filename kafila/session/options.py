@@ -57,4 +57,5 @@ class HostOptions:
     link_idle_timeout_s: float = 5.0
     allow_direct: bool = True
     replan: bool = True  # after losing a member, plan again over the others when the model still fits
+    mixed_builds: bool = False  # admit members whose llama.cpp build differs (the ring is then not bit-exact)
     strategy: str = "kafila"  # which split to serve: "kafila", or a baseline ("uniform", "memory") for benchmarks

@@ -32,6 +32,12 @@ def plan_summary(state: SessionState) -> Table:
             lines.append(f"{name}: bottleneck {base['bottleneck_seconds'] * 1e3:.2f} ms ({ratio:.2f}× Kafila's)")
         else:
             lines.append(f"{name}: cannot place the model ({base.get('reason')})")
+    builds = plan.get("builds") or {}
+    if builds.get("mode") == "mixed":
+        differ = ", ".join(f"{n} ({'; '.join(d.split(':')[0] for d in ds)})" for n, ds in builds["differ"].items())
+        lines.append(f"MIXED llama.cpp builds, not bit-exact: {differ} differ from the host's")
+    elif builds:
+        lines.append("exact: every member runs the host's llama.cpp build")
     table.caption = "; ".join(lines)
     table.caption_justify = "left"
     return table

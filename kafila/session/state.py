@@ -93,6 +93,7 @@ class SessionState:
     predicted: dict[str, dict[str, str]] = field(default_factory=dict)  # predicted[a][b] = direct|relay
     edges: list[EdgeView] = field(default_factory=list)
     plan: dict[str, Any] | None = None  # the planner's JSON (issue 3 schema, baselines included)
+    builds: dict[str, Any] | None = None  # {"mode": "exact"|"mixed", "differ": {member: [what differs]}, ...}
     rejection: str | None = None
     delivery: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (bytes done, total)
     stages: dict[str, StageStats] = field(default_factory=dict)

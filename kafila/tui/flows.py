@@ -25,15 +25,17 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
 
     rendezvous = parse_addr(args.rendezvous) if args.rendezvous else None
     common = _given(concurrency=args.concurrency, context=args.context, api_port=args.api_port)
+    mixed = getattr(args, "mixed_builds", None)
     if args.demo:
         from kafila.session.demo import DemoOptions, run_demo
 
-        return partial(run_demo, DemoOptions(**common)), "demo"
+        return partial(run_demo, DemoOptions(**common, **_given(mixed_builds=mixed))), "demo"
     if args.host is not None:
         from kafila.session.host import run_host
 
         model = Path(args.host).expanduser() if args.host else None
-        opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members), **common)
+        opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, mixed_builds=mixed),
+                           **common)
         return partial(run_host, opts), "host"
     from kafila.session.member import run_member
 

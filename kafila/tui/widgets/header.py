@@ -30,6 +30,8 @@ class SessionBar(Static):
         parts.append(f"{len(state.members)} member{'s' if len(state.members) != 1 else ''}")
         if state.plan and state.plan.get("head"):
             parts.append(f"head {state.plan['head']}")
+        if state.builds and state.builds.get("mode") == "mixed":
+            parts.append(f"MIXED builds, not bit-exact ({', '.join(state.builds.get('differ') or {})} differ)")
         if state.tokens_per_s is not None and state.phase == "admitted":
             parts.append(f"{state.tokens_per_s:.1f} tok/s")
         text.append(" " + " · ".join(p for p in parts if p))

@@ -1,0 +1,35 @@
+"""The session bar says when a ring mixes llama.cpp builds; `kafila tui --host --mixed-builds` asks for it."""
+
+from __future__ import annotations
+
+import argparse
+
+from kafila.tui.app import KafilaApp
+from kafila.tui.flows import flow_for
+from tests.tui import states
+from tests.tui.screen_text import screen_text
+
+
+async def test_the_bar_says_mixed_and_who_differs() -> None:
+    state = states.admitted_state()
+    state.builds = {"mode": "mixed", "host": "0.3.36/aaaa/bbbb", "bit_exact": False,
+                    "differ": {"rtx3060-laptop": ["llama.cpp libraries: x there, y here"]}}
+    app = KafilaApp(state)
+    async with app.run_test(size=(240, 30)) as pilot:
+        await pilot.pause()
+        assert "MIXED builds, not bit-exact (rtx3060-laptop differ)" in screen_text(app)
+        state.builds = {**state.builds, "mode": "exact", "bit_exact": True, "differ": {}}
+        state.changed()
+        await pilot.pause(0.5)
+        assert "MIXED" not in screen_text(app)
+
+
+def test_tui_host_and_demo_pass_mixed_builds_on() -> None:
+    args = argparse.Namespace(rendezvous=None, concurrency=None, context=None, api_port=None, demo=False, host="",
+                              members=None, mixed_builds=True, join=None, name=None)
+    flow, label = flow_for(args)
+    assert label == "host" and flow.args[0].mixed_builds is True  # type: ignore[attr-defined]
+    flow, label = flow_for(argparse.Namespace(**{**vars(args), "demo": True}))
+    assert label == "demo" and flow.args[0].mixed_builds is True  # type: ignore[attr-defined]
+    flow, _ = flow_for(argparse.Namespace(**{**vars(args), "mixed_builds": None}))
+    assert flow.args[0].mixed_builds is False  # type: ignore[attr-defined]
