@@ -21,7 +21,7 @@ WINDOW = 16
 N_EXPERT = 8
 N_FF_EXP = 32
 # Names the tests use: an architecture, or a variant of one (llama3: Llama 3.1's rope_freqs tensor).
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt-oss", "llama3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma", "gemma2", "gemma3", "gpt-oss", "llama3")
 # Printable single characters, so the gpt2 pre-tokenizer can round-trip simple text.
 TOKENS = [chr(ord("a") + i) for i in range(26)] + ["ab", " ", ".", "!", "<s>", "</s>"]
 
@@ -35,7 +35,7 @@ def write_synthetic(path: Path, arch: str, n_blocks: int = 4, seed: int = 0, tie
     `leading_dense`, a leading_dense_block_count key (DeepSeek's), which llama ignores."""
     rng = np.random.default_rng(seed)
     variant, arch = arch, ("llama" if arch == "llama3" else arch)
-    tied = tied and arch != "gpt-oss"  # its loader requires output.weight
+    tied = tied and arch != "gpt-oss"  # its loader requires output.weight (Gemma 1/2's refuses one)
 
     def w(*shape: int, scale: float = 0.08) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -60,7 +60,10 @@ def write_synthetic(path: Path, arch: str, n_blocks: int = 4, seed: int = 0, tie
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         writer.add_key_length(HEAD_DIM)
         writer.add_value_length(HEAD_DIM)
-    if arch in ("gemma3", "gpt-oss", "phi3"):  # phi3: llama.cpp reads the window and disables it
+    if arch == "gemma2":
+        writer.add_float32(f"{arch}.attn_logit_softcapping", 50.0)
+        writer.add_float32(f"{arch}.final_logit_softcapping", 30.0)
+    if arch in ("gemma2", "gemma3", "gpt-oss", "phi3"):  # phi3: llama.cpp reads the window and disables it
         writer.add_sliding_window(WINDOW)
     if arch == "gemma3":  # local layers rotate with another base: a wrong pattern shows at once
         writer.add_float32(f"{arch}.rope.freq_base_swa", 500.0)
@@ -93,7 +96,7 @@ def write_synthetic(path: Path, arch: str, n_blocks: int = 4, seed: int = 0, tie
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             writer.add_tensor(p + "attn_q_norm.weight", norm(HEAD_DIM))
             writer.add_tensor(p + "attn_k_norm.weight", norm(HEAD_DIM))
-        if arch in ("gemma3", "gpt-oss"):
+        if arch in ("gemma2", "gemma3", "gpt-oss"):
             writer.add_tensor(p + "post_attention_norm.weight", norm(N_EMBD))
         if arch == "gpt-oss":
             writer.add_tensor(p + "attn_q.bias", w(N_HEAD * HEAD_DIM))
@@ -120,7 +123,7 @@ def write_synthetic(path: Path, arch: str, n_blocks: int = 4, seed: int = 0, tie
             writer.add_tensor(p + "ffn_up.weight", w(N_FF, N_EMBD))
         if arch not in ("qwen3moe", "gpt-oss"):
             writer.add_tensor(p + "ffn_down.weight", w(N_EMBD, N_FF))
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             writer.add_tensor(p + "post_ffw_norm.weight", norm(N_EMBD))
     if variant == "llama3":  # Llama 3.1's rope scaling: one global tensor every stage needs
         writer.add_tensor("rope_freqs.weight", (1.0 + 7.0 * rng.random(HEAD_DIM // 2)).astype(np.float32))

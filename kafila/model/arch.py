@@ -37,6 +37,9 @@ class ArchProfile:
     embed_scale_sqrt: bool = False
     # The loader requires output.weight even in a body stage (gpt-oss): body stages get a stub.
     body_needs_output: bool = False
+    # A graph node computed from the input unconditionally (Gemma 1/2 scale it by sqrt(n_embd)):
+    # every stage but the first overwrites it with its own input rows in the eval callback.
+    restore_input: str = ""
     # Block counts at which llama.cpp picks different arithmetic by model size (e.g. the attention
     # scale of Gemma 2/3 27B): such a model can run only whole, since a stage has another count.
     whole_only_block_counts: tuple[int, ...] = ()
@@ -53,8 +56,14 @@ SUPPORTED: dict[str, ArchProfile] = {
         ArchProfile("gemma3", swa_period=6, swa_needs_key=True, embed_scale_sqrt=True,
                     whole_only_block_counts=(62,)),
         ArchProfile("gpt-oss", swa_period=2, no_window_stage=NoWindowStage.REFUSE, body_needs_output=True),
+        ArchProfile("gemma2", swa_period=2, no_window_stage=NoWindowStage.REFUSE, restore_input="inp_scaled",
+                    whole_only_block_counts=(46,)),
+        ArchProfile("gemma", restore_input="inp_scaled"),
     )
 }
+
+# Stage metadata: the graph node a stage's engine restores to its input rows (see restore_input).
+RESTORE_INPUT_KEY = "kafila.restore_input"
 
 # Keys llama.cpp reads with get_key_or_arr / get_arr over n_layer: an array of n_blocks is per layer
 # and gets sliced to the stage's range. Suffixes after "<arch>.".
@@ -73,8 +82,6 @@ LEADING_COUNT_KEYS: tuple[str, ...] = ("leading_dense_block_count",)
 
 _RECURRENT = ("keeps a per-sequence recurrent state instead of a per-position KV cache, "
               "which a stage cut cannot carry yet")
-_GEMMA12 = ("scales its input by sqrt(n_embd) unconditionally, so a body stage would scale its input twice; "
-            "the exact fix (restoring the stage's input in the eval callback) is not built yet")
 REFUSED: dict[str, str] = {
     **{a: f"a recurrent model {_RECURRENT}" for a in ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")},
     **{a: f"a hybrid model (attention plus recurrent layers) {_RECURRENT}" for a in (
@@ -86,8 +93,6 @@ REFUSED: dict[str, str] = {
         "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3",
         "eurobert", "gemma-embedding")},
     "clip": "a multimodal projector file (mmproj), not a language model: pass the model GGUF itself",
-    "gemma": f"Gemma 1 {_GEMMA12}",
-    "gemma2": f"Gemma 2 {_GEMMA12}",
 }
 
 

@@ -21,7 +21,13 @@ import gguf
 import numpy as np
 
 from kafila.errors import ModelError
-from kafila.model.arch import LEADING_COUNT_KEYS, PER_LAYER_KEYS, NoWindowStage, require_supported
+from kafila.model.arch import (
+    LEADING_COUNT_KEYS,
+    PER_LAYER_KEYS,
+    RESTORE_INPUT_KEY,
+    NoWindowStage,
+    require_supported,
+)
 from kafila.model.describe import BLOCK_TENSOR, ModelInfo, describe_file
 from kafila.model.gguf_file import GGUFFile
 
@@ -75,11 +81,14 @@ def _stage_overrides(
         if key in gf.fields:
             leading = gf.get_int(key, 0)
             overrides[key] = (max(0, min(spec.end, leading) - spec.start), u32, None)
+    profile = require_supported(arch)
+    if profile.restore_input and spec.start > 0:  # the first stage scales its input as the whole model does
+        overrides[RESTORE_INPUT_KEY] = (profile.restore_input, gguf.GGUFValueType.STRING, None)
     if info.window_layers:
         window = list(info.window_layers[spec.start:spec.end])
         if any(window):
             overrides[f"{arch}.attention.sliding_window_pattern"] = (window, arr, gguf.GGUFValueType.BOOL)
-        elif require_supported(arch).no_window_stage is NoWindowStage.PLAIN:
+        elif profile.no_window_stage is NoWindowStage.PLAIN:
             # All layers global: without the window keys llama.cpp builds the arch's plain graph.
             drop |= {f"{arch}.attention.sliding_window", f"{arch}.attention.sliding_window_pattern"}
     return overrides, drop

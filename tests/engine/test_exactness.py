@@ -83,7 +83,8 @@ def test_synthetic_chain_identical(synthetic_models: dict[str, Path], stage_cach
 
 # Architectures whose cut needs what their profile says (kafila/model/arch.py): the sliding-window
 # pattern per layer (gemma3, gpt-oss), the head's sqrt(n_embd) input scale (gemma3), a body-stage
-# output stub (gpt-oss), global tensors (llama3's rope_freqs), experts inside blocks (qwen3moe).
+# output stub (gpt-oss), global tensors (llama3's rope_freqs), experts inside blocks (qwen3moe), the
+# input restored over Gemma 1/2's unconditional input scale in every stage but the first.
 # Prompts of 40 and 25 tokens plus the decode steps run well past the 16-token window.
 PROFILED = {
     "llama3": (4, ["", "2", "1,3"]),
@@ -92,6 +93,8 @@ PROFILED = {
     # 5,6: a stage of block 5 alone, a global layer: the cutter selects gemma3's plain graph
     "gemma3": (8, ["", "3", "2,7", "5,6"]),
     "gpt-oss": (6, ["", "1,4", "3"]),
+    "gemma2": (6, ["", "3", "2,4"]),
+    "gemma": (4, ["", "2", "1,3"]),
 }
 
 

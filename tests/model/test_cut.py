@@ -129,3 +129,14 @@ def test_global_tensor_copied_to_every_stage(tmp_path: Path) -> None:
         out = GGUFFile(write_stage(src.path, spec, tmp_path / f"{spec.tag}.gguf"))
         assert np.array_equal(out.tensor_bytes(out.tensors["rope_freqs.weight"]),
                               src.tensor_bytes(src.tensors["rope_freqs.weight"]))
+
+
+def test_gemma2_stages_after_the_first_restore_their_input(tmp_path: Path) -> None:
+    src = write_synthetic(tmp_path / "g.gguf", "gemma2", n_blocks=6)
+    first = GGUFFile(write_stage(src, StageSpec(0, 2, False), tmp_path / "a.gguf"))
+    later = [GGUFFile(write_stage(src, spec, tmp_path / f"{spec.tag}.gguf"))
+             for spec in (StageSpec(2, 4, False), StageSpec(4, 6, True))]
+    assert "kafila.restore_input" not in first.fields
+    assert [g.get("kafila.restore_input") for g in later] == ["inp_scaled", "inp_scaled"]
+    with pytest.raises(ModelError, match=r"blocks \[5, 6\) of gemma2 hold no sliding-window layer"):
+        write_stage(src, StageSpec(5, 6, True), tmp_path / "x.gguf")
