@@ -68,6 +68,8 @@ class ModelInfo:
             "kv_bytes_per_token": list(self.kv_bytes_per_token),
             "unembed_bytes": self.unembed_bytes,
             "head_bytes": self.head_bytes,
+            # per block, true where llama.cpp attends within a sliding window (empty: no window)
+            "sliding_window_layers": list(self.window_layers),
         }
 
 

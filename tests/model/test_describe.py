@@ -38,6 +38,14 @@ def test_qwen3_kv_uses_key_length(synthetic_models: dict[str, Path]) -> None:
     assert describe_model(synthetic_models["qwen3"]).kv_bytes_per_token == (2 * 16 * 2 * 2,) * 4
 
 
+def test_window_layers_described(tmp_path: Path) -> None:
+    gemma3 = describe_model(write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=7))
+    assert gemma3.as_dict()["sliding_window_layers"] == [True] * 5 + [False, True]  # every 6th global
+    gpt_oss = describe_model(write_synthetic(tmp_path / "o.gguf", "gpt-oss", n_blocks=4))
+    assert gpt_oss.window_layers == (True, False, True, False)
+    assert describe_model(write_synthetic(tmp_path / "l.gguf", "llama")).as_dict()["sliding_window_layers"] == []
+
+
 def test_unknown_architecture(tmp_path: Path) -> None:
     p = write_synthetic(tmp_path / "starcoder2.gguf", "starcoder2")
     with pytest.raises(ModelError, match=r"unsupported architecture 'starcoder2': Kafila can split .*gemma3"):
