@@ -91,6 +91,8 @@ def _stage_overrides(
         elif profile.no_window_stage is NoWindowStage.PLAIN:
             # All layers global: without the window keys llama.cpp builds the arch's plain graph.
             drop |= {f"{arch}.attention.sliding_window", f"{arch}.attention.sliding_window_pattern"}
+    for name in drop:
+        overrides.pop(name, None)  # a pattern array sliced above must not come back
     return overrides, drop
 
 

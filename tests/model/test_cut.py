@@ -94,8 +94,14 @@ def test_window_pattern_written_per_layer(tmp_path: Path, spec: StageSpec, windo
     assert out.get("gemma3.attention.sliding_window") == 16
 
 
-def test_gemma3_stage_of_global_layers_drops_the_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pattern_in_source", [False, True])
+def test_gemma3_stage_of_global_layers_drops_the_window(tmp_path: Path, pattern_in_source: bool) -> None:
     src = write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=8)
+    if pattern_in_source:  # newer converters write the pattern array themselves
+        whole = tmp_path / "whole.gguf"
+        write_stage(src, StageSpec(0, 8, True), whole)
+        assert GGUFFile(whole).get("gemma3.attention.sliding_window_pattern") is not None
+        src = whole
     out = GGUFFile(write_stage(src, StageSpec(5, 6, False), tmp_path / "s.gguf"))
     assert "gemma3.attention.sliding_window" not in out.fields
     assert "gemma3.attention.sliding_window_pattern" not in out.fields
