@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from kafila.errors import ModelError
+from kafila.engine.chain import open_chain
+from kafila.engine.stage import ContextConfig
+from kafila.errors import EngineError, ModelError
 from kafila.model.describe import describe_model
 from kafila.model.embedded import default_model_path, gemma3_model_path, resolve_model
+from kafila.model.stage_cache import StageCache
 
 
 def test_names_and_paths(smollm: Path, tmp_path: Path) -> None:
@@ -33,3 +36,15 @@ def test_damaged_gemma3_copy_is_assembled_again(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF, cut short by a full disk")
     assert describe_model(gemma3_model_path(tmp_path)).arch == "gemma3"
+
+
+
+def test_gemma3_chat_says_how_to_complete_raw_text(tmp_path: Path) -> None:
+    # Gemma 3 270M is a base model: no chat template. Asked to chat, it says what works instead.
+    chain = open_chain(gemma3_model_path(tmp_path), "", ContextConfig(n_ctx_per_seq=64, n_seq_max=1),
+                       StageCache(tmp_path))
+    try:
+        with pytest.raises(EngineError, match=r"no chat template .*complete raw text with `kafila generate"):
+            chain.vocab.chat_tokens([{"role": "user", "content": "Hello"}])
+    finally:
+        chain.close()
