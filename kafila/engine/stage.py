@@ -22,6 +22,8 @@ from kafila.engine.capture import TensorCapture
 from kafila.engine.devices import plan_offload
 from kafila.engine.llama_lib import llama
 from kafila.errors import EngineError
+from kafila.model.arch import RESTORE_INPUT_KEY
+from kafila.model.gguf_file import GGUFFile
 
 log = logging.getLogger("kafila.engine")
 
@@ -100,9 +102,12 @@ class StageEngine:
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         params = make_context_params(config)
         self._capture: TensorCapture | None = None
-        if not final:
+        # Gemma 1/2 stages after the first restore their input over the graph's own input scaling.
+        self._restore = str(GGUFFile(self.path).get(RESTORE_INPUT_KEY, ""))
+        if not final or self._restore:
             # Kept on self: llama.cpp holds raw pointers to it for the context's lifetime.
-            self._capture = TensorCapture(f"l_out-{self.n_layer - 1}", config.n_batch, self.n_embd)
+            target = "" if final else f"l_out-{self.n_layer - 1}"
+            self._capture = TensorCapture(target, config.n_batch, self.n_embd, self._restore)
             self._capture.install(params, lc.ggml_backend_sched_eval_callback)
         self._ctx = lc.llama_init_from_model(self._model, params)
         if not self._ctx:
@@ -130,9 +135,13 @@ class StageEngine:
             b.logits[i] = int(want[i])
         if self._capture is not None:
             self._capture.reset()
+            if self._restore:
+                self._capture.set_input(embd)
         rc = lc.llama_decode(self._ctx, b)
-        if self._capture is not None and rc != 0:
+        if self._capture is not None and rc != 0 and not self.final:
             self._capture.rows(n)  # raises with what the callback saw, if that is why the call failed
+        if self._capture is not None:
+            self._capture.check_restored()
         if rc != 0:
             raise EngineError(f"llama_decode failed with status {rc} on {self.path.name} ({n} rows)")
         if self.final:

@@ -53,7 +53,8 @@ class Vocab:
     def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The prompt text the model's own chat template makes of `messages`."""
         if not self.chat_template:
-            raise EngineError("this model has no chat template; use a raw completion instead")
+            raise EngineError("this model has no chat template (a base model such as Gemma 3 270M); complete "
+                              "raw text with `kafila generate --model MODEL PROMPT` instead")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         fmt = Jinja2ChatFormatter(

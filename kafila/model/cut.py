@@ -5,7 +5,9 @@ Two kinds of stage (DESIGN §2):
   `token_embd` by a 4-row zero tensor (the loader requires both, the stage never uses them);
 - the *head* stage keeps the real tokenizer, `token_embd` (also the tied output) and `output`,
   and produces logits. Its block range is the last one of the chain.
-Tensor data is copied as raw bytes, never re-quantised.
+Tensor data is copied as raw bytes, never re-quantised. What llama.cpp derives from a block's
+absolute index is rewritten for the stage as its architecture profile says (arch.py): per-layer
+metadata is sliced, leading-block counts shifted, the sliding-window pattern written per layer.
 """
 
 from __future__ import annotations
@@ -19,13 +21,22 @@ import gguf
 import numpy as np
 
 from kafila.errors import ModelError
-from kafila.model.describe import BLOCK_TENSOR, describe_file
+from kafila.model.arch import (
+    LEADING_COUNT_KEYS,
+    PER_LAYER_KEYS,
+    RESTORE_INPUT_KEY,
+    NoWindowStage,
+    require_supported,
+)
+from kafila.model.describe import BLOCK_TENSOR, ModelInfo, describe_file
 from kafila.model.gguf_file import GGUFFile
 
 Progress = Callable[[int, int], None]  # (bytes written, total bytes)
 
-# The smallest vocabulary llama.cpp's gpt2 loader accepts: it refuses an empty merges list.
-STUB_TOKENS = ["a", "b", "ab", "</s>"]
+# The smallest vocabulary llama.cpp's gpt2 loader accepts: it refuses an empty merges list. The
+# loader also sets attributes on tokens it looks up by the model's name ("phi3": <unk>, <s>,
+# <|endoftext|>, </s>), and a body stage keeps the name, so those tokens must exist.
+STUB_TOKENS = ["a", "b", "ab", "<unk>", "<s>", "<|endoftext|>", "</s>"]
 STUB_MERGES = ["a b"]
 STUB_VOCAB = len(STUB_TOKENS)
 
@@ -51,22 +62,57 @@ def _check_range(spec: StageSpec, n_blocks: int) -> None:
         )
 
 
-def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, arch: str, spec: StageSpec) -> None:
-    overrides: dict[str, tuple[object, gguf.GGUFValueType]] = {
-        f"{arch}.block_count": (spec.end - spec.start, gguf.GGUFValueType.UINT32),
+def _stage_overrides(
+    gf: GGUFFile, info: ModelInfo, spec: StageSpec
+) -> tuple[dict[str, tuple[object, gguf.GGUFValueType, gguf.GGUFValueType | None]], set[str]]:
+    """Metadata the stage must hold instead of the source's (name → value, type, array type), and keys to drop."""
+    arch, n = info.arch, spec.end - spec.start
+    u32, arr = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY
+    overrides: dict[str, tuple[object, gguf.GGUFValueType, gguf.GGUFValueType | None]] = {
+        f"{arch}.block_count": (n, u32, None),
     }
+    drop: set[str] = set()
+    for suffix in PER_LAYER_KEYS:
+        field = gf.fields.get(f"{arch}.{suffix}")
+        if field is not None and field.type == arr and len(field.value) == info.n_blocks:
+            overrides[f"{arch}.{suffix}"] = (field.plain()[spec.start:spec.end], arr, field.sub_type)
+    for suffix in LEADING_COUNT_KEYS:
+        key = f"{arch}.{suffix}"
+        if key in gf.fields:
+            leading = gf.get_int(key, 0)
+            overrides[key] = (max(0, min(spec.end, leading) - spec.start), u32, None)
+    profile = require_supported(arch)
+    if profile.restore_input and spec.start > 0:  # the first stage scales its input as the whole model does
+        overrides[RESTORE_INPUT_KEY] = (profile.restore_input, gguf.GGUFValueType.STRING, None)
+    if info.window_layers:
+        window = list(info.window_layers[spec.start:spec.end])
+        if any(window):
+            overrides[f"{arch}.attention.sliding_window_pattern"] = (window, arr, gguf.GGUFValueType.BOOL)
+        elif profile.no_window_stage is NoWindowStage.PLAIN:
+            # All layers global: without the window keys llama.cpp builds the arch's plain graph.
+            drop |= {f"{arch}.attention.sliding_window", f"{arch}.attention.sliding_window_pattern"}
+    for name in drop:
+        overrides.pop(name, None)  # a pattern array sliced above must not come back
+    return overrides, drop
+
+
+def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, info: ModelInfo, spec: StageSpec) -> None:
+    arch = info.arch
+    overrides, drop = _stage_overrides(gf, info, spec)
     for name, field in gf.fields.items():
         if name == gguf.Keys.General.ARCHITECTURE or name.startswith("GGUF."):
             continue  # written by GGUFWriter itself
         if not spec.head and (name.startswith("tokenizer.") or name == f"{arch}.vocab_size"):
             continue  # replaced by the stub below
+        if name in drop:
+            continue
         if name in overrides:
-            value, vtype = overrides.pop(name)
-            writer.add_key_value(name, value, vtype)
+            value, vtype, sub = overrides.pop(name)
+            writer.add_key_value(name, value, vtype, sub_type=sub)
             continue
         writer.add_key_value(name, field.plain(), field.type, sub_type=field.sub_type)
-    for name, (value, vtype) in overrides.items():
-        writer.add_key_value(name, value, vtype)
+    for name, (value, vtype, sub) in overrides.items():
+        writer.add_key_value(name, value, vtype, sub_type=sub)
     if not spec.head:
         writer.add_tokenizer_model("gpt2")
         writer.add_token_list(STUB_TOKENS)
@@ -78,9 +124,11 @@ def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, arch: str, spec: Stage
 
 
 def _stage_tensors(
-    gf: GGUFFile, spec: StageSpec, n_embd: int
+    gf: GGUFFile, spec: StageSpec, info: ModelInfo
 ) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]]:
     """(new name, raw bytes, tensor type) for every tensor of the stage, in the source file's order."""
+    n_embd = info.n_embd
+    stub_output = require_supported(info.arch).body_needs_output and not spec.head
     out = []
     for t in gf.tensors.values():
         m = BLOCK_TENSOR.match(t.name)
@@ -88,7 +136,7 @@ def _stage_tensors(
             i = int(m.group(1))
             if spec.start <= i < spec.end:
                 out.append((f"blk.{i - spec.start}.{m.group(2)}", gf.tensor_bytes(t), t.type))
-        elif t.name == "token_embd.weight" and not spec.head:
+        elif (t.name == "token_embd.weight" and not spec.head) or (t.name == "output.weight" and stub_output):
             stub = np.zeros((STUB_VOCAB, n_embd), np.float32).view(np.uint8)
             out.append((t.name, stub, gguf.GGMLQuantizationType.F32))
         elif t.name == "output.weight" and not spec.head:
@@ -103,6 +151,9 @@ def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress:
     gf = GGUFFile(source)
     info = describe_file(gf)
     _check_range(spec, info.n_blocks)
+    problem = info.stage_problem(spec.start, spec.end)
+    if problem:
+        raise ModelError(problem)  # before anything is written: llama.cpp would abort or compute differently
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -111,8 +162,8 @@ def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress:
     if alignment is not None:
         writer.data_alignment = int(alignment)
     try:
-        _copy_metadata(gf, writer, info.arch, spec)
-        tensors = _stage_tensors(gf, spec, info.n_embd)
+        _copy_metadata(gf, writer, info, spec)
+        tensors = _stage_tensors(gf, spec, info)
         for name, data, ttype in tensors:
             writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)
         writer.write_header_to_file()

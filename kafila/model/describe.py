@@ -9,7 +9,7 @@ from pathlib import Path
 import gguf
 
 from kafila.errors import ModelError
-from kafila.model.arch import require_supported
+from kafila.model.arch import ArchProfile, NoWindowStage, require_supported, swa_pattern
 from kafila.model.gguf_file import GGUFFile
 
 # llama.cpp's default KV cache type is f16.
@@ -36,6 +36,20 @@ class ModelInfo:
     head_bytes: int  # embedding + unembedding + output norm, resident on the head (once if tied)
     tied_output: bool
     file_bytes: int
+    # llama.cpp's per-layer sliding-window flags for the whole model; empty when it has no window.
+    window_layers: tuple[bool, ...] = ()
+
+    def stage_problem(self, start: int, end: int) -> str | None:
+        """Why blocks [start, end) cannot be a stage of this model (llama.cpp would abort or differ), or None."""
+        profile = require_supported(self.arch)
+        if (end - start) != self.n_blocks and self.n_blocks in profile.whole_only_block_counts:
+            return (f"{self.arch} with {self.n_blocks} blocks cannot be cut: llama.cpp picks its attention "
+                    f"scale by block count, so a stage of fewer blocks would compute differently")
+        if (self.window_layers and not any(self.window_layers[start:end])
+                and profile.no_window_stage is NoWindowStage.REFUSE):
+            return (f"blocks [{start}, {end}) of {self.arch} hold no sliding-window layer, and llama.cpp "
+                    f"aborts on such a stage (it asserts is_swa_any()): put a window layer in every stage")
+        return None
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready form (the planner's model-file schema plus descriptive fields)."""
@@ -54,6 +68,8 @@ class ModelInfo:
             "kv_bytes_per_token": list(self.kv_bytes_per_token),
             "unembed_bytes": self.unembed_bytes,
             "head_bytes": self.head_bytes,
+            # per block, true where llama.cpp attends within a sliding window (empty: no window)
+            "sliding_window_layers": list(self.window_layers),
         }
 
 
@@ -61,7 +77,7 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
     """ModelInfo from a parsed GGUF (see describe_model)."""
     path = gf.path
     arch = str(gf.require("general.architecture"))
-    require_supported(arch)
+    profile = require_supported(arch)
     n_blocks = gf.get_int(f"{arch}.block_count", low=1)
     if n_blocks > len(gf.tensors):  # each block has tensors: a count past them is damage, not a model
         raise ModelError(f"{path.name} declares {n_blocks} blocks but holds only {len(gf.tensors)} tensors")
@@ -115,7 +131,24 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
         head_bytes=head,
         tied_output=tied,
         file_bytes=path.stat().st_size,
+        window_layers=tuple(window_layers(gf, arch, profile, n_blocks) or ()),
     )
+
+
+def window_layers(gf: GGUFFile, arch: str, profile: ArchProfile, n_blocks: int) -> list[bool] | None:
+    """The whole model's sliding-window flag per layer, read as llama.cpp's load_swa_pattern reads it."""
+    if not profile.swa_period:
+        return None
+    if profile.swa_needs_key and gf.get_int(f"{arch}.attention.sliding_window", 0) <= 0:
+        return None
+    key = f"{arch}.attention.sliding_window_pattern"
+    field = gf.fields.get(key)
+    if field is not None and field.type == gguf.GGUFValueType.ARRAY:
+        values = list(field.plain())
+        if len(values) != n_blocks:
+            raise ModelError(f"{gf.path.name}: GGUF metadata key '{key}' must hold {n_blocks} flags, one per block")
+        return [bool(v) for v in values]
+    return swa_pattern(profile, n_blocks, gf.get_int(key, profile.swa_period))
 
 
 def describe_model(path: str | Path) -> ModelInfo:

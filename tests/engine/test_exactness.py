@@ -18,6 +18,7 @@ from kafila.engine.request import Chunk
 from kafila.engine.stage import ContextConfig
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
+from tests.synthetic import write_synthetic
 
 CONFIG = ContextConfig(n_ctx_per_seq=256, n_seq_max=4, n_batch=64)
 DECODE_STEPS = 32
@@ -78,3 +79,34 @@ def test_synthetic_chain_identical(synthetic_models: dict[str, Path], stage_cach
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 32, n).tolist() for n in (9, 4, 13)]
     assert _compare(synthetic_models[arch], split, stage_cache, prompts) > DECODE_STEPS
+
+
+# Architectures whose cut needs what their profile says (kafila/model/arch.py): the sliding-window
+# pattern per layer (gemma3, gpt-oss), the head's sqrt(n_embd) input scale (gemma3), a body-stage
+# output stub (gpt-oss), global tensors (llama3's rope_freqs), experts inside blocks (qwen3moe), the
+# input restored over Gemma 1/2's unconditional input scale in every stage but the first.
+# Prompts of 40 and 25 tokens plus the decode steps run well past the 16-token window.
+PROFILED = {
+    "llama3": (4, ["", "2", "1,3"]),
+    "qwen3moe": (6, ["", "2,5", "3"]),
+    "phi3": (4, ["", "2", "1,3"]),
+    # 5,6: a stage of block 5 alone, a global layer: the cutter selects gemma3's plain graph
+    "gemma3": (8, ["", "3", "2,7", "5,6"]),
+    "gpt-oss": (6, ["", "1,4", "3"]),
+    "gemma2": (6, ["", "3", "2,4"]),
+    "gemma": (4, ["", "2", "1,3"]),
+}
+
+
+@pytest.fixture(scope="module")
+def profiled_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("profiled")
+    return {arch: write_synthetic(d / f"{arch}.gguf", arch, n_blocks=n, seed=3) for arch, (n, _) in PROFILED.items()}
+
+
+@pytest.mark.parametrize(("arch", "split"), [(a, s) for a, (_, splits) in PROFILED.items() for s in splits])
+def test_profiled_chain_identical(profiled_models: dict[str, Path], stage_cache: StageCache, arch: str,
+                                  split: str) -> None:
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 30, n).tolist() for n in (40, 6, 25)]
+    assert _compare(profiled_models[arch], split, stage_cache, prompts) == 1 + 2 + 3 + 3 * (DECODE_STEPS - 8) + 2 * 8

@@ -9,8 +9,10 @@ import pytest
 
 from kafila.errors import ModelError
 from kafila.model.cut import STUB_VOCAB, StageSpec, write_stage
+from kafila.model.describe import describe_model
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
+from tests.synthetic import write_synthetic
 
 
 def test_body_stage_contents(synthetic_models: dict[str, Path], tmp_path: Path) -> None:
@@ -69,3 +71,78 @@ def test_cache_reuses_verified_stage(synthetic_models: dict[str, Path], tmp_path
     assert first.stat().st_mtime_ns == mtime
     # another source file with other content gets its own entry
     assert cache.stage(synthetic_models["qwen3"], spec) != first
+
+
+def test_per_layer_metadata_sliced_and_leading_count_shifted(tmp_path: Path) -> None:
+    src = write_synthetic(tmp_path / "m.gguf", "llama", kv_heads=[4, 1, 2, 1], leading_dense=2)
+    for spec, kv, dense in ((StageSpec(1, 3, False), [1, 2], 1), (StageSpec(3, 4, True), [1], 0),
+                            (StageSpec(0, 2, False), [4, 1], 2)):
+        out = GGUFFile(write_stage(src, spec, tmp_path / f"{spec.tag}.gguf"))
+        assert out.get("llama.attention.head_count_kv").tolist() == kv
+        assert out.get("llama.leading_dense_block_count") == dense
+
+
+@pytest.mark.parametrize(("spec", "window"), [
+    (StageSpec(0, 3, False), [True, True, True]),
+    (StageSpec(3, 8, True), [True, True, False, True, True]),  # Gemma 3: every 6th layer is global
+    (StageSpec(4, 7, False), [True, False, True]),
+])
+def test_window_pattern_written_per_layer(tmp_path: Path, spec: StageSpec, window: list[bool]) -> None:
+    src = write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=8)
+    out = GGUFFile(write_stage(src, spec, tmp_path / "s.gguf"))
+    assert out.get("gemma3.attention.sliding_window_pattern").tolist() == window
+    assert out.get("gemma3.attention.sliding_window") == 16
+
+
+@pytest.mark.parametrize("pattern_in_source", [False, True])
+def test_gemma3_stage_of_global_layers_drops_the_window(tmp_path: Path, pattern_in_source: bool) -> None:
+    src = write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=8)
+    if pattern_in_source:  # newer converters write the pattern array themselves
+        whole = tmp_path / "whole.gguf"
+        write_stage(src, StageSpec(0, 8, True), whole)
+        assert GGUFFile(whole).get("gemma3.attention.sliding_window_pattern") is not None
+        src = whole
+    out = GGUFFile(write_stage(src, StageSpec(5, 6, False), tmp_path / "s.gguf"))
+    assert "gemma3.attention.sliding_window" not in out.fields
+    assert "gemma3.attention.sliding_window_pattern" not in out.fields
+
+
+def test_gpt_oss_cut_without_window_layer_refused_before_writing(tmp_path: Path) -> None:
+    src = write_synthetic(tmp_path / "o.gguf", "gpt-oss", n_blocks=6)
+    with pytest.raises(ModelError, match=r"blocks \[1, 2\) of gpt-oss hold no sliding-window layer"):
+        write_stage(src, StageSpec(1, 2, False), tmp_path / "s.gguf")
+    assert not (tmp_path / "s.gguf").exists()
+    assert describe_model(src).stage_problem(1, 2) and describe_model(src).stage_problem(1, 4) is None
+
+
+def test_gpt_oss_body_stage_has_output_stub(tmp_path: Path) -> None:
+    src = write_synthetic(tmp_path / "o.gguf", "gpt-oss", n_blocks=6)
+    out = GGUFFile(write_stage(src, StageSpec(0, 3, False), tmp_path / "s.gguf"))
+    assert out.tensors["output.weight"].ne == (64, STUB_VOCAB)
+
+
+def test_gemma3_27b_block_count_runs_only_whole(tmp_path: Path) -> None:
+    src = write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=62)
+    info = describe_model(src)
+    assert info.stage_problem(0, 62) is None
+    with pytest.raises(ModelError, match=r"llama\.cpp picks its attention scale by block count"):
+        write_stage(src, StageSpec(0, 31, False), tmp_path / "s.gguf")
+
+
+def test_global_tensor_copied_to_every_stage(tmp_path: Path) -> None:
+    src = GGUFFile(write_synthetic(tmp_path / "l.gguf", "llama3"))
+    for spec in (StageSpec(0, 2, False), StageSpec(2, 4, True)):
+        out = GGUFFile(write_stage(src.path, spec, tmp_path / f"{spec.tag}.gguf"))
+        assert np.array_equal(out.tensor_bytes(out.tensors["rope_freqs.weight"]),
+                              src.tensor_bytes(src.tensors["rope_freqs.weight"]))
+
+
+def test_gemma2_stages_after_the_first_restore_their_input(tmp_path: Path) -> None:
+    src = write_synthetic(tmp_path / "g.gguf", "gemma2", n_blocks=6)
+    first = GGUFFile(write_stage(src, StageSpec(0, 2, False), tmp_path / "a.gguf"))
+    later = [GGUFFile(write_stage(src, spec, tmp_path / f"{spec.tag}.gguf"))
+             for spec in (StageSpec(2, 4, False), StageSpec(4, 6, True))]
+    assert "kafila.restore_input" not in first.fields
+    assert [g.get("kafila.restore_input") for g in later] == ["inp_scaled", "inp_scaled"]
+    with pytest.raises(ModelError, match=r"blocks \[5, 6\) of gemma2 hold no sliding-window layer"):
+        write_stage(src, StageSpec(5, 6, True), tmp_path / "x.gguf")

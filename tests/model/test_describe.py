@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import pytest
 
 from kafila.errors import ModelError
@@ -37,10 +38,34 @@ def test_qwen3_kv_uses_key_length(synthetic_models: dict[str, Path]) -> None:
     assert describe_model(synthetic_models["qwen3"]).kv_bytes_per_token == (2 * 16 * 2 * 2,) * 4
 
 
-def test_unsupported_architecture(tmp_path: Path) -> None:
-    p = write_synthetic(tmp_path / "gemma.gguf", "gemma")
-    with pytest.raises(ModelError, match="unsupported architecture 'gemma'"):
+def test_window_layers_described(tmp_path: Path) -> None:
+    gemma3 = describe_model(write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=7))
+    assert gemma3.as_dict()["sliding_window_layers"] == [True] * 5 + [False, True]  # every 6th global
+    gpt_oss = describe_model(write_synthetic(tmp_path / "o.gguf", "gpt-oss", n_blocks=4))
+    assert gpt_oss.window_layers == (True, False, True, False)
+    assert describe_model(write_synthetic(tmp_path / "l.gguf", "llama")).as_dict()["sliding_window_layers"] == []
+
+
+def test_unknown_architecture(tmp_path: Path) -> None:
+    p = write_synthetic(tmp_path / "starcoder2.gguf", "starcoder2")
+    with pytest.raises(ModelError, match=r"unsupported architecture 'starcoder2': Kafila can split .*gemma3"):
         describe_model(p)
+
+
+@pytest.mark.parametrize(("arch", "reason"), [
+    ("mamba", "recurrent model"), ("rwkv7", "recurrent model"), ("qwen3next", "hybrid model"),
+    ("jamba", "hybrid model"), ("t5", "encoder-decoder"), ("bert", "encoder"), ("clip", "multimodal projector"),
+])
+def test_refused_architecture_by_name(tmp_path: Path, arch: str, reason: str) -> None:
+    # Refused from the metadata alone, before any tensor is looked at: a header is enough.
+    writer = gguf.GGUFWriter(tmp_path / f"{arch}.gguf", arch)
+    writer.add_block_count(4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    with pytest.raises(ModelError, match=f"architecture '{arch}' cannot be split: .*{reason}"):
+        describe_model(tmp_path / f"{arch}.gguf")
 
 
 def test_inspect_cli_json(synthetic_models: dict[str, Path]) -> None:

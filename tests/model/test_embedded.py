@@ -1,0 +1,50 @@
+"""`--model` takes a path or the name of a model a package ships."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kafila.engine.chain import open_chain
+from kafila.engine.stage import ContextConfig
+from kafila.errors import EngineError, ModelError
+from kafila.model.describe import describe_model
+from kafila.model.embedded import default_model_path, gemma3_model_path, resolve_model
+from kafila.model.stage_cache import StageCache
+
+
+def test_names_and_paths(smollm: Path, tmp_path: Path) -> None:
+    assert resolve_model(None) == resolve_model("smollm2") == default_model_path()
+    assert resolve_model(str(smollm)) == smollm
+    with pytest.raises(ModelError, match=r"model file not found: .*gemma7 \(--model takes a GGUF path or one of: "
+                                         r"smollm2, gemma3\)"):
+        resolve_model(tmp_path / "gemma7")
+
+
+def test_gemma3_assembled_into_the_cache(tmp_path: Path) -> None:
+    path = gemma3_model_path(tmp_path)
+    assert path.parent == tmp_path / "models"
+    info = describe_model(path)
+    assert (info.arch, info.n_blocks, info.n_embd) == ("gemma3", 18, 640)
+    # llama.cpp's default pattern for Gemma 3: every sixth layer global
+    assert [i for i, swa in enumerate(info.window_layers) if not swa] == [5, 11, 17]
+    assert gemma3_model_path(tmp_path) == path  # the second call finds the verified copy
+
+
+def test_damaged_gemma3_copy_is_assembled_again(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF, cut short by a full disk")
+    assert describe_model(gemma3_model_path(tmp_path)).arch == "gemma3"
+
+
+
+def test_gemma3_chat_says_how_to_complete_raw_text(tmp_path: Path) -> None:
+    # Gemma 3 270M is a base model: no chat template. Asked to chat, it says what works instead.
+    chain = open_chain(gemma3_model_path(tmp_path), "", ContextConfig(n_ctx_per_seq=64, n_seq_max=1),
+                       StageCache(tmp_path))
+    try:
+        with pytest.raises(EngineError, match=r"no chat template .*complete raw text with `kafila generate"):
+            chain.vocab.chat_tokens([{"role": "user", "content": "Hello"}])
+    finally:
+        chain.close()
