@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -250,18 +251,47 @@ async def test_attach_follows_a_running_session(api: str, script: Script) -> Non
         assert app.dashboard.query_one(DataTable).row_count == 5
 
 
-async def test_every_tab_renders_at_80x24() -> None:
-    for make in states.ALL.values():
-        app = KafilaApp(make())
+TABS = {"f1": "Members", "f2": "Reachability", "f3": "Plan", "f4": "Admission", "f5": "Chat"}
+
+
+def hidden_at_80x24(state: SessionState, key: str, lines: list[str]) -> list[str]:
+    """What a person could not read on this screen: each expected label or value not shown whole."""
+    def shown(text: str, where: list[str]) -> bool:
+        return any(re.search(rf"(?<![\w-]){re.escape(text)}(?![\w-])", line) for line in where)
+
+    body = lines[3:-1]
+    expect: list[tuple[str, list[str]]] = [("KAFILA", lines[:1]), (state.phase.upper(), lines[:1]),
+                                           (str(state.code), lines[:1])]
+    expect += [(label, lines[1:2]) for label in TABS.values()]
+    expect += [(f"{k} {label}", lines[-1:]) for k, label in TABS.items()] + [("^q Quit", lines[-1:])]
+    if key == "f1":
+        for m in state.members.values():
+            expect += [(m.name, body)] + [(m.nat, body)] * bool(m.nat)
+    if key == "f3" and state.plan and state.plan.get("ranges"):
+        for name, (a, e) in state.plan["ranges"].items():
+            expect.append((f"{name}", body))
+            expect.append((f"[{a},{e})", body))
+    if key == "f4":
+        expect.append((state.phase, [line.lower() for line in body]))
+    return [f"{text!r} not whole in:\n" + "\n".join(where) for text, where in expect if not shown(text, where)]
+
+
+async def test_every_tab_shows_its_labels_and_values_whole_at_80x24() -> None:
+    problems = []
+    for name, make in states.ALL.items():
+        state = make()
+        app = KafilaApp(state)
         async with app.run_test(size=SMALL) as pilot:
             await started(app, pilot)
-            for key in ("f1", "f2", "f3", "f4", "f5"):
+            for key in TABS:
                 if isinstance(app.screen, LostScreen):
                     await pilot.press("escape")
                 await pilot.press(key)
                 await pilot.pause()
                 lines = screen_text(app).splitlines()
-                assert len(lines) == 24 and "KAFILA" in lines[0] and "Quit" in lines[-1]
+                assert len(lines) == SMALL[1], lines
+                problems += [f"{name} {key}: {p}" for p in hidden_at_80x24(state, key, lines)]
+    assert not problems, "\n".join(problems)
 
 
 async def test_state_recorded_from_a_real_demo_run() -> None:
