@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, missing_tool
 from tests.tui.tmux import Tmux
 
 KAFILA = f"{sys.executable} kafila.py"
@@ -22,7 +22,7 @@ def tmux(request: pytest.FixtureRequest) -> Iterator[Tmux]:
     try:
         t = Tmux(request.node.name[:20])
     except FileNotFoundError:
-        pytest.skip("tmux is not installed (make sysdeps installs it)")
+        missing_tool("tmux is not installed (make sysdeps installs it)")
     try:
         yield t
     finally:
