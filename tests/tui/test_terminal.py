@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, missing_tool
+from tests.conftest import REPO, llama_cpp_reply, missing_tool
 from tests.tui.tmux import Tmux
 
 KAFILA = f"{sys.executable} kafila.py"
@@ -97,7 +97,7 @@ def transcript_replies(data_dir: Path) -> list[str]:
     return replies
 
 
-def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path) -> None:
+def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, smollm: Path) -> None:
     """The real `kafila tui --demo`: rendezvous, three member processes and the host; plan, matrix, a reply."""
     tmux.start(f"{KAFILA} tui --demo --api-port 0 --max-tokens 12 --temperature 0", REPO,
                {"KAFILA_DATA_DIR": str(data_dir)}, width=100, height=30)
@@ -114,7 +114,7 @@ def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path) -> None:
         assert time.monotonic() < deadline, f"no reply within {end:g} s:\n{tmux.screen()}"
         time.sleep(0.5)
     reply = transcript_replies(data_dir)[0].strip()
-    assert reply
+    assert reply == llama_cpp_reply(smollm, "What is the capital of France?", 12).strip()
     screen = tmux.wait_for("tok/s", timeout=10)
     first_words = " ".join(reply.split()[:2])
     assert first_words in " ".join(screen.split()), screen  # the streamed reply is on the screen
