@@ -7,6 +7,8 @@ import hashlib
 import itertools
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_kafila
+from tests.conftest import REPO, run_kafila
 from tests.session.cluster import Cluster
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Name three colours.",
@@ -135,6 +137,47 @@ def test_unknown_or_expired_session(ring: Cluster) -> None:
     assert "expired, or the join code is mistyped" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_second_member_of_the_same_name_is_refused(ring: Cluster) -> None:
+    out = run_kafila("join", ring.code, "--rendezvous", ring.rdv, "--name", "ada", "--api-port", "-1",
+                     env=ring.env, timeout=240)
+    assert out.returncode == 1, out.stderr
+    assert "refused: a member of that name is already in the session" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert ring.state()["phase"] == "admitted"  # the ring serving goes on
+
+
+def test_a_join_after_planning_is_refused(ring: Cluster) -> None:
+    out = run_kafila("join", ring.code, "--rendezvous", ring.rdv, "--name", "dora", "--api-port", "-1",
+                     env=ring.env, timeout=240)
+    assert out.returncode == 1, out.stderr
+    assert "refused: the session is already planned" in out.stderr, out.stderr
+    assert "dora" not in ring.state()["plan"]["order"]
+
+
+# A member whose llama.cpp build is not the host's: the same code, its build identity changed in that
+# process only (the libraries' hash, as a different llama.cpp would give), then the real `kafila join`.
+OTHER_BUILD = """
+import sys
+import kafila.engine.build as build
+import kafila.session.measure as measure
+real = build.build_identity()
+measure.build_identity = lambda: build.BuildIdentity(real.llama_cpp_python, "0123456789abcdef", real.features)
+from kafila.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_member_of_another_llama_cpp_build_is_refused(ring: Cluster) -> None:
+    out = subprocess.run([sys.executable, "-c", OTHER_BUILD, "join", ring.code, "--rendezvous", ring.rdv,
+                          "--name", "eve", "--api-port", "-1"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO, env=ring.env)
+    assert out.returncode == 1, out.stderr
+    assert "refused: its llama.cpp build differs from the host's (libs_sha256:" in out.stderr, out.stderr
+    assert "'0123456789abcdef' there" in out.stderr and "Traceback" not in out.stderr
+    assert "refused eve: its llama.cpp build differs" in ring.host.output
+    assert ring.state()["members"]["eve"]["status"] == "refused"
+
+
 STORY = "Tell me a long story about a dragon."
 
 
@@ -164,7 +207,8 @@ def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Pa
             killed_at = time.monotonic()
             cluster.members[victim].popen.kill()
             chunks = pending.result(timeout=300)
-        assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), chunks[-3:]
+        assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), \
+            (chunks[-3:], cluster.host.output[-4000:])
         notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
         assert len(notices) == 1, notices
         noticed_at, notice = notices[0]
