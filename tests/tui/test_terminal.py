@@ -127,3 +127,24 @@ def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, smollm: Path) -> No
     assert "predicted reachability" in screen and "direct" in screen
     tmux.keys("C-q")
     tmux.wait_for("EXIT=0", timeout=60)
+
+
+def test_record_writes_the_attached_sessions_last_state(tmux: Tmux, data_dir: Path, tmp_path: Path) -> None:
+    """`kafila tui --attach URL --record FILE`: on exit FILE holds the state the session's real API reported."""
+    from tests.tui import states
+    from tests.tui.scripted_api import Script, serve_in_thread
+
+    out = tmp_path / "recorded.json"
+    served = states.admitted_state()
+    served.api_url = None  # the attached dashboard fills in the URL it reached the session at
+    script = Script()
+    with serve_in_thread(script) as url:
+        script.show(served)
+        tmux.start(f"{KAFILA} tui --attach {url} --record {out}", REPO, {"KAFILA_DATA_DIR": str(data_dir)},
+                   width=200, height=200)
+        tmux.wait_for("ADMITTED")
+        tmux.keys("C-q")
+        tmux.wait_for("EXIT=0")
+    recorded = json.loads(out.read_text())
+    expected = {**served.to_json(), "api_url": url}
+    assert recorded == expected
