@@ -39,6 +39,7 @@ sysdeps:
 	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \
+	  elif [ -n "$$CI" ]; then echo "missing system packages:$$missing; CI must install them (run as root)"; exit 1; \
 	  else echo "missing system packages:$$missing (install them as root)"; fi; fi
 
 demo: setup

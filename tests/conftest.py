@@ -36,6 +36,32 @@ def stage_cache(tmp_path_factory: pytest.TempPathFactory) -> StageCache:
     return StageCache(tmp_path_factory.mktemp("stage-cache"))
 
 
+def llama_cpp_reply(model: Path, prompt: str, max_tokens: int, n_ctx: int = 512) -> str:
+    """Ground truth for a greedy chat reply: llama-cpp-python's own completion on the whole file."""
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()  # the same llama.cpp build Kafila loads
+    ref = Llama(str(model), n_ctx=n_ctx, verbose=False)
+    try:
+        out = ref.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0)
+        return str(out["choices"][0]["message"]["content"])
+    finally:
+        ref.close()
+
+
+def missing_tool(why: str) -> None:
+    """A test cannot run here for want of a system tool: skip on a developer's machine, fail in CI.
+
+    CI (`.ci/run` sets CI=true) installs every tool the tests use (`make sysdeps`), so a skip there
+    would only hide that a test never ran.
+    """
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"CI must run this test: {why}")
+    pytest.skip(why)
+
+
 def run_kafila(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run `python kafila.py ARGS` as a user would, capturing its output."""
     return subprocess.run(

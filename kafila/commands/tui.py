@@ -84,4 +84,4 @@ def run(args: argparse.Namespace) -> int:
         app.run()
     if args.record:
         Path(args.record).expanduser().write_text(json.dumps(app.state.to_json(), indent=1))
-    return app.status or 0
+    return app.status or app.return_code or 0  # return_code: 1 when the app itself failed

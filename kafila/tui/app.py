@@ -75,7 +75,8 @@ class KafilaApp(App[int]):
         self._dirty = True
 
     def _tick(self) -> None:
-        if self._dirty:
+        # not before the first render: a tick can come before the dashboard's panes are mounted
+        if self._dirty and self.rendered:
             self.render_state()
 
     def set_state(self, state: SessionState) -> None:

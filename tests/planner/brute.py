@@ -1,43 +1,87 @@
-"""Brute force for the planner's property tests: every order × head × contiguous partition."""
+"""Brute force for the planner's property tests: every order × head × contiguous partition.
+
+Written from DESIGN §3 and §4 alone, in exact arithmetic (Fractions of the inputs), and sharing no code
+with kafila.planner: a formula copied from the code under test would check nothing.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from fractions import Fraction
 from itertools import combinations, permutations
 
-from kafila.planner.cost import Ctx, edge_cost_ns
-from kafila.planner.order import ring_cost
-from kafila.planner.reachability import DIRECT, NatClass, predict_edge
-from kafila.planner.spec import Member
+from kafila.planner.reachability import NatClass
+from kafila.planner.spec import Member, ModelSpec, Workload
+
+# DESIGN §4: P–P, P–O, P–R, O–O direct; O–R, R–R and anything with unknown relayed.
+_P, _O, _R = NatClass.PERMISSIVE, NatClass.ORDINARY, NatClass.RESTRICTIVE
+DIRECT_PAIRS = {frozenset(p) for p in ((_P, _P), (_P, _O), (_P, _R), (_O, _O))}
 
 
-def chain_best(ctx: Ctx, chain: tuple[int, ...]) -> float | None:
+def direct(a: NatClass, b: NatClass) -> bool:
+    """Whether DESIGN §4 predicts a direct edge between these NAT classes."""
+    return frozenset((NatClass(a), NatClass(b))) in DIRECT_PAIRS
+
+
+def edge_cost(a: Member, b: Member) -> Fraction:
+    """DESIGN §3: relayed r_A + r_B, predicted direct |r_A − r_B| (milliseconds, exact)."""
+    ra, rb = Fraction(a.rtt_ms), Fraction(b.rtt_ms)
+    return abs(ra - rb) if direct(a.nat, b.nat) else ra + rb
+
+
+def cycle_cost(cycle: Sequence[Member]) -> Fraction:
+    """The edges a token crosses in one circuit: none for one member, the one pair twice for two."""
+    if len(cycle) == 1:
+        return Fraction(0)
+    return sum((edge_cost(cycle[i], cycle[(i + 1) % len(cycle)]) for i in range(len(cycle))), Fraction(0))
+
+
+def cheapest_cycle_cost(members: Sequence[Member]) -> Fraction:
+    """The lowest ring cost over every cyclic order."""
+    return min(cycle_cost(p) for p in permutations(members))
+
+
+def stage_time(mem: Member, model: ModelSpec, a: int, e: int, head: bool) -> Fraction:
+    """DESIGN §3: t = o + Σ s_j / b + [head]·U / u, with u the measured unembedding speed (b if none)."""
+    t = Fraction(mem.dispatch_s) + Fraction(sum(model.blocks_bytes[a:e])) / Fraction(mem.bandwidth)
+    if head:
+        t += Fraction(model.unembed_bytes) / Fraction(mem.unembed_bandwidth or mem.bandwidth)
+    return t
+
+
+def need(model: ModelSpec, workload: Workload, a: int, e: int, head: bool) -> int:
+    """DESIGN §3: Σ_{j∈S} (s_j + C·T·kv_j) + [head]·H bytes."""
+    tokens = workload.concurrency * workload.context
+    return sum(model.blocks_bytes[j] + tokens * model.kv_bytes_per_token[j] for j in range(a, e)) + \
+        (model.head_bytes if head else 0)
+
+
+def chain_best(chain: Sequence[Member], model: ModelSpec, workload: Workload) -> Fraction | None:
     """Lowest bottleneck over every partition of the chain (head last) that fits in memory."""
-    m, k = len(chain), ctx.k
+    m, k = len(chain), model.k
     best = None
     for cuts in combinations(range(1, k), m - 1):
         bounds = (0, *cuts, k)
-        worst = 0.0
-        for p, i in enumerate(chain):
+        times = []
+        for p, mem in enumerate(chain):
             a, e, head = bounds[p], bounds[p + 1], p == m - 1
-            if ctx.need(a, e, head) > ctx.M[i]:
+            if need(model, workload, a, e, head) > mem.memory:
                 break
-            worst = max(worst, ctx.time(i, a, e, head))
+            times.append(stage_time(mem, model, a, e, head))
         else:
-            if best is None or worst < best:
-                best = worst
+            if best is None or max(times) < best:
+                best = max(times)
     return best
 
 
-def best_plan(ctx: Ctx, members: tuple[Member, ...]) -> tuple[int, float] | None:
-    """(ring cost, bottleneck) minimised lexicographically over orders that fit; None if none fits."""
-    m = len(members)
-    cost = [[edge_cost_ns(a, b) for b in members] for a in members]
-    best: tuple[int, float] | None = None
-    for perm in permutations(range(m)):  # perm = order, head first
-        b = chain_best(ctx, (*perm[1:], perm[0]))
-        if b is None:
+def best_plan(members: Sequence[Member], model: ModelSpec, workload: Workload) -> tuple[Fraction, Fraction] | None:
+    """(ring cost ms, bottleneck s) minimised in that order over orders and heads that fit; None if none fits."""
+    best: tuple[Fraction, Fraction] | None = None
+    for order in permutations(members):  # head first; activations flow in this order
+        bottleneck = chain_best((*order[1:], order[0]), model, workload)
+        if bottleneck is None:
             continue
-        key = (ring_cost(perm, cost), b)
+        key = (cycle_cost(order), bottleneck)
         if best is None or key < best:
             best = key
     return best
@@ -50,6 +94,6 @@ def all_direct_exists(classes: list[NatClass]) -> bool:
         return True
     for rest in permutations(range(1, m)):
         cyc = (0, *rest)
-        if all(predict_edge(classes[cyc[i]], classes[cyc[(i + 1) % m]]) == DIRECT for i in range(m)):
+        if all(direct(classes[cyc[i]], classes[cyc[(i + 1) % m]]) for i in range(m)):
             return True
     return False

@@ -19,6 +19,9 @@ from kafila.net.ports import free_udp_pair
 
 REPO = Path(__file__).resolve().parents[2]
 CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
+LISTENING_RE = re.compile(r"rendezvous listening on")
+PORT_TRIES = 5
+STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("kafila: interrupted")
 
 
 class Proc:
@@ -32,7 +35,8 @@ class Proc:
             [*(prefix or []), sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
@@ -44,15 +48,22 @@ class Proc:
         return "\n".join(self.lines)
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        if m := self.wait_for_either(pattern, timeout):
+            return m
+        raise AssertionError(f"{self.name} never printed {pattern.pattern!r}:\n{self.output}")
+
+    def wait_for_either(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str] | None:
+        """The first line matching `pattern`; None once the process has ended (or `timeout` passed) without it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in list(self.lines):
                 if m := pattern.search(line):
                     return m
             if self.popen.poll() is not None:
-                break
+                self.reader.join(5)  # its last lines may still be in the pipe
+                return next((m for line in self.lines if (m := pattern.search(line))), None)
             time.sleep(0.05)
-        raise AssertionError(f"{self.name} never printed {pattern.pattern!r}:\n{self.output}")
+        return None
 
 
 class Cluster:
@@ -68,18 +79,38 @@ class Cluster:
         from kafila.session.measure import cached_probe
 
         cached_probe(default_model_path(), StageCache(tmp / "cache"))
-        self.port = free_udp_pair()
-        self.api_port = _free_tcp_port()
-        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.procs: list[Proc] = []
+        try:
+            self._start(members, host_args or [])
+        except BaseException:
+            self.stop()  # whatever did start must not outlive the failed start
+            raise
+
+    def _start(self, members: list[tuple[str, list[str]]], host_args: list[str]) -> None:
+        # A port picked here may be taken by another process before ours binds it: start again on a new one.
+        for _ in range(PORT_TRIES):
+            self.port = free_udp_pair()
+            rdv = Proc("rendezvous", ["rendezvous", "--host", "127.0.0.1", "--port", str(self.port)], self.env)
+            if rdv.wait_for_either(LISTENING_RE, 60):
+                break
+            self._drop(rdv)
+        else:
+            raise AssertionError(f"the rendezvous never listened:\n{rdv.output}")
+        self.procs.append(rdv)
         self.rdv = f"127.0.0.1:{self.port}"
-        self.procs: list[Proc] = [Proc("rendezvous", ["rendezvous", "--host", "127.0.0.1", "--port", str(self.port)],
-                                       self.env)]
-        time.sleep(0.5)
-        self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
-                                  "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
-                                  *(host_args or [])], self.env)
+        for _ in range(PORT_TRIES):
+            self.api_port = _free_tcp_port()
+            self.url = f"http://127.0.0.1:{self.api_port}"
+            self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
+                                      "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
+                                      *host_args], self.env)
+            if (m := self.host.wait_for_either(CODE_RE, 60)) and self._api_answers(m.group(1)):
+                break
+            self._drop(self.host)
+        else:
+            raise AssertionError(f"the host never served its API:\n{self.host.output}")
         self.procs.append(self.host)
-        self.code = self.host.wait_for(CODE_RE, 60).group(1)
+        self.code = m.group(1)
         self.members = {name: Proc(name, ["join", self.code, "--rendezvous", self.rdv, "--name", name,
                                           "--api-port", "-1", *args], self.env) for name, args in members}
         self.procs += self.members.values()
@@ -89,6 +120,21 @@ class Cluster:
         from kafila.session.api_token import read_token
 
         return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(self.url)}"}
+
+    def _api_answers(self, code: str) -> bool:
+        """Whether our host serves the API on the port asked (not another process, and not failed to bind)."""
+        while self.host.popen.poll() is None:
+            try:
+                return self.state().get("code", code) == code  # a redacted code: our host answers
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.05)
+        return False
+
+    @staticmethod
+    def _drop(proc: Proc) -> None:
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+        proc.popen.wait()
 
     def state(self) -> dict[str, Any]:
         req = urllib.request.Request(self.url + "/kafila/state", headers=self.headers())
@@ -109,7 +155,7 @@ class Cluster:
             time.sleep(0.3)
         raise AssertionError(f"phase never became {phases} (last {last and last['phase']}):\n{self.host.output}")
 
-    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 120) -> dict:
+    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300) -> dict:
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": temperature}).encode()
         req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
@@ -119,8 +165,12 @@ class Cluster:
         except urllib.error.HTTPError as exc:
             return json.loads(exc.read())
 
-    def stream_chat(self, content: str, max_tokens: int, timeout: float = 300) -> list[tuple[float, Any]]:
-        """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line."""
+    def stream_chat(self, content: str, max_tokens: int, timeout: float = 300,
+                    streaming: threading.Event | None = None) -> list[tuple[float, Any]]:
+        """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line.
+
+        `streaming` is set once the first piece of the reply's text has arrived.
+        """
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": 0.0, "stream": True}).encode()
         req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
@@ -131,23 +181,47 @@ class Cluster:
                 if line.startswith("data:"):
                     data = line[5:].strip()
                     out.append((time.monotonic(), data if data == "[DONE]" else json.loads(data)))
+                    chunk = out[-1][1]
+                    if streaming is not None and chunk != "[DONE]" and any(
+                            c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                        streaming.set()
         return out
 
-    def stop(self, timeout: float = 20) -> list[str]:
-        """Stop everything; returns the names of processes that had to be killed (hung)."""
-        hung = []
-        for p in reversed(self.procs):
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
+    def stop(self, timeout: float = 30) -> list[str]:
+        """Stop every process still running; returns what went wrong with each stop (empty: all clean).
+
+        A clean stop exits 0 or 130 by itself. The CLI's own deadline (15 s, then status 1 with every
+        thread's stack) ends a stuck stop, so a stop is checked by status and output, not only by time.
+        """
+        running = [p for p in self.procs if p.popen.poll() is None]
+        for p in reversed(running):
+            p.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for p in self.procs:
+        problems = []
+        for p in running:
             try:
-                p.popen.wait(max(0.1, deadline - time.monotonic()))
+                status = p.popen.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                hung.append(p.name)
                 p.popen.kill()
                 p.popen.wait()
-        return hung
+                problems.append(f"{p.name} still running {timeout:.0f} s after SIGTERM")
+                continue
+            p.reader.join(5)
+            if status not in STOPPED_STATUSES or "stopping took over" in p.output:
+                problems.append(f"{p.name} stopped with status {status}:\n{p.output[-3000:]}")
+        return problems
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        """Stop everything; an unclean stop fails the test, but never hides the test's own error."""
+        problems = self.stop()
+        if exc is not None:
+            for problem in problems:
+                exc.add_note(f"also, on stopping: {problem}")
+        elif problems:
+            raise AssertionError("unclean stop:\n" + "\n".join(problems))
 
 
 def _free_tcp_port() -> int:

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_killed_demo_takes_its_members_with_it(tmp_path: Path) -> None:
     marker = str(tmp_path / "cache")  # every process of this demo has it in its environment
     demo = subprocess.Popen([sys.executable, str(REPO / "kafila.py"), "demo", "--prompt", "Tell me a long story.",
-                             "--max-tokens", "400"], cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             "--max-tokens", "400", "--api-port", "0"],  # 0: no fixed port to collide on
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "KAFILA_CACHE_DIR": marker})
     try:
         deadline = time.monotonic() + 240

@@ -1,4 +1,4 @@
-"""Fixtures for the TUI and chat tests: an isolated data dir and the contract server."""
+"""Fixtures for the TUI and chat tests: an isolated data dir and the real API server with a scripted ring."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tui.contract_server import Script, start
+from tests.tui.scripted_api import Script, start
 
 
 @pytest.fixture(autouse=True)
@@ -25,9 +25,9 @@ def script() -> Script:
 
 @pytest.fixture
 async def api(script: Script) -> AsyncIterator[str]:
-    """The contract server in the test's loop; yields its base URL."""
-    runner, url = await start(script)
+    """The real API server in the test's loop, its chats answered by `script`; yields its base URL."""
+    server, url = await start(script)
     try:
         yield url
     finally:
-        await runner.cleanup()
+        await server.stop()

@@ -2,7 +2,7 @@
 
     python -m tests.tui.screenshots [OUT_DIR]      # default: docs/
 
-The chat screenshot streams a real reply from the contract server (tests/tui/contract_server.py).
+The chat screenshot streams a scripted reply through the real API server (tests/tui/scripted_api.py).
 Paths and times are made machine-independent (HOME, TZ) so regenerating gives the same files.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from kafila.session.state import SessionState
 from kafila.tui.app import KafilaApp
 from tests.tui import states
-from tests.tui.contract_server import Script, start
+from tests.tui.scripted_api import Script, start
 
 SIZE = (100, 30)
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ async def main(out: Path) -> list[Path]:
     script.stats = {"tokens_per_s": 31.2, "network_share": 0.14,
                     "stages": {n: {"predicted_s": s.predicted_s, "measured_s": s.measured_s}
                                for n, s in state.stages.items()}}
-    runner, url = await start(script)
+    server, url = await start(script)
     try:
         state.api_url = url
 
@@ -78,7 +78,7 @@ async def main(out: Path) -> list[Path]:
 
         written.append(await shot(out, "chat", state, (), chat))
     finally:
-        await runner.cleanup()
+        await server.stop()
     return written
 
 

@@ -1,4 +1,4 @@
-"""The chat API client against a real server speaking the contract."""
+"""The chat API client against the real API server (kafila.session.api), its ring scripted."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from kafila.session.api_client import (
     ApiLost,
     ApiTimeout,
     ApiUnreachable,
+    Notice,
     ReplyStats,
 )
 from kafila.session.state import MemberView, SessionState
-from tests.tui.contract_server import Script, free_port
+from tests.tui.scripted_api import Script, free_port
 
 
 async def collect(client: ApiClient, text: str = "hi") -> tuple[str, list[ReplyStats]]:
@@ -44,11 +45,24 @@ async def test_reply_without_stats(api: str, script: Script) -> None:
     script.stats = None
     async with ApiClient(api) as client:
         text, stats = await collect(client)
-    assert text == "Hello, ring!" and stats == []
+    assert text == "Hello, ring!" and len(stats) == 1
+    assert stats[0].tokens_per_s is None and stats[0].network_share is None and stats[0].stages == {}
+    assert stats[0].raw["finish_reason"] == "stop" and stats[0].raw["completion_tokens"] == 4
+
+
+async def test_notice_arrives_between_pieces(api: str, script: Script) -> None:
+    """The server's notice chunk (no choices, a kafila.notice) reaches the caller in its place in the reply."""
+    script.notices = {2: "member beta was lost; the reply continues once the host has planned a ring without it"}
+    items = []
+    async with ApiClient(api) as client:
+        async for item in client.stream_chat([{"role": "user", "content": "x"}]):
+            items.append(item)
+    assert items[:4] == ["Hello", ", ", Notice(script.notices[2]), "ring"]
+    assert items[4] == "!" and isinstance(items[5], ReplyStats) and len(items) == 6
 
 
 async def test_http_error_names_url_and_message(api: str, script: Script) -> None:
-    script.status, script.error_message = 503, "session not admitted yet"
+    script.refuse("session not admitted yet")
     async with ApiClient(api) as client:
         with pytest.raises(ApiError) as info:
             await collect(client)
@@ -96,8 +110,8 @@ async def test_read_timeout(api: str, script: Script) -> None:
 async def test_models_and_state(api: str, script: Script) -> None:
     st = SessionState(phase="admitted", model="m")
     st.members["a"] = MemberView("a", bandwidth_bytes_per_s=1e9, probe_samples=[1.0, 2.0])
-    script.state = st.to_json()
+    script.show(st)
     async with ApiClient(api) as client:
-        assert await client.models() == ["smollm2-135m"]
+        assert await client.models() == ["m"]  # the session's own model
         got = await client.state()
     assert got.phase == "admitted" and got.members["a"].probe_samples == [1.0, 2.0]

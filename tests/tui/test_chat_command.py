@@ -1,4 +1,4 @@
-"""`kafila chat` as a user runs it: a subprocess fed on stdin, against the contract server."""
+"""`kafila chat` as a user runs it: a subprocess fed on stdin, against the real API server, its ring scripted."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.tui.contract_server import Script, free_port, serve_in_thread
+from tests.tui.scripted_api import Script, free_port, serve_in_thread
 
 
 def run_kafila(*args: str, input: str, env: dict[str, str] | None = None,
@@ -52,6 +52,17 @@ def test_chat_unreachable_says_how_to_start_a_session(data_dir: Path) -> None:
     assert f"kafila: error: no Kafila session answers at {url}" in r.stderr
     assert "`kafila demo`, `kafila host` or `kafila join`" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_chat_prints_a_notice_apart_from_the_reply(data_dir: Path) -> None:
+    script = Script(notices={2: "member beta was lost; the reply continues"})
+    with serve_in_thread(script) as url:
+        r = run_kafila("chat", "--api", url, input="one\n", env={"KAFILA_DATA_DIR": str(data_dir)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "Hello, ring!" in r.stdout and "member beta was lost" not in r.stdout  # the reply's text stays whole
+    assert "[member beta was lost; the reply continues]" in r.stderr
+    recs = transcripts(data_dir)[0]
+    assert "".join(str(rec["content"]) for rec in recs if rec["type"] == "delta") == "Hello, ring!"
 
 
 def test_chat_error_mid_reply_keeps_the_chat_going(data_dir: Path) -> None:

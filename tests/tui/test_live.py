@@ -18,7 +18,7 @@ from kafila.session.options import MemberOptions
 from kafila.tui.app import KafilaApp
 from kafila.tui.screens.lost import LostScreen
 from kafila.tui.widgets.chat import ChatPane, ChatSettings, MessageView
-from tests.conftest import REPO
+from tests.conftest import REPO, llama_cpp_reply
 from tests.session.cluster import Cluster
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
@@ -40,12 +40,14 @@ async def admitted_then_chat(app: KafilaApp, pilot: Any, text: str) -> MessageVi
     await until(lambda: reply_finished(app, chat), timeout=240)
     return [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
 
-async def test_live_demo_session_in_pilot() -> None:
+async def test_live_demo_session_in_pilot(smollm: Path) -> None:
+    # computed before the session starts: this loop runs the host, and must not block while it serves
+    expected, expected_cli = llama_cpp_reply(smollm, "Hi", 8).strip(), llama_cpp_reply(smollm, "Hi", 6).strip()
     flow = partial(run_demo, DemoOptions(api_port=0))
     app = KafilaApp(flow=flow, mode="demo", settings=ChatSettings(max_tokens=8, temperature=0.0), tick_s=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
         reply = await admitted_then_chat(app, pilot, "Hi")
-        assert reply.error is None and reply.body.strip()
+        assert reply.error is None and reply.body.strip() == expected
         assert "tok/s" in screen_text(app)
 
         # The same session from outside: the attach path reads the real /kafila/state, and `kafila chat`
@@ -60,6 +62,7 @@ async def test_live_demo_session_in_pilot() -> None:
         out, err = await asyncio.wait_for(proc.communicate(b"Hi\n/quit\n"), 240)
         assert proc.returncode == 0, err.decode()
         assert "kafila> " in out.decode() and "tok/s" in out.decode()
+        assert expected_cli in out.decode(), out.decode()
 
         await pilot.press("f1")
         await pilot.pause()
@@ -75,11 +78,12 @@ async def test_live_demo_session_in_pilot() -> None:
         assert "◀" in screen_text(app) and app.state.plan and app.state.plan["feasible"]
 
 
-async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_session(tmp_path: Path) -> None:
+async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_session(tmp_path: Path,
+                                                                                   smollm: Path) -> None:
     """`kafila tui --join`: this process is a member of a real session (host and another member are
     processes); the chat goes through this member's own API to the head; killing the host loses it."""
-    cluster = Cluster(tmp_path, [("ada", [])], host_args=["--members", "2"])
-    try:
+    expected = llama_cpp_reply(smollm, "Hello", 6).strip()
+    with Cluster(tmp_path, [("ada", [])], host_args=["--members", "2"]) as cluster:
         opts = MemberOptions(code=cluster.code, rendezvous=("127.0.0.1", cluster.port), name="tui-member",
                              api_port=0, cache_dir=tmp_path / "cache", join_timeout_s=180.0)
         app = KafilaApp(flow=partial(run_member, opts), mode="member",
@@ -87,14 +91,12 @@ async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_sessi
         async with app.run_test(size=(100, 30)) as pilot:
             reply = await admitted_then_chat(app, pilot, "Hello")
             assert app.state.api_url and app.state.api_url != cluster.url  # this member's own endpoint
-            assert reply.error is None and reply.body.strip()
+            assert reply.error is None and reply.body.strip() == expected
 
             cluster.host.popen.kill()  # the head goes away
             await until(lambda: isinstance(app.screen, LostScreen), timeout=60)
             await pilot.pause()
             assert "SESSION LOST" in screen_text(app)
-    finally:
-        cluster.stop()
 
 
 async def test_live_rejection_shows_its_reasons() -> None:

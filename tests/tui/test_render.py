@@ -24,6 +24,14 @@ def test_range_bar_is_to_scale_and_never_empty(total: int, width: int, data: st.
     filled = [i for i, c in enumerate(bar) if c == "█"]
     assert filled and filled == list(range(filled[0], filled[-1] + 1))  # one contiguous run
     assert abs(filled[0] - start * width / total) <= 1  # starts where the range starts, to the cell
+    cells = (end - start) * width / total
+    if cells >= 1:  # ends where the range ends, and as long as the range, to the cell
+        assert abs(filled[-1] + 1 - end * width / total) <= 1
+        assert abs(len(filled) - cells) <= 1
+    else:  # narrower than a cell: one cell, where the range is
+        assert len(filled) == 1 and filled[0] <= start * width / total + 1
+    assert filled[0] == 0 or start > 0  # the first range starts in the first cell
+    assert filled[-1] == width - 1 or end < total  # the last range ends in the last cell
 
 
 @given(st.lists(st.integers(0, 10), min_size=2, max_size=8))
@@ -39,7 +47,16 @@ def test_contiguous_ranges_tile_the_bar(cuts: list[int]) -> None:
 
 @given(st.floats(0, 10), st.floats(0.01, 10), st.integers(1, 60))
 def test_value_bar_width(value: float, scale: float, width: int) -> None:
-    assert len(value_bar(value, scale, width, "x").plain) == width
+    bar = value_bar(value, scale, width, "x").plain
+    assert len(bar) == width
+    partial = " ▏▎▍▌▋▊▉"
+    eighths = 8 * bar.count("█") + sum(partial.index(c) for c in bar if c in partial[1:])
+    assert bar.rstrip(" ") == bar[:len(bar.rstrip(" "))] and set(bar.rstrip(" ")[:-1]) <= {"█"}  # one run
+    want = min(value / scale, 1.0) * width * 8  # eighths of a cell, to scale, capped at the full width
+    if value > 0:
+        assert eighths >= 1 and abs(eighths - want) <= 1  # never empty for a value, otherwise to the eighth
+    else:
+        assert eighths == 0
 
 
 def test_sparkline_scales_to_its_own_range() -> None:

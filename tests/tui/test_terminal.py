@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, llama_cpp_reply, missing_tool
 from tests.tui.tmux import Tmux
 
 KAFILA = f"{sys.executable} kafila.py"
@@ -22,7 +22,7 @@ def tmux(request: pytest.FixtureRequest) -> Iterator[Tmux]:
     try:
         t = Tmux(request.node.name[:20])
     except FileNotFoundError:
-        pytest.skip("tmux is not installed (make sysdeps installs it)")
+        missing_tool("tmux is not installed (make sysdeps installs it)")
     try:
         yield t
     finally:
@@ -97,7 +97,7 @@ def transcript_replies(data_dir: Path) -> list[str]:
     return replies
 
 
-def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path) -> None:
+def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, smollm: Path) -> None:
     """The real `kafila tui --demo`: rendezvous, three member processes and the host; plan, matrix, a reply."""
     tmux.start(f"{KAFILA} tui --demo --api-port 0 --max-tokens 12 --temperature 0", REPO,
                {"KAFILA_DATA_DIR": str(data_dir)}, width=100, height=30)
@@ -114,7 +114,7 @@ def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path) -> None:
         assert time.monotonic() < deadline, f"no reply within {end:g} s:\n{tmux.screen()}"
         time.sleep(0.5)
     reply = transcript_replies(data_dir)[0].strip()
-    assert reply
+    assert reply == llama_cpp_reply(smollm, "What is the capital of France?", 12).strip()
     screen = tmux.wait_for("tok/s", timeout=10)
     first_words = " ".join(reply.split()[:2])
     assert first_words in " ".join(screen.split()), screen  # the streamed reply is on the screen
@@ -127,3 +127,24 @@ def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path) -> None:
     assert "predicted reachability" in screen and "direct" in screen
     tmux.keys("C-q")
     tmux.wait_for("EXIT=0", timeout=60)
+
+
+def test_record_writes_the_attached_sessions_last_state(tmux: Tmux, data_dir: Path, tmp_path: Path) -> None:
+    """`kafila tui --attach URL --record FILE`: on exit FILE holds the state the session's real API reported."""
+    from tests.tui import states
+    from tests.tui.scripted_api import Script, serve_in_thread
+
+    out = tmp_path / "recorded.json"
+    served = states.admitted_state()
+    served.api_url = None  # the attached dashboard fills in the URL it reached the session at
+    script = Script()
+    with serve_in_thread(script) as url:
+        script.show(served)
+        tmux.start(f"{KAFILA} tui --attach {url} --record {out}", REPO, {"KAFILA_DATA_DIR": str(data_dir)},
+                   width=200, height=200)
+        tmux.wait_for("ADMITTED")
+        tmux.keys("C-q")
+        tmux.wait_for("EXIT=0")
+    recorded = json.loads(out.read_text())
+    expected = {**served.to_json(), "api_url": url}
+    assert recorded == expected

@@ -93,7 +93,7 @@ class ChatPane(Horizontal):
     ChatPane #chat-hint { padding: 1 2; color: $text-muted; height: auto; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+n", "new_conversation", "New chat"),
+        Binding("ctrl+n", "new_conversation", "New"),  # "New chat" pushed "f5 Chat" off 80 columns
         Binding("escape", "stop_reply", "Stop reply", show=False),
     ]
 

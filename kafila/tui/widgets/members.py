@@ -11,7 +11,7 @@ from kafila.session.state import MemberView, SessionState
 from kafila.tui.format import gb, gbps, ms, sparkline
 
 COLUMNS = (("name", "member"), ("status", "status"), ("bw", "GB/s"), ("probe", "probe"), ("mem", "mem GB"),
-           ("dispatch", "disp ms"), ("rtt", "RTT ms"), ("nat", "NAT"))
+           ("dispatch", "disp"), ("rtt", "RTT ms"), ("nat", "NAT"))
 STATUS_STYLE = {"ready": "green", "serving": "bold green", "measuring": "yellow", "loading": "cyan",
                 "joined": "", "lost": "bold red", "refused": "bold red"}
 EMULATED = "magenta"
@@ -42,7 +42,7 @@ def row_cells(view: MemberView) -> dict[str, Text]:
         "status": Text(view.status, style=STATUS_STYLE.get(view.status, "")),
         "bw": Text(gbps(view.bandwidth_bytes_per_s) + ("*" if throttled else ""),
                    style=EMULATED if throttled else "", justify="right"),
-        "probe": Text(sparkline(view.probe_samples, 8), style="cyan"),
+        "probe": Text(sparkline(view.probe_samples, 5), style="cyan"),  # 5: the NAT column fits 80 columns
         "mem": Text(gb(view.memory_bytes) + ("*" if capped else ""), style=EMULATED if capped else "",
                     justify="right"),
         "dispatch": Text(ms(view.dispatch_s), justify="right"),
