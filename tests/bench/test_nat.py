@@ -7,7 +7,7 @@ import itertools
 import json
 from pathlib import Path
 
-from kafila.net.natlab import available
+from kafila.lab.natlab import available
 from kafila.planner.reachability import NatClass
 from tests.conftest import missing_tool, run_kafila
 from tests.planner.brute import direct
