@@ -3,13 +3,12 @@
 Public API for the session layer (everything else in this package is internal):
 
     from kafila.net import PeerEndpoint, JoinCode, VerifiedMember, Link, NatReport, EdgeReport
-    from kafila.net import frames            # activation frame codec: encode/decode/rows_array
 
     async with PeerEndpoint(bind=("0.0.0.0", 0), name="alice") as ep:
         report: NatReport = await ep.probe_nat(rdv)              # rdv = ("host", P); also sets it
         code: JoinCode = await ep.create_session(rdv)            # host: print(str(code)) for the others
         await ep.join_session(rdv, "k7q2m9xd-4f8t-zr2w-9mhc-qp3a")  # member (instead of create)
-        me: VerifiedMember = await ep.announce({"bw": 2.1e9, "mem": 8e9})  # MAC'd; <= ~600 B of numbers
+        me: VerifiedMember = await ep.announce({"bw": 2.1e9, "mem": 8e9})  # sealed; <= ~600 B of numbers
         ml = await ep.wait_for_members(n, timeout_s=30)          # ml.verified, ml.rejected (id, reason)
         link: Link = await ep.connect(peer)                      # peer: a VerifiedMember from ml.verified
         link = await ep.accept(timeout_s=30)                     # incoming, pins already checked

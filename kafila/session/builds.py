@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafila.engine.build import BuildIdentity
-from kafila.net.frames import VERSION as FRAME_VERSION
+from kafila.session.frames import VERSION as FRAME_VERSION
 from kafila.net.quic import ALPN
 from kafila.net.trust import ANNOUNCE_VERSION
 
