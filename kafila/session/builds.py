@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafila.engine.build import BuildIdentity
-from kafila.session.frames import VERSION as FRAME_VERSION
 from kafila.net.quic import ALPN
 from kafila.net.trust import ANNOUNCE_VERSION
+from kafila.session.frames import VERSION as FRAME_VERSION
 
 EXACT, MIXED = "exact", "mixed"
 
