@@ -316,7 +316,7 @@ class PeerEndpoint(LinkOwner):
 
     async def members(self) -> MemberList:
         """Every listed member whose announcement verifies under our join code; the others, refused."""
-        ml = await fetch_members(self.rdv)
+        ml = await fetch_members(self.rdv, self.peers)
         merge_peers(self.peers, ml)
         return ml
 

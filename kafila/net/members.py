@@ -8,6 +8,7 @@ fingerprint. A member whose fingerprint changes mid-session is refused outright.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kafila.errors import ProtocolError, SessionError
@@ -27,8 +28,11 @@ class MemberList:
     rejected: tuple[tuple[str, str], ...]
 
 
-async def fetch_members(client: RendezvousClient) -> MemberList:
-    """Every listed member whose announcement verifies under our join code; the others, refused."""
+async def fetch_members(client: RendezvousClient, known: Mapping[bytes, VerifiedMember] | None = None) -> MemberList:
+    """Every listed member whose announcement verifies under our join code; the others, refused.
+
+    An announcement older than the one already `known` from that member is refused (a replay).
+    """
     code = client.code
     if code is None:
         raise SessionError("join a session first")
@@ -49,7 +53,8 @@ async def fetch_members(client: RendezvousClient) -> MemberList:
                     raise ProtocolError("member entry is not an object")
                 mid = wire.get_hex(entry, "id", wire.ID_LEN)
                 obs = wire.get_addr(entry.get("obs"), "obs")
-                verified.append(open_announcement(wire.get_str(entry, "ann", 1300), code, mid, obs))
+                verified.append(open_announcement(wire.get_str(entry, "ann", 1300), code, mid, obs,
+                                                  previous=(known or {}).get(mid)))
             except (ProtocolError, SessionError) as exc:
                 raw_id = entry.get("id") if isinstance(entry, dict) else None
                 short = raw_id[:8] if isinstance(raw_id, str) else "?"

@@ -1,0 +1,43 @@
+"""The member list a member builds from the rendezvous's pages (kafila.net.members), without sockets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafila.net.members import fetch_members
+from kafila.net.rdvclient import RendezvousClient
+from kafila.net.trust import Announcement, JoinCode, now_wall
+
+
+class ListingClient(RendezvousClient):
+    """A rendezvous client whose `list` answers come from a fixed page (a hostile rendezvous's choice)."""
+
+    def __init__(self, code: JoinCode, entries: list[dict[str, Any]]) -> None:
+        super().__init__(b"me" * 4, lambda data, addr: None)
+        self.code, self.entries = code, entries
+
+    async def list_page(self, start: int) -> dict[str, Any]:
+        return {"ok": True, "total": len(self.entries), "members": self.entries[start:]}
+
+
+def sealed(code: JoinCode, mid: bytes, t: float) -> str:
+    ann = Announcement(code.session_id, mid, "ana", b"f" * 32, "ordinary", ("100.64.0.11", 4000), None, 1.5, {}, t)
+    return ann.seal(code)
+
+
+async def test_a_replayed_older_announcement_of_a_known_member_is_refused() -> None:
+    code = JoinCode("k7q2m9xd", JoinCode.new_secret())
+    mid, now = b"a" * 8, now_wall()
+    old, new = sealed(code, mid, now - 120), sealed(code, mid, now - 5)
+    entry = {"id": mid.hex(), "obs": ["127.0.0.1", 4000]}
+
+    first = await fetch_members(ListingClient(code, [{**entry, "ann": new}]))
+    assert [v.member_id for v in first.verified] == [mid]
+    known = {mid: first.verified[0]}
+
+    replay = await fetch_members(ListingClient(code, [{**entry, "ann": old}]), known)
+    assert replay.verified == ()
+    assert replay.rejected == ((mid.hex()[:8], replay.rejected[0][1]),)
+    assert "older than one already seen" in replay.rejected[0][1]
+    # without what was known, the same old announcement is still fresh enough on its own
+    assert len((await fetch_members(ListingClient(code, [{**entry, "ann": old}]))).verified) == 1
