@@ -32,6 +32,7 @@ START_TIMEOUT_S = 60.0  # for the rendezvous to listen and the host to open its 
 RENDEZVOUS_READY = b"rendezvous listening on"  # the line the rendezvous logs once its sockets are bound
 # Several members share this machine: their OpenMP threads must not spin long after a call
 # (libgomp spins ~300k iterations by default), or they steal the cores the next stage computes on.
+JOIN_CODE_ENV = "KAFILA_JOIN_CODE"  # read by `kafila join` without a code argument (kafila.commands.join)
 SHARED_MACHINE_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 
@@ -163,11 +164,14 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                     state.log(f"starting members {', '.join(m.name for m in opts.members)} (emulated slow-downs "
                               f"{', '.join(f'×{m.throttle:g}' for m in opts.members)}); logs in {log_dir}")
                     for m in opts.members:
-                        argv = [*kafila_argv(), "join", state.code, "--rendezvous", f"127.0.0.1:{port}", "--name",
+                        # the code goes in the member's environment, not its argv, where `ps` shows it to anyone
+                        argv = [*kafila_argv(), "join", "--rendezvous", f"127.0.0.1:{port}", "--name",
                                 m.name, "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
                         if m.memory_gb is not None:
                             argv += ["--memory", str(m.memory_gb)]
-                        member_env = env if m.llama_path is None else env_for(m.llama_path, {**os.environ, **env})
+                        member_env = {**env, JOIN_CODE_ENV: state.code}
+                        if m.llama_path is not None:
+                            member_env = env_for(m.llama_path, {**os.environ, **member_env})
                         procs.append(await _start(argv, log_dir / f"{m.name}.log", member_env))
                     await asyncio.wait({host})
             finally:
