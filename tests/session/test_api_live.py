@@ -91,7 +91,9 @@ def test_hostile_requests_leave_the_ring_serving_the_same_text(ring: Cluster, ll
     assert "the context holds 512" in body["error"]["message"]  # the last: counted by the head, not the API
     status, body = send(ring, "POST", "/v1/chat/completions", own,
                         b'{"messages": [{"role": "user", "content": "hi"}], "temperature": null, "max_tokens": 4}')
-    assert status == 200 and body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 4
+    usage = body["usage"]
+    assert status == 200 and 1 <= usage["completion_tokens"] <= 4  # sampled (0.7): it may end before 4
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
     state = ring.state()
     assert state["phase"] == "admitted" and state["lost"] is None and state["code"] is None
