@@ -259,7 +259,7 @@ class MemberRuntime:
             peer = self._failed_peer()
             self.state.lost = f"{peer} lost: {reason}"
             self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
-            self._fail_requests(f"member {peer} was lost: {reason}")
+            self._fail_requests(f"member {peer} was lost: {reason}", lost=peer)
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
 
@@ -269,12 +269,12 @@ class MemberRuntime:
                 return link.peer.name
         return "a ring neighbour"
 
-    def _fail_requests(self, reason: str) -> None:
+    def _fail_requests(self, reason: str, lost: str | None = None) -> None:
         # resumable: the API servers send them again once the host has planned a ring without the lost member
         if self.head is not None:
             self.head.fail_all(reason, resumable=True)
         if self.forwarder is not None:
-            self.forwarder.fail_all(reason)
+            self.forwarder.fail_all(reason, lost=lost)  # the API server does not re-send what the lost head held
         if self.api:
             self.api.chat = None
 
