@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--model", default=None,
+                   help="a GGUF file, or a model by name: smollm2 (the default, embedded) or gemma3 (Gemma 3 270M)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,8 @@ HELP = "run a whole session on this machine (rendezvous, host, 3 emulated member
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--model", default=None,
+                   help="a GGUF file, or a model by name: smollm2 (the default, embedded) or gemma3 (Gemma 3 270M)")
     p.add_argument("--prompt", default=None, help="answer this one message, print the reply and exit")
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply (default 256)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0 = greedy)")
