@@ -72,9 +72,13 @@ async def remote(h: Head, body: Any) -> list[dict[str, Any]]:
     got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def reply(msg: bytes) -> None:
-        got.put_nowait(messages.parse_control(msg)["evt"])
+        evt = messages.decode(msg)
+        assert isinstance(evt, messages.ChatEvt)
+        got.put_nowait(evt.evt)
 
-    h.serve_remote({"t": "chat", "id": "c1", "origin": "bo", "body": body}, reply)
+    # A body that is not an object cannot come off the wire (messages.decode refuses it); the head
+    # must still survive one handed to it directly.
+    h.serve_remote(messages.Chat("c1", "bo", body), reply)
     events = []
     while not events or not ({"done", "error"} & set(events[-1])):
         events.append(await asyncio.wait_for(got.get(), 120))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kafila.errors import ProtocolError
 from kafila.session import messages as m
-from kafila.session.delivery import StageManifest
+from kafila.session.delivery import CHUNK_SIZE, StageManifest
 
 FUZZ = settings(max_examples=400, deadline=None)
 names = st.text(min_size=1, max_size=12)
@@ -29,8 +29,8 @@ sha = st.text("0123456789abcdef", min_size=64, max_size=64)
 
 @st.composite
 def manifests(draw: st.DrawFn) -> StageManifest:
-    chunk = draw(st.integers(1, 1 << 20))
-    size = draw(st.integers(0, 5 * chunk))
+    chunk = CHUNK_SIZE  # the only chunk size a manifest may name
+    size = draw(st.integers(1, 5 * chunk))
     n = -(-size // chunk)
     return StageManifest(draw(sha), size, chunk, tuple(draw(st.lists(sha, min_size=n, max_size=n))))
 
