@@ -231,7 +231,8 @@ def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Pa
             assert done["kafila"]["completion_tokens"] == 300
         assert f"member {victim} was lost" in cluster.host.output
         state = cluster.wait_phase({"admitted"}, 120)
-        assert sorted(state["plan"]["order"]) == sorted(n for n in ("ada", "bo", "cy") if n != victim)
+        assert sorted(state["plan"]["order"]) == sorted(n for n in ("ada", "bo", "cy") if n != victim), \
+            (cluster.host.output[-6000:], {n: m.output[-3000:] for n, m in cluster.members.items()})
         again = cluster.chat(PROMPTS[0], 8)
         assert again["choices"][0]["message"]["content"] == capital, again
 
