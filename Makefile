@@ -49,7 +49,7 @@ demo: setup
 # (tests/session/test_mixed_builds.py, `kafila bench mixed`); built once, ~10 minutes on 2 cores.
 VARIANT_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 llama-variant: setup
-	$(VPY) -m kafila.engine.variant --cmake-args "$(VARIANT_CMAKE_ARGS)"
+	$(VPY) -m kafila.engine.variant --cmake-args="$(VARIANT_CMAKE_ARGS)"
 
 test: setup sysdeps
 	@if [ "$$CI" = true ]; then $(MAKE) llama-variant; fi
