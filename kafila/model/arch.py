@@ -92,8 +92,23 @@ REFUSED: dict[str, str] = {
     **{a: "an encoder (embedding model), not a text generator" for a in (
         "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3",
         "eurobert", "gemma-embedding")},
+    **{a: "a diffusion language model: it denoises a whole sequence at once, not one token after another"
+       for a in ("dream", "llada", "llada-moe")},
     "clip": "a multimodal projector file (mmproj), not a language model: pass the model GGUF itself",
 }
+
+# What a GGUF's general.type says it is, when that is not a model to run ("model" or absent is one).
+REFUSED_KINDS: dict[str, str] = {
+    "mmproj": "a multimodal projector file (mmproj), not a language model: pass the model GGUF itself",
+    "adapter": "a LoRA adapter, not a model: pass the base model GGUF",
+}
+
+
+def require_model_kind(kind: object) -> None:
+    """A ModelError when general.type (`kind`) says the file is not a model, such as a projector or adapter."""
+    reason = REFUSED_KINDS.get(str(kind)) if kind is not None else None
+    if reason:
+        raise ModelError(f"this GGUF cannot be split: it is {reason}")
 
 
 def require_supported(arch: str) -> ArchProfile:

@@ -29,7 +29,7 @@ from kafila.model.arch import (
     require_supported,
 )
 from kafila.model.describe import BLOCK_TENSOR, ModelInfo, describe_file
-from kafila.model.gguf_file import GGUFFile
+from kafila.model.gguf_set import GGUFSet
 
 Progress = Callable[[int, int], None]  # (bytes written, total bytes)
 
@@ -63,7 +63,7 @@ def _check_range(spec: StageSpec, n_blocks: int) -> None:
 
 
 def _stage_overrides(
-    gf: GGUFFile, info: ModelInfo, spec: StageSpec
+    gf: GGUFSet, info: ModelInfo, spec: StageSpec
 ) -> tuple[dict[str, tuple[object, gguf.GGUFValueType, gguf.GGUFValueType | None]], set[str]]:
     """Metadata the stage must hold instead of the source's (name → value, type, array type), and keys to drop."""
     arch, n = info.arch, spec.end - spec.start
@@ -96,7 +96,7 @@ def _stage_overrides(
     return overrides, drop
 
 
-def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, info: ModelInfo, spec: StageSpec) -> None:
+def _copy_metadata(gf: GGUFSet, writer: gguf.GGUFWriter, info: ModelInfo, spec: StageSpec) -> None:
     arch = info.arch
     overrides, drop = _stage_overrides(gf, info, spec)
     for name, field in gf.fields.items():
@@ -124,7 +124,7 @@ def _copy_metadata(gf: GGUFFile, writer: gguf.GGUFWriter, info: ModelInfo, spec:
 
 
 def _stage_tensors(
-    gf: GGUFFile, spec: StageSpec, info: ModelInfo
+    gf: GGUFSet, spec: StageSpec, info: ModelInfo
 ) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]]:
     """(new name, raw bytes, tensor type) for every tensor of the stage, in the source file's order."""
     n_embd = info.n_embd
@@ -148,7 +148,7 @@ def _stage_tensors(
 
 def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress: Progress | None = None) -> Path:
     """Write the stage GGUF for `spec` to `dest` atomically (temp file, fsync, rename)."""
-    gf = GGUFFile(source)
+    gf = GGUFSet(source)
     info = describe_file(gf)
     _check_range(spec, info.n_blocks)
     problem = info.stage_problem(spec.start, spec.end)

@@ -9,8 +9,9 @@ from pathlib import Path
 import gguf
 
 from kafila.errors import ModelError
-from kafila.model.arch import ArchProfile, NoWindowStage, require_supported, swa_pattern
-from kafila.model.gguf_file import GGUFFile
+from kafila.model.arch import ArchProfile, NoWindowStage, require_model_kind, require_supported, swa_pattern
+from kafila.model.gguf_file import Metadata
+from kafila.model.gguf_set import GGUFSet
 
 # llama.cpp's default KV cache type is f16.
 KV_BYTES_PER_ELEMENT = 2
@@ -73,9 +74,10 @@ class ModelInfo:
         }
 
 
-def describe_file(gf: GGUFFile) -> ModelInfo:
-    """ModelInfo from a parsed GGUF (see describe_model)."""
+def describe_file(gf: GGUFSet) -> ModelInfo:
+    """ModelInfo from a parsed GGUF or split set (see describe_model)."""
     path = gf.path
+    require_model_kind(gf.get("general.type"))
     arch = str(gf.require("general.architecture"))
     profile = require_supported(arch)
     n_blocks = gf.get_int(f"{arch}.block_count", low=1)
@@ -110,16 +112,11 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
     tied = output is None
     unembed = int((embd if tied else output).n_bytes)  # type: ignore[union-attr]
     head = int(embd.n_bytes) + (0 if tied else unembed) + int(tensors["output_norm.weight"].n_bytes)
-    file_type = gf.get("general.file_type")
-    try:
-        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
-    except ValueError:
-        quant = "unknown"
     return ModelInfo(
         path=path,
         name=str(gf.get("general.name", path.stem)),
         arch=arch,
-        quant=quant,
+        quant=quant_name(gf),
         n_blocks=n_blocks,
         n_embd=n_embd,
         n_head=n_head,
@@ -130,12 +127,20 @@ def describe_file(gf: GGUFFile) -> ModelInfo:
         unembed_bytes=unembed,
         head_bytes=head,
         tied_output=tied,
-        file_bytes=path.stat().st_size,
+        file_bytes=gf.file_bytes,
         window_layers=tuple(window_layers(gf, arch, profile, n_blocks) or ()),
     )
 
 
-def window_layers(gf: GGUFFile, arch: str, profile: ArchProfile, n_blocks: int) -> list[bool] | None:
+def quant_name(gf: Metadata) -> str:
+    """The quantisation named by general.file_type (e.g. Q4_K_M), or "unknown"."""
+    try:
+        return gguf.LlamaFileType(gf.get("general.file_type")).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return "unknown"
+
+
+def window_layers(gf: Metadata, arch: str, profile: ArchProfile, n_blocks: int) -> list[bool] | None:
     """The whole model's sliding-window flag per layer, read as llama.cpp's load_swa_pattern reads it."""
     if not profile.swa_period:
         return None
@@ -152,5 +157,5 @@ def window_layers(gf: GGUFFile, arch: str, profile: ArchProfile, n_blocks: int) 
 
 
 def describe_model(path: str | Path) -> ModelInfo:
-    """Read a GGUF and describe it; unsupported architectures and corrupt files raise ModelError."""
-    return describe_file(GGUFFile(path))
+    """Read a GGUF (the first file of a split set) and describe it; unsupported or corrupt ones raise ModelError."""
+    return describe_file(GGUFSet(path))

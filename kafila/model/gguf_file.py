@@ -65,6 +65,7 @@ class TensorInfo:
     type: GGMLQuantizationType
     offset: int  # absolute, in the file
     n_bytes: int
+    shard: int = 0  # which file of a split set holds it (gguf_set.GGUFSet); 0 in a single file
 
     def byte_shape(self) -> tuple[int, ...]:
         """numpy shape of the raw bytes: rows (outer dims, slowest first) × bytes per row."""
@@ -120,7 +121,49 @@ class _Cursor:
         return GGUFValueType(sub), items
 
 
-class GGUFFile:
+class Metadata:
+    """Typed, validating access to a GGUF's metadata `fields`; errors name the file at `path`."""
+
+    path: Path
+    fields: dict[str, Field]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A metadata value, or `default` when absent."""
+        field = self.fields.get(key)
+        return default if field is None else field.value
+
+    def require(self, key: str) -> Any:
+        """A metadata value that must be present; its absence names the key."""
+        if key not in self.fields:
+            raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' is missing")
+        return self.fields[key].value
+
+    def get_int(self, key: str, default: int | None = None, low: int = 0) -> int:
+        """A whole-number hyper-parameter in [low, 2^32) (absent: `default`, or an error when there is none)."""
+        field = self.fields.get(key)
+        if field is None:
+            if default is None:
+                raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' is missing")
+            return default
+        if field.type not in _INTEGERS or not low <= field.value < MAX_HPARAM:
+            got = field.value if field.type in _INTEGERS else f"a value of type {field.type.name}"
+            raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' must be a whole number from {low}, "
+                             f"got {got}")
+        return int(field.value)
+
+    def get_per_layer(self, key: str, n_layers: int, default: int) -> list[int]:
+        """A hyper-parameter GGUF stores either once or once per layer, as one whole number per layer."""
+        field = self.fields.get(key)
+        if field is None or field.type != GGUFValueType.ARRAY:
+            return [self.get_int(key, default)] * n_layers
+        values = field.value
+        if field.sub_type not in _INTEGERS or len(values) != n_layers or not all(0 <= v < MAX_HPARAM for v in values):
+            raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' must hold {n_layers} whole numbers, "
+                             f"one per block")
+        return [int(v) for v in values]
+
+
+class GGUFFile(Metadata):
     """A parsed GGUF: `fields` (metadata), `tensors` (by name, in file order) and raw tensor bytes."""
 
     def __init__(self, path: str | Path) -> None:
@@ -199,41 +242,6 @@ class GGUFFile:
                 f"but the file has {len(self._map)} bytes"
             )
         return TensorInfo(name, ne, qtype, start, n_bytes)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """A metadata value, or `default` when absent."""
-        field = self.fields.get(key)
-        return default if field is None else field.value
-
-    def require(self, key: str) -> Any:
-        """A metadata value that must be present; its absence names the key."""
-        if key not in self.fields:
-            raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' is missing")
-        return self.fields[key].value
-
-    def get_int(self, key: str, default: int | None = None, low: int = 0) -> int:
-        """A whole-number hyper-parameter in [low, 2^32) (absent: `default`, or an error when there is none)."""
-        field = self.fields.get(key)
-        if field is None:
-            if default is None:
-                raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' is missing")
-            return default
-        if field.type not in _INTEGERS or not low <= field.value < MAX_HPARAM:
-            got = field.value if field.type in _INTEGERS else f"a value of type {field.type.name}"
-            raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' must be a whole number from {low}, "
-                             f"got {got}")
-        return int(field.value)
-
-    def get_per_layer(self, key: str, n_layers: int, default: int) -> list[int]:
-        """A hyper-parameter GGUF stores either once or once per layer, as one whole number per layer."""
-        field = self.fields.get(key)
-        if field is None or field.type != GGUFValueType.ARRAY:
-            return [self.get_int(key, default)] * n_layers
-        values = field.value
-        if field.sub_type not in _INTEGERS or len(values) != n_layers or not all(0 <= v < MAX_HPARAM for v in values):
-            raise ModelError(f"{self.path.name}: GGUF metadata key '{key}' must hold {n_layers} whole numbers, "
-                             f"one per block")
-        return [int(v) for v in values]
 
     def tensor_bytes(self, info: TensorInfo) -> np.ndarray:
         """The tensor's raw bytes as a read-only uint8 array of `info.byte_shape()` (no copy)."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from kafila.model.cut import Progress, StageSpec, write_stage
+from kafila.model.gguf_set import GGUFSet
 
 _CHUNK = 4 << 20
 
@@ -22,17 +24,19 @@ def default_cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("kafila"))
 
 
-def sha256_file(path: Path, progress: Progress | None = None) -> str:
-    """Hex sha256 of a file's content, read in chunks."""
+def sha256_file(path: Path, progress: Progress | None = None, more: Sequence[Path] = ()) -> str:
+    """Hex sha256 of a file's content, read in chunks (followed by `more` files': a split set as one stream)."""
     h = hashlib.sha256()
-    total = path.stat().st_size
+    paths = [path, *more]
+    total = sum(p.stat().st_size for p in paths)
     done = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            done += len(chunk)
-            if progress:
-                progress(done, total)
+    for p in paths:
+        with p.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
     return h.hexdigest()
 
 
@@ -43,17 +47,19 @@ class StageCache:
         self.root = Path(root) if root is not None else default_cache_root()
 
     def source_hash(self, source: Path) -> str:
-        """Content hash of `source`; remembered per (path, size, mtime) so big files are read once."""
-        source = Path(source).resolve()
-        st = source.stat()
+        """Content hash of `source` (all files of a split set); remembered per (path, size, mtime) so big files
+        are read once."""
+        # The set's other files are named beside the first as the user named it: a Hugging Face snapshot
+        # holds links whose targets are named by hash, so the paths are resolved only afterwards.
+        paths = [p.resolve() for p in GGUFSet(source).paths]
         index_path = self.root / "hashes.json"
         try:
             index = json.loads(index_path.read_text())
         except (OSError, ValueError):
             index = {}
-        key = f"{source}|{st.st_size}|{st.st_mtime_ns}"
+        key = "|".join(f"{p}|{p.stat().st_size}|{p.stat().st_mtime_ns}" for p in paths)
         if key not in index:
-            index[key] = sha256_file(source)
+            index[key] = sha256_file(paths[0], more=paths[1:])
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = index_path.with_name(f".hashes.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(index))
