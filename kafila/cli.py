@@ -22,6 +22,7 @@ STOP_DEADLINE_S = 15.0  # after SIGTERM, the longest a stop may take before the 
 # (heavy imports such as llama_cpp go inside run()), so `kafila --help` starts fast.
 COMMANDS: dict[str, str] = {
     "inspect": "inspect_model",
+    "models": "models",
     "generate": "generate",
     "probe": "probe",
     "plan": "plan",

@@ -159,3 +159,38 @@ def window_layers(gf: Metadata, arch: str, profile: ArchProfile, n_blocks: int) 
 def describe_model(path: str | Path) -> ModelInfo:
     """Read a GGUF (the first file of a split set) and describe it; unsupported or corrupt ones raise ModelError."""
     return describe_file(GGUFSet(path))
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What a listing shows of a model file: what it is and whether Kafila can split it (else why not)."""
+
+    arch: str
+    quant: str
+    file_bytes: int
+    problem: str  # "" when Kafila can split it
+
+
+def assess_model(path: str | Path) -> Assessment:
+    """Read a GGUF (or split set) far enough to say what it is and whether some cut of it is possible."""
+    try:
+        gf = GGUFSet(path)
+    except ModelError as exc:
+        return Assessment("?", "?", _size(Path(path)), str(exc))
+    arch, quant, size = str(gf.get("general.architecture", "?")), quant_name(gf), gf.file_bytes
+    try:
+        info = describe_file(gf)
+    except ModelError as exc:
+        return Assessment(arch, quant, size, str(exc))
+    n = info.n_blocks
+    cuts = [info.stage_problem(0, k) or info.stage_problem(k, n) for k in range(1, n)]
+    if cuts and all(cuts):  # no cut in two works (a model of one block runs whole, which it may)
+        return Assessment(arch, quant, size, str(cuts[0]))
+    return Assessment(arch, quant, size, "")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

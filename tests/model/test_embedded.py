@@ -12,14 +12,17 @@ from kafila.errors import EngineError, ModelError
 from kafila.model.describe import describe_model
 from kafila.model.embedded import default_model_path, gemma3_model_path, resolve_model
 from kafila.model.stage_cache import StageCache
+from kafila.model.stores import StoreRoots
 
 
 def test_names_and_paths(smollm: Path, tmp_path: Path) -> None:
     assert resolve_model(None) == resolve_model("smollm2") == default_model_path()
     assert resolve_model(str(smollm)) == smollm
-    with pytest.raises(ModelError, match=r"model file not found: .*gemma7 \(--model takes a GGUF path or one of: "
-                                         r"smollm2, gemma3\)"):
-        resolve_model(tmp_path / "gemma7")
+    no_stores = StoreRoots(tmp_path / "ollama", tmp_path / "hf", (tmp_path / "lms",))
+    with pytest.raises(ModelError, match=r"model not found: no file .*gemma7 and no model of that name "
+                                         r"\(--model takes a GGUF path, one of: smollm2, gemma3, or a name "
+                                         r"`kafila models` lists"):
+        resolve_model(tmp_path / "gemma7", no_stores)
 
 
 def test_gemma3_assembled_into_the_cache(tmp_path: Path) -> None:
