@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kafila.model.cut import Progress, StageSpec, write_stage
-from kafila.model.gguf_set import GGUFSet
+from kafila.model.gguf_set import SHARD_NAME, GGUFSet
 
 _CHUNK = 4 << 20
 
@@ -51,7 +51,8 @@ class StageCache:
         are read once."""
         # The set's other files are named beside the first as the user named it: a Hugging Face snapshot
         # holds links whose targets are named by hash, so the paths are resolved only afterwards.
-        paths = [p.resolve() for p in GGUFSet(source).paths]
+        named_as_set = SHARD_NAME.match(Path(source).name)  # only such a name can begin a set: skip the parse
+        paths = [p.resolve() for p in (GGUFSet(source).paths if named_as_set else [Path(source)])]
         index_path = self.root / "hashes.json"
         try:
             index = json.loads(index_path.read_text())

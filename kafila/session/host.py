@@ -20,6 +20,8 @@ from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.model.cut import StageSpec
 from kafila.model.describe import ModelInfo, describe_model
 from kafila.model.embedded import resolve_model
+from kafila.model.gguf_file import GGUFFile
+from kafila.model.gguf_set import SHARD_NAME
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
@@ -41,7 +43,13 @@ EXIT_REJECTED = 3
 
 
 def model_label(model: Path) -> str:
-    """The name a user sees for a model: its file's stem (a GGUF's general.name is often a raw slug)."""
+    """The name a user sees for a model: its file's stem (a GGUF's general.name is often a raw slug), without a
+    split set's `-00001-of-0000N`; an Ollama blob is named by its digest, so there general.name it is."""
+    m = SHARD_NAME.match(model.name)
+    if m:
+        return m.group("prefix")
+    if model.name.startswith("sha256-") and not model.suffix:
+        return str(GGUFFile(model).get("general.name", model.name))
     return model.stem
 
 

@@ -14,6 +14,7 @@ from kafila.errors import ModelError
 from kafila.model.cut import StageSpec, write_stage
 from kafila.model.embedded import resolve_model
 from kafila.model.stores import StoreRoots, find_model, list_models
+from kafila.session.host import model_label
 from tests.conftest import run_kafila
 from tests.model.test_refused import KINDS, write_kind
 from tests.model.test_split_files import copy_gguf
@@ -211,3 +212,9 @@ def test_model_by_name_on_the_command_line(home: Path) -> None:
     assert json.loads(out.stdout)["arch"] == "qwen3"
     out = run_kafila("inspect", "Tiny-GGUF", env={"HOME": str(home), **NO_OVERRIDES})
     assert out.returncode == 1 and "is ambiguous" in out.stderr
+
+
+def test_session_label_of_a_stored_model(home: Path) -> None:
+    roots = StoreRoots.from_env({"HOME": str(home), **NO_OVERRIDES})
+    assert model_label(resolve_model("tiny:q8", roots)) == "synthetic-qwen3"  # a blob's name is its digest
+    assert model_label(resolve_model("org/Big-GGUF", roots)) == "big"
