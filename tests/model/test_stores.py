@@ -12,6 +12,7 @@ import pytest
 
 from kafila.errors import ModelError
 from kafila.model.cut import StageSpec, write_stage
+from kafila.model.describe import assess_model
 from kafila.model.embedded import resolve_model
 from kafila.model.stores import StoreRoots, find_model, list_models
 from kafila.session.host import model_label
@@ -218,3 +219,14 @@ def test_session_label_of_a_stored_model(home: Path) -> None:
     roots = StoreRoots.from_env({"HOME": str(home), **NO_OVERRIDES})
     assert model_label(resolve_model("tiny:q8", roots)) == "synthetic-qwen3"  # a blob's name is its digest
     assert model_label(resolve_model("org/Big-GGUF", roots)) == "big"
+
+
+def test_assessment_of_a_model_that_runs_only_whole(tmp_path: Path) -> None:
+    """Gemma 3 27B's block count: llama.cpp picks its attention scale by it, so no cut in two is possible."""
+    whole = assess_model(write_synthetic(tmp_path / "g.gguf", "gemma3", n_blocks=62))
+    assert (whole.arch, whole.quant) == ("gemma3", "ALL_F32")
+    assert whole.problem.startswith("gemma3 with 62 blocks cannot be cut")
+    assert assess_model(write_synthetic(tmp_path / "g8.gguf", "gemma3", n_blocks=8)).problem == ""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\0\0\0")
+    assert "truncated" in assess_model(broken).problem
