@@ -1,6 +1,8 @@
-"""The OpenAI-compatible endpoint on 127.0.0.1: `/v1/chat/completions` (streaming or not), `/v1/models`,
-and `/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
-join code). Every request passes `api_guard.Guard` first; bodies are validated by `chat_request`.
+"""The OpenAI-compatible endpoint on 127.0.0.1: `/v1/chat/completions` and `/v1/completions` (raw text,
+for every model, base models without a chat template too; each streaming or not), `/v1/models`, and `/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
+join code). Every request passes `api_guard.Guard` first; bodies are validated by `chat_request`. Both kinds of
+request travel the ring the same way (the head tells them apart by `prompt`); only the answer's
+shape differs (`Shape`).
 
 Every process of a session serves it; the head answers chats itself, the others forward them
 (members along the ring, the host over its control link to the head) through a `Forwarder`.
@@ -16,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from kafila.errors import NetworkError, SessionError
 from kafila.session import messages
 from kafila.session.api_guard import Guard, error_response
 from kafila.session.api_token import new_token, remove_token, write_token
-from kafila.session.chat_request import BadRequest, parse_chat
+from kafila.session.chat_request import BadRequest, ChatRequest, parse_chat, parse_completion
 from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.api")
@@ -33,6 +36,39 @@ Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
 EVENT_TIMEOUT_S = 30.0  # no event for this long from the head: the request ends with an error
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one endpoint answers: OpenAI's chat.completion objects, or text_completion's."""
+
+    chat: bool
+
+    @property
+    def prefix(self) -> str:
+        return "chatcmpl" if self.chat else "cmpl"
+
+    def whole(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def chunk(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def choice(self, text: str, finish: str | None) -> dict[str, Any]:
+        """A whole reply's one choice."""
+        if self.chat:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                    "logprobs": None}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+    def delta(self, text: str | None, finish: str | None) -> dict[str, Any]:
+        """A streamed chunk's one choice: a piece of text (None: the closing chunk, no text)."""
+        if self.chat:
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+
+CHAT, TEXT = Shape(chat=True), Shape(chat=False)
 
 
 class Forwarder:
@@ -99,7 +135,8 @@ class ApiServer:
         self.guard.token = self.token
         self.token_path: Path | None = None
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self.guard.middleware])
-        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/completions", self._text_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/kafila/state", self._state)
         self.app = app
@@ -215,15 +252,22 @@ class ApiServer:
     async def _state(self, _request: web.Request) -> web.Response:
         return web.json_response(self.state.public_json())  # never the join code (DESIGN §5)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, parse_chat, CHAT)
+
+    async def _text_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, parse_completion, TEXT)
+
+    async def _serve(self, request: web.Request, parse: Callable[[Any], ChatRequest],
+                     shape: Shape) -> web.StreamResponse:
         try:
-            req = parse_chat(_json_body(await request.read()))
+            req = parse(_json_body(await request.read()))
         except BadRequest as exc:
             return error_response(400, str(exc), exc.param, exc.code)
         if self.chat is None:
             why = self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
             return error_response(503, f"the session is not serving ({why})", code="not_serving")
-        cid = f"chatcmpl-{int(time.time() * 1000)}"
+        cid = f"{shape.prefix}-{int(time.time() * 1000)}"
         events = self.events(req.body())
         # The first event decides the status: a request the head refuses (a prompt longer than the
         # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
@@ -232,12 +276,13 @@ class ApiServer:
             return _event_error(first)
         base = {"id": cid, "created": int(time.time()), "model": self.model_id}
         if not req.stream:
-            return await _whole(base, first, events)
-        return await _stream(request, base, first, events, req.include_usage)
+            return await _whole(shape, base, first, events)
+        return await _stream(request, shape, base, first, events, req.include_usage)
 
 
-async def _whole(base: dict[str, Any], first: dict[str, Any], events: AsyncIterator[dict[str, Any]]) -> web.Response:
-    """A non-streamed reply: every event gathered into one chat.completion."""
+async def _whole(shape: Shape, base: dict[str, Any], first: dict[str, Any],
+                 events: AsyncIterator[dict[str, Any]]) -> web.Response:
+    """A non-streamed reply: every event gathered into one chat.completion (or text_completion)."""
     text, notices, done = [], [], None
     async for evt in _chain(first, events):
         if "error" in evt:
@@ -249,29 +294,27 @@ async def _whole(base: dict[str, Any], first: dict[str, Any], events: AsyncItera
         done = evt.get("done", done)
     done = {**(done or {}), **({"notices": notices} if notices else {})}
     return web.json_response({
-        **base, "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                     "finish_reason": done.get("finish_reason"), "logprobs": None}],
+        **base, "object": shape.whole(), "choices": [shape.choice("".join(text), done.get("finish_reason"))],
         "usage": _usage(done), "kafila": done,
     })
 
 
-async def _stream(request: web.Request, base: dict[str, Any], first: dict[str, Any],
+async def _stream(request: web.Request, shape: Shape, base: dict[str, Any], first: dict[str, Any],
                   events: AsyncIterator[dict[str, Any]], include_usage: bool) -> web.StreamResponse:
-    """A streamed reply as Server-Sent Events, OpenAI's chat.completion.chunk objects, then [DONE]."""
+    """A streamed reply as Server-Sent Events: OpenAI's chunk objects of the endpoint's shape, then [DONE]."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    base = {**base, "object": "chat.completion.chunk"}
+    base = {**base, "object": shape.chunk()}
 
     async def send(obj: dict[str, Any] | str) -> None:
         data = obj if isinstance(obj, str) else json.dumps(obj)
         await resp.write(f"data: {data}\n\n".encode())
 
-    await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    if shape.chat:  # a chat stream opens with the speaker's role
+        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
     async for evt in _chain(first, events):
         if evt.get("delta"):
-            delta = {"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}
-            await send({**base, "choices": [delta]})
+            await send({**base, "choices": [shape.delta(evt["delta"], None)]})
         elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
             await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
         elif "error" in evt:
@@ -279,8 +322,7 @@ async def _stream(request: web.Request, base: dict[str, Any], first: dict[str, A
             break
         elif "done" in evt:
             done = evt["done"]
-            await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": done.get("finish_reason")}],
-                        "kafila": done})
+            await send({**base, "choices": [shape.delta(None, done.get("finish_reason"))], "kafila": done})
             if include_usage:
                 await send({**base, "choices": [], "usage": _usage(done)})
     await send("[DONE]")
