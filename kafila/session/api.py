@@ -1,8 +1,9 @@
 """The OpenAI-compatible endpoint on 127.0.0.1: `/v1/chat/completions` and `/v1/completions` (raw text,
-for every model, base models without a chat template too; each streaming or not), `/v1/models`, and `/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
-join code). Every request passes `api_guard.Guard` first; bodies are validated by `chat_request`. Both kinds of
-request travel the ring the same way (the head tells them apart by `prompt`); only the answer's
-shape differs (`Shape`).
+for every model, base models without a chat template too), each streaming or not; `/v1/models`; and
+`/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
+join code). Every request passes `api_guard.Guard` first; bodies are validated by `chat_request`.
+Both kinds of request travel the ring the same way (the head tells them apart by `prompt`); only
+the answer's shape differs (`Shape`).
 
 Every process of a session serves it; the head answers chats itself, the others forward them
 (members along the ring, the host over its control link to the head) through a `Forwarder`.
