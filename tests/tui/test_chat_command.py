@@ -74,3 +74,16 @@ def test_chat_error_mid_reply_keeps_the_chat_going(data_dir: Path) -> None:
     recs = transcripts(data_dir)[0]
     assert recs[-1]["type"] == "end" and "member beta lost" in str(recs[-1]["error"])
     assert {"type": "delta", "content": "Hello"} in recs
+
+
+def test_chat_with_a_base_model_completes_raw_text_and_says_so_once(data_dir: Path) -> None:
+    from kafila.session.api_client import RAW_TEXT_NOTICE
+
+    script = Script(echo=True, chat_template=False)
+    with serve_in_thread(script) as url:
+        r = run_kafila("chat", "--api", url, "--temperature", "0", input="Once upon\nThe end\n/quit\n",
+                       env={"KAFILA_DATA_DIR": str(data_dir)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "kafila> echo: Once upon" in r.stdout and "kafila> echo: The end" in r.stdout
+    assert (r.stdout + r.stderr).count(RAW_TEXT_NOTICE) == 1
+    assert [b.get("prompt") for b in script.requests] == [None, "Once upon", "The end"]
