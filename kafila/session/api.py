@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from aiohttp import web
 from kafila.errors import NetworkError, SessionError
 from kafila.session import messages
 from kafila.session.api_guard import Guard, error_response
+from kafila.session.api_replies import CHAT, TEXT, Shape, event_error, stream, whole
 from kafila.session.api_token import new_token, remove_token, write_token
 from kafila.session.chat_request import BadRequest, ChatRequest, parse_chat, parse_completion
 from kafila.session.state import SessionState
@@ -37,39 +37,6 @@ Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
 EVENT_TIMEOUT_S = 30.0  # no event for this long from the head: the request ends with an error
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
-
-
-@dataclass(frozen=True)
-class Shape:
-    """How one endpoint answers: OpenAI's chat.completion objects, or text_completion's."""
-
-    chat: bool
-
-    @property
-    def prefix(self) -> str:
-        return "chatcmpl" if self.chat else "cmpl"
-
-    def whole(self) -> str:
-        return "chat.completion" if self.chat else "text_completion"
-
-    def chunk(self) -> str:
-        return "chat.completion.chunk" if self.chat else "text_completion"
-
-    def choice(self, text: str, finish: str | None) -> dict[str, Any]:
-        """A whole reply's one choice."""
-        if self.chat:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                    "logprobs": None}
-        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-
-    def delta(self, text: str | None, finish: str | None) -> dict[str, Any]:
-        """A streamed chunk's one choice: a piece of text (None: the closing chunk, no text)."""
-        if self.chat:
-            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-
-
-CHAT, TEXT = Shape(chat=True), Shape(chat=False)
 
 
 class Forwarder:
@@ -274,67 +241,11 @@ class ApiServer:
         # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
         first = await anext(events, {"error": "the ring ended the request without an answer"})
         if "error" in first:
-            return _event_error(first)
+            return event_error(first)
         base = {"id": cid, "created": int(time.time()), "model": self.model_id}
         if not req.stream:
-            return await _whole(shape, base, first, events)
-        return await _stream(request, shape, base, first, events, req.include_usage)
-
-
-async def _whole(shape: Shape, base: dict[str, Any], first: dict[str, Any],
-                 events: AsyncIterator[dict[str, Any]]) -> web.Response:
-    """A non-streamed reply: every event gathered into one chat.completion (or text_completion)."""
-    text, notices, done = [], [], None
-    async for evt in _chain(first, events):
-        if "error" in evt:
-            return _event_error(evt)
-        if "delta" in evt:
-            text.append(evt["delta"])
-        if "notice" in evt:
-            notices.append(evt["notice"])
-        done = evt.get("done", done)
-    done = {**(done or {}), **({"notices": notices} if notices else {})}
-    return web.json_response({
-        **base, "object": shape.whole(), "choices": [shape.choice("".join(text), done.get("finish_reason"))],
-        "usage": _usage(done), "kafila": done,
-    })
-
-
-async def _stream(request: web.Request, shape: Shape, base: dict[str, Any], first: dict[str, Any],
-                  events: AsyncIterator[dict[str, Any]], include_usage: bool) -> web.StreamResponse:
-    """A streamed reply as Server-Sent Events: OpenAI's chunk objects of the endpoint's shape, then [DONE]."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    base = {**base, "object": shape.chunk()}
-
-    async def send(obj: dict[str, Any] | str) -> None:
-        data = obj if isinstance(obj, str) else json.dumps(obj)
-        await resp.write(f"data: {data}\n\n".encode())
-
-    if shape.chat:  # a chat stream opens with the speaker's role
-        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
-    async for evt in _chain(first, events):
-        if evt.get("delta"):
-            await send({**base, "choices": [shape.delta(evt["delta"], None)]})
-        elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
-            await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
-        elif "error" in evt:
-            await send({"error": _error_body(evt)})
-            break
-        elif "done" in evt:
-            done = evt["done"]
-            await send({**base, "choices": [shape.delta(None, done.get("finish_reason"))], "kafila": done})
-            if include_usage:
-                await send({**base, "choices": [], "usage": _usage(done)})
-    await send("[DONE]")
-    await resp.write_eof()
-    return resp
-
-
-async def _chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    yield first
-    async for evt in rest:
-        yield evt
+            return await whole(shape, base, first, events)
+        return await stream(request, shape, base, first, events, req.include_usage)
 
 
 def _json_body(data: bytes) -> Any:
@@ -351,27 +262,3 @@ def _no_constant(name: str) -> Any:
 
 def _short_reason(exc: BaseException) -> str:
     return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
-
-
-def _usage(done: dict[str, Any]) -> dict[str, int]:
-    prompt, completion = done.get("prompt_tokens"), done.get("completion_tokens")
-    prompt = prompt if isinstance(prompt, int) else 0
-    completion = completion if isinstance(completion, int) else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _error_body(evt: dict[str, Any]) -> dict[str, Any]:
-    status = _event_status(evt)
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"message": str(evt["error"]), "type": kind, "param": evt.get("param"), "code": evt.get("code")}
-
-
-def _event_status(evt: dict[str, Any]) -> int:
-    """A head's refusal carries its status (400); every other failure of the ring is a 502."""
-    status = evt.get("status")
-    return status if isinstance(status, int) and 400 <= status <= 599 else 502
-
-
-def _event_error(evt: dict[str, Any]) -> web.Response:
-    body = _error_body(evt)
-    return error_response(_event_status(evt), body["message"], body["param"], body["code"])
