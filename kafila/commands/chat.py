@@ -112,8 +112,9 @@ async def _stream(api: ApiClient, conv: Conversation, model: str, max_tokens: in
 
     summary, raw = "", None
     try:
-        async for item in api.stream_chat(conv.history(), model=model, max_tokens=max_tokens,
-                                          temperature=temperature):
+        # a base model (no chat template) gets each line completed as raw text; the client says so once
+        async for item in api.stream_reply(conv.history(), model=model, max_tokens=max_tokens,
+                                           temperature=temperature):
             if isinstance(item, ReplyStats):
                 summary, raw = item.summary(), item.raw
                 continue

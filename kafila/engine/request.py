@@ -39,10 +39,12 @@ class Request:
     generated: list[int] = field(default_factory=list)
     fed: int = 0  # tokens whose rows have gone through the chain
     in_flight: bool = False
-    finish_reason: str | None = None  # "stop" (end token), "length" (max tokens or context)
+    finish_reason: str | None = None  # "stop" (end token or stop string), "length" (max tokens or context)
+    stop: tuple[str, ...] = ()  # the text ends before the first of these strings (which is not returned)
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.vocab)
+        self._held = ""  # text that may be the start of a stop string, kept back until it is known not to be
         if not self.prompt:
             raise EngineError("the prompt is empty")
         if len(self.prompt) >= self.n_ctx:
@@ -79,10 +81,31 @@ class Request:
         token = self.sampler.sample(logits)
         if self.vocab.is_end(token):
             self.finish_reason = "stop"
-            return self.text.flush()
+            return self._stopped(self.text.flush())
         self.generated.append(token)
         piece = self.text.push(token)
         if len(self.generated) >= self.max_tokens or self.fed + 1 >= self.n_ctx:
             self.finish_reason = "length"
             piece += self.text.flush()
-        return piece
+        return self._stopped(piece)
+
+    def _stopped(self, piece: str) -> str:
+        """`piece` cut at the first stop string (which ends the request), less any tail that may begin one.
+
+        As llama.cpp's completion does it: the text is searched, held text included, so a stop string
+        split across tokens is found; a tail that could still grow into one is held back until it cannot.
+        """
+        if not self.stop:
+            return piece
+        text, self._held = self._held + piece, ""
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            self.finish_reason = "stop"
+            return text[:min(cuts)]
+        if self.done:
+            return text
+        keep = max((k for s in self.stop for k in range(1, min(len(s), len(text) + 1))
+                    if text.endswith(s[:k])), default=0)
+        if keep:
+            text, self._held = text[:-keep], text[-keep:]
+        return text

@@ -1,6 +1,9 @@
-"""The OpenAI-compatible endpoint on 127.0.0.1: `/v1/chat/completions` (streaming or not), `/v1/models`,
-and `/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
+"""The OpenAI-compatible endpoint on 127.0.0.1: `/v1/chat/completions` and `/v1/completions` (raw text,
+for every model, base models without a chat template too), each streaming or not; `/v1/models`; and
+`/kafila/state` (the session-state model as JSON, for dashboards on any member's machine; never the
 join code). Every request passes `api_guard.Guard` first; bodies are validated by `chat_request`.
+Both kinds of request travel the ring the same way (the head tells them apart by `prompt`); only
+the answer's shape differs (`Shape`).
 
 Every process of a session serves it; the head answers chats itself, the others forward them
 (members along the ring, the host over its control link to the head) through a `Forwarder`.
@@ -24,8 +27,9 @@ from aiohttp import web
 from kafila.errors import NetworkError, SessionError
 from kafila.session import messages
 from kafila.session.api_guard import Guard, error_response
+from kafila.session.api_replies import CHAT, TEXT, Shape, event_error, stream, whole
 from kafila.session.api_token import new_token, remove_token, write_token
-from kafila.session.chat_request import BadRequest, parse_chat
+from kafila.session.chat_request import BadRequest, ChatRequest, parse_chat, parse_completion
 from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.api")
@@ -99,7 +103,8 @@ class ApiServer:
         self.guard.token = self.token
         self.token_path: Path | None = None
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self.guard.middleware])
-        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/completions", self._text_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/kafila/state", self._state)
         self.app = app
@@ -215,83 +220,32 @@ class ApiServer:
     async def _state(self, _request: web.Request) -> web.Response:
         return web.json_response(self.state.public_json())  # never the join code (DESIGN §5)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, parse_chat, CHAT)
+
+    async def _text_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, parse_completion, TEXT)
+
+    async def _serve(self, request: web.Request, parse: Callable[[Any], ChatRequest],
+                     shape: Shape) -> web.StreamResponse:
         try:
-            req = parse_chat(_json_body(await request.read()))
+            req = parse(_json_body(await request.read()))
         except BadRequest as exc:
             return error_response(400, str(exc), exc.param, exc.code)
         if self.chat is None:
             why = self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
             return error_response(503, f"the session is not serving ({why})", code="not_serving")
-        cid = f"chatcmpl-{int(time.time() * 1000)}"
+        cid = f"{shape.prefix}-{int(time.time() * 1000)}"
         events = self.events(req.body())
         # The first event decides the status: a request the head refuses (a prompt longer than the
         # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
         first = await anext(events, {"error": "the ring ended the request without an answer"})
         if "error" in first:
-            return _event_error(first)
+            return event_error(first)
         base = {"id": cid, "created": int(time.time()), "model": self.model_id}
         if not req.stream:
-            return await _whole(base, first, events)
-        return await _stream(request, base, first, events, req.include_usage)
-
-
-async def _whole(base: dict[str, Any], first: dict[str, Any], events: AsyncIterator[dict[str, Any]]) -> web.Response:
-    """A non-streamed reply: every event gathered into one chat.completion."""
-    text, notices, done = [], [], None
-    async for evt in _chain(first, events):
-        if "error" in evt:
-            return _event_error(evt)
-        if "delta" in evt:
-            text.append(evt["delta"])
-        if "notice" in evt:
-            notices.append(evt["notice"])
-        done = evt.get("done", done)
-    done = {**(done or {}), **({"notices": notices} if notices else {})}
-    return web.json_response({
-        **base, "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                     "finish_reason": done.get("finish_reason"), "logprobs": None}],
-        "usage": _usage(done), "kafila": done,
-    })
-
-
-async def _stream(request: web.Request, base: dict[str, Any], first: dict[str, Any],
-                  events: AsyncIterator[dict[str, Any]], include_usage: bool) -> web.StreamResponse:
-    """A streamed reply as Server-Sent Events, OpenAI's chat.completion.chunk objects, then [DONE]."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    base = {**base, "object": "chat.completion.chunk"}
-
-    async def send(obj: dict[str, Any] | str) -> None:
-        data = obj if isinstance(obj, str) else json.dumps(obj)
-        await resp.write(f"data: {data}\n\n".encode())
-
-    await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
-    async for evt in _chain(first, events):
-        if evt.get("delta"):
-            delta = {"index": 0, "delta": {"content": evt["delta"]}, "finish_reason": None}
-            await send({**base, "choices": [delta]})
-        elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
-            await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
-        elif "error" in evt:
-            await send({"error": _error_body(evt)})
-            break
-        elif "done" in evt:
-            done = evt["done"]
-            await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": done.get("finish_reason")}],
-                        "kafila": done})
-            if include_usage:
-                await send({**base, "choices": [], "usage": _usage(done)})
-    await send("[DONE]")
-    await resp.write_eof()
-    return resp
-
-
-async def _chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    yield first
-    async for evt in rest:
-        yield evt
+            return await whole(shape, base, first, events)
+        return await stream(request, shape, base, first, events, req.include_usage)
 
 
 def _json_body(data: bytes) -> Any:
@@ -308,27 +262,3 @@ def _no_constant(name: str) -> Any:
 
 def _short_reason(exc: BaseException) -> str:
     return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
-
-
-def _usage(done: dict[str, Any]) -> dict[str, int]:
-    prompt, completion = done.get("prompt_tokens"), done.get("completion_tokens")
-    prompt = prompt if isinstance(prompt, int) else 0
-    completion = completion if isinstance(completion, int) else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _error_body(evt: dict[str, Any]) -> dict[str, Any]:
-    status = _event_status(evt)
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"message": str(evt["error"]), "type": kind, "param": evt.get("param"), "code": evt.get("code")}
-
-
-def _event_status(evt: dict[str, Any]) -> int:
-    """A head's refusal carries its status (400); every other failure of the ring is a 502."""
-    status = evt.get("status")
-    return status if isinstance(status, int) and 400 <= status <= 599 else 502
-
-
-def _event_error(evt: dict[str, Any]) -> web.Response:
-    body = _error_body(evt)
-    return error_response(_event_status(evt), body["message"], body["param"], body["code"])

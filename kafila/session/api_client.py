@@ -9,6 +9,10 @@ The wire contract, as the session's head serves it (and every member forwards it
   then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error;
   a chunk with no choices and ``"kafila": {"notice": …}`` is a line for the reader (a member was
   lost and the reply resumes on the re-planned ring).
+* ``POST {api}/v1/completions`` with ``{"model", "prompt", "stream": true, …}`` (raw text, no chat
+  template: what a base model answers) streams the same way, its text in ``choices[0].text``. A chat
+  sent to a model without a chat template is refused with code ``no_chat_template``; `stream_reply`
+  then completes the text instead, and says so once.
 * Errors before the stream: HTTP 4xx/5xx with ``{"error": {"message", "type", "param", "code"}}``.
 * Every request carries ``Authorization: Bearer TOKEN``, the token the session wrote to a file only
   this user can read (kafila.session.api_token); without it the session answers 401.
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_API_URL = "http://127.0.0.1:8711"
 HOW_TO_START = "start one with `kafila demo`, `kafila host` or `kafila join`"
+RAW_TEXT_NOTICE = "model has no chat template; completing raw text"
 
 
 class ApiUnreachable(NetworkError):
@@ -66,8 +71,8 @@ class ApiLost(NetworkError):
 class ApiError(SessionError):
     """The session answered with an error (an HTTP error status or an error chunk mid-stream)."""
 
-    def __init__(self, url: str, message: str, status: int | None = None) -> None:
-        self.url, self.status, self.detail = url, status, message
+    def __init__(self, url: str, message: str, status: int | None = None, code: str | None = None) -> None:
+        self.url, self.status, self.detail, self.code = url, status, message, code
         where = f"HTTP {status}" if status is not None else "mid-reply"
         super().__init__(f"the Kafila session at {url} refused the request ({where}): {message}")
 
@@ -85,6 +90,7 @@ class Notice:
     """A line for the reader in the middle of a reply (e.g. a member was lost and the reply resumes)."""
 
     text: str
+    source: str = "ring"  # who it is about: "ring" (members lost, resumed), "model" (no chat template)
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,12 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def _error_code(body: Any) -> str | None:
+    err = body.get("error") if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def _error_message(body: Any) -> str | None:
     if isinstance(body, dict):
         err = body.get("error")
@@ -149,6 +161,7 @@ class ApiClient:
         # Longest wait for the next byte once connected: the first token includes prompt processing.
         self.read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
+        self.raw_text = False  # the session's model has no chat template: `stream_reply` completes text
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -215,12 +228,57 @@ class ApiClient:
         """
         payload = {"model": model, "messages": messages, "stream": True,
                    "max_tokens": max_tokens, "temperature": temperature}
+        async for item in self._stream("/v1/chat/completions", payload):
+            yield item
+
+    async def stream_completion(
+        self,
+        prompt: str,
+        *,
+        model: str = "kafila",
+        max_tokens: int = 512,
+        temperature: float = 0.7,
+    ) -> AsyncIterator[str | Notice | ReplyStats]:
+        """Complete raw text (no chat template), yielding as `stream_chat` does."""
+        payload = {"model": model, "prompt": prompt, "stream": True,
+                   "max_tokens": max_tokens, "temperature": temperature}
+        async for item in self._stream("/v1/completions", payload):
+            yield item
+
+    async def stream_reply(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str = "kafila",
+        max_tokens: int = 512,
+        temperature: float = 0.7,
+    ) -> AsyncIterator[str | Notice | ReplyStats]:
+        """A chat; when the model has no chat template (a base model), the last user message's text is
+        completed instead, after one `Notice` saying so (the first time this client finds out)."""
+        from kafila.session.chat_request import NO_CHAT_TEMPLATE
+
+        options: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
+        if not self.raw_text:
+            try:
+                async for item in self.stream_chat(messages, **options):
+                    yield item
+                return
+            except ApiError as exc:
+                if exc.code != NO_CHAT_TEMPLATE:
+                    raise
+            self.raw_text = True
+            yield Notice(RAW_TEXT_NOTICE, "model")
+        prompt = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        async for item in self.stream_completion(prompt, **options):
+            yield item
+
+    async def _stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[str | Notice | ReplyStats]:
         with self._errors_named():
-            async with self._http().post(self.url + "/v1/chat/completions", json=payload,
-                                         headers=self._headers()) as resp:
+            async with self._http().post(self.url + path, json=payload, headers=self._headers()) as resp:
                 if resp.status >= 400:
                     body = await _read_body(resp)
-                    raise ApiError(self.url, _error_message(body) or str(resp.reason), resp.status)
+                    raise ApiError(self.url, _error_message(body) or str(resp.reason), resp.status,
+                                   _error_code(body))
                 if "text/event-stream" not in resp.headers.get("Content-Type", ""):
                     # A server that ignored "stream": answer the whole reply at once.
                     async for item in _whole_reply(self.url, await _read_body(resp)):
@@ -265,9 +323,10 @@ async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | Repl
     if message is not None:
         raise ApiError(url, message)
     try:
-        content = body["choices"][0]["message"]["content"]
+        choice = body["choices"][0]
+        content = choice["message"]["content"] if "message" in choice else choice["text"]
     except (KeyError, IndexError, TypeError):
-        raise ApiLost(url, "the answer is neither a stream nor a chat completion") from None
+        raise ApiLost(url, "the answer is neither a stream nor a completion") from None
     if content:
         yield str(content)
     if isinstance(body.get("kafila"), dict):
@@ -289,9 +348,12 @@ async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str |
             raise ApiLost(url, f"a stream line is not JSON: {data[:80]!r}") from None
         message = _error_message(chunk)
         if message is not None:
-            raise ApiError(url, message)
+            raise ApiError(url, message, code=_error_code(chunk))
         for choice in chunk.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if isinstance(choice, dict) else None
+            if not isinstance(choice, dict):
+                continue
+            # a chat chunk's text is in its delta; a text completion's in `text`
+            piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
             if piece:
                 yield str(piece)
         extra = chunk.get("kafila")

@@ -1,4 +1,9 @@
-"""A chat request body, validated: what the API accepts and what the head will run.
+"""A chat or text-completion request body, validated: what the API accepts and what the head will run.
+
+A chat (`/v1/chat/completions`) carries `messages`, which the head renders with the model's chat
+template; a text completion (`/v1/completions`) carries a raw `prompt`, which the head tokenises as
+llama.cpp's own completion does (BOS added when the model asks for it), so a base model without a
+chat template can be used too. Both share the sampling fields and their limits.
 
 The body is hostile input (DESIGN §5: any web page or local user can send one), so every field the
 ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
@@ -26,6 +31,10 @@ MAX_MESSAGES = 1024
 # write a character as 12 bytes (an escaped astral character), so 256 Ki characters always fit.
 MAX_CONTENT_CHARS = 256 * 1024
 MAX_TOKENS_LIMIT = 1 << 20
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's (and llama-cpp-python's) default for a text completion
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 256
+NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a model without a chat template
 MAX_TOP_K = 1 << 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
@@ -36,6 +45,11 @@ UNSUPPORTED = ("stop", "tools", "functions", "tool_choice", "function_call", "lo
 NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
                                        "n": (1,), "response_format": ({"type": "text"},), "tools": ([],),
                                        "stop": ([],)}
+# The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "logprobs", "logit_bias", "presence_penalty",
+                          "frequency_penalty", "tools", "functions", "response_format")
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,),
+                                                  "presence_penalty": (0,), "frequency_penalty": (0,)}
 
 
 class BadRequest(SessionError):
@@ -52,9 +66,12 @@ class BadRequest(SessionError):
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """A validated chat: messages as (role, text) pairs and sampling settings within their ranges."""
+    """A validated request: a chat's messages as (role, text) pairs, or a completion's raw `prompt`,
+    and sampling settings within their ranges."""
 
-    messages: tuple[tuple[str, str], ...]
+    messages: tuple[tuple[str, str], ...] = ()
+    prompt: str | None = None  # set: a text completion (no chat template); `messages` is then empty
+    stop: tuple[str, ...] = ()  # a text completion ends before the first of these (never part of the text)
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
@@ -66,10 +83,14 @@ class ChatRequest:
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
-        out: dict[str, Any] = {
-            "messages": [{"role": r, "content": c} for r, c in self.messages], "max_tokens": self.max_tokens,
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
-        }
+        out: dict[str, Any] = (
+            {"prompt": self.prompt} if self.prompt is not None
+            else {"messages": [{"role": r, "content": c} for r, c in self.messages]}
+        )
+        out |= {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": self.seed}
+        if self.stop:
+            out["stop"] = list(self.stop)
         if self.resume:
             out["resume"] = list(self.resume)
         return out
@@ -81,13 +102,33 @@ class ChatRequest:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
 
+def parse_request(body: Any, *, internal: bool = False) -> ChatRequest:
+    """A chat or a text completion, by its body (the head's way in): a body with `prompt` is a completion."""
+    if isinstance(body, dict) and "prompt" in body:
+        return parse_completion(body, internal=internal)
+    return parse_chat(body, internal=internal)
+
+
 def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
     """Validate a chat body; BadRequest names the first bad field. `internal`: from our own API (resume kept)."""
+    common = _common(body, UNSUPPORTED, NEUTRAL, DEFAULT_MAX_TOKENS, internal)
+    return ChatRequest(messages=_messages(body.get("messages")), **common)
+
+
+def parse_completion(body: Any, *, internal: bool = False) -> ChatRequest:
+    """Validate a text-completion body (`/v1/completions`): a string `prompt`, optional `stop`, the sampling fields."""
+    common = _common(body, COMPLETION_UNSUPPORTED, COMPLETION_NEUTRAL, DEFAULT_COMPLETION_TOKENS, internal)
+    return ChatRequest(prompt=_prompt(body.get("prompt")), stop=_stop(body.get("stop")), **common)
+
+
+def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[Any, ...]], default_tokens: int,
+            internal: bool) -> dict[str, Any]:
+    """The fields chats and completions share, validated, as ChatRequest's keyword arguments."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", None, "invalid_type")
-    for name in UNSUPPORTED:
+    for name in unsupported:
         value = body.get(name)
-        if value is not None and not any(_same(value, ok) for ok in NEUTRAL.get(name, ())):
+        if value is not None and not any(_same(value, ok) for ok in neutral.get(name, ())):
             raise BadRequest(f"'{name}' is not supported by Kafila", name, "unsupported_parameter")
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or len(model) > 256):
@@ -100,17 +141,16 @@ def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
     limit = body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens")
     param = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
     seed = _integer({"seed": body.get("seed")}, "seed", -(1 << 63), (1 << 64) - 1, None)
-    return ChatRequest(
-        messages=_messages(body.get("messages")),
-        max_tokens=_integer({param: limit}, param, 1, MAX_TOKENS_LIMIT, DEFAULT_MAX_TOKENS),
-        temperature=_number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
-        top_p=_number(body, "top_p", 0.0, 1.0, DEFAULT_TOP_P),
-        top_k=_integer(body, "top_k", 0, MAX_TOP_K, DEFAULT_TOP_K),
-        seed=None if seed is None else seed % (1 << 64),  # numpy's generators take non-negative seeds
-        stream=stream,
-        include_usage=bool(stream and options and options.get("include_usage")),
-        resume=_resume(body.get("resume")) if internal else (),
-    )
+    return {
+        "max_tokens": _integer({param: limit}, param, 1, MAX_TOKENS_LIMIT, default_tokens),
+        "temperature": _number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
+        "top_p": _number(body, "top_p", 0.0, 1.0, DEFAULT_TOP_P),
+        "top_k": _integer(body, "top_k", 0, MAX_TOP_K, DEFAULT_TOP_K),
+        "seed": None if seed is None else seed % (1 << 64),  # numpy's generators take non-negative seeds
+        "stream": stream,
+        "include_usage": bool(stream and options and options.get("include_usage")),
+        "resume": _resume(body.get("resume")) if internal else (),
+    }
 
 
 def _same(value: Any, ok: Any) -> bool:
@@ -182,6 +222,28 @@ def _messages(value: Any) -> tuple[tuple[str, str], ...]:
                              "context_length_exceeded")
         out.append((ROLES[role], text))
     return tuple(out)
+
+
+def _prompt(value: Any) -> str:
+    """One string (OpenAI also takes lists of strings or of token ids: one completion per request here)."""
+    if not isinstance(value, str):
+        raise BadRequest(f"'prompt' must be a string, got {_shown(value)}", "prompt", "invalid_type")
+    if len(value) > MAX_CONTENT_CHARS:
+        raise BadRequest(f"the prompt holds {len(value)} characters; at most {MAX_CONTENT_CHARS} are accepted",
+                         "prompt", "context_length_exceeded")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    """A string or a list of up to MAX_STOP non-empty strings."""
+    stops = [value] if isinstance(value, str) else value
+    if stops is None:
+        return ()
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOP
+            and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)):
+        raise BadRequest(f"'stop' must be a string or a list of at most {MAX_STOP} strings, each of 1 to "
+                         f"{MAX_STOP_CHARS} characters, got {_shown(value)}", "stop", "invalid_type")
+    return tuple(stops)
 
 
 def _content(value: Any, where: str) -> str:

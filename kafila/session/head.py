@@ -27,7 +27,7 @@ from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
 from kafila.errors import EngineError, SessionError
 from kafila.session import frames, messages
-from kafila.session.chat_request import BadRequest, parse_chat
+from kafila.session.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
 from kafila.session.frames import ActivationHeader, Frame, Phase
 from kafila.session.stage_runtime import StageWorker
 
@@ -172,24 +172,38 @@ class Head:
                 return
 
     def _make_request(self, job: Job, slot: int) -> Request:
-        """The engine's request for a chat body; BadRequest (never anything else) when the body is bad."""
-        chat = parse_chat(job.body, internal=True)
+        """The engine's request for a chat or completion body; BadRequest (never anything else) when it is bad."""
+        chat = parse_request(job.body, internal=True)
         if any(t >= self.embedder.n_vocab for t in chat.resume):
             raise BadRequest("'resume' holds a token id outside the vocabulary", "resume")
-        try:
-            prompt = self.vocab.chat_tokens([{"role": r, "content": c} for r, c in chat.messages])
-        except Exception as exc:  # the model's own template (jinja2) may refuse a conversation in its own way
-            raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
+        prompt = self._prompt_tokens(chat)
         n_ctx = self.config.n_ctx_per_seq
+        field_name = "messages" if chat.prompt is None else "prompt"
         if len(prompt) + len(chat.resume) >= n_ctx:
             raise BadRequest(f"the prompt is {len(prompt) + len(chat.resume)} tokens but the context holds {n_ctx} "
-                             "per request; shorten it (or the host raises --context)", "messages",
+                             "per request; shorten it (or the host raises --context)", field_name,
                              "context_length_exceeded")
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
-                          self.vocab)
+                          self.vocab, stop=chat.stop)
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
+
+    def _prompt_tokens(self, chat: ChatRequest) -> list[int]:
+        """A completion's text as llama.cpp's completion tokenises it (BOS if the model adds one); a chat's
+        messages through the model's chat template."""
+        if chat.prompt is not None:
+            tokens = self.vocab.tokenize(chat.prompt, add_special=True, parse_special=True)
+            if not tokens:
+                raise BadRequest("'prompt' is empty (and this model adds no BOS token to start from)", "prompt")
+            return tokens
+        if not self.vocab.chat_template:
+            raise BadRequest("this model has no chat template (a base model): send its text to /v1/completions "
+                             "instead", "messages", NO_CHAT_TEMPLATE)
+        try:
+            return self.vocab.chat_tokens([{"role": r, "content": c} for r, c in chat.messages])
+        except Exception as exc:  # the model's own template (jinja2) may refuse a conversation in its own way
+            raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
 
     def fail_all(self, reason: str, resumable: bool = False) -> None:
         """End every request with `reason`; new requests are refused the same way."""

@@ -45,21 +45,23 @@ def plan_summary(state: SessionState) -> Table:
 
 def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                   echo: IO[str] | None = None) -> tuple[str, dict[str, Any]]:
-    """One chat message through the session's API; returns the reply text and its stats block."""
+    """One chat message through the session's API (raw text completed when the model has no chat template);
+    returns the reply text and its stats block."""
     from kafila.session.api_client import ApiClient, Notice, ReplyStats
 
     async def go() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
         stats: dict[str, Any] = {}
         async with ApiClient(url) as api:
-            async for item in api.stream_chat([{"role": "user", "content": prompt}], max_tokens=max_tokens,
-                                              temperature=temperature):
+            async for item in api.stream_reply([{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                                               temperature=temperature):
                 if isinstance(item, ReplyStats):
                     stats = dict(item.raw or {})
                     continue
                 if isinstance(item, Notice):
                     if echo is not None:
-                        echo.write(f"\n[{item.text}]\n")
+                        lead = "\n" if parts else ""  # a notice before any text needs no line break of its own
+                        echo.write(f"{lead}[{item.text}]\n")
                     continue
                 parts.append(item)
                 if echo is not None:

@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 
 from kafila.engine.sampler import SamplingParams
 from kafila.session.api import ApiServer
-from kafila.session.chat_request import MAX_CONTENT_CHARS, BadRequest, ChatRequest, parse_chat
+from kafila.session.chat_request import (
+    MAX_CONTENT_CHARS,
+    MAX_STOP,
+    BadRequest,
+    ChatRequest,
+    parse_chat,
+    parse_completion,
+    parse_request,
+)
 from tests.session.api_fixtures import ScriptedRing, server_in_thread
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
@@ -66,6 +74,35 @@ def test_the_validator_accepts_or_names_the_bad_field(body: Any) -> None:
     # the head reads the forwarded body the same way (streaming is the API's business, not the head's)
     assert parse_chat(chat.body(), internal=True) == dataclasses.replace(chat, stream=False, include_usage=False)
     json.dumps(chat.body(), allow_nan=False)
+
+
+completion_fields = {**{k: v for k, v in fields.items() if k != "messages"}, "prompt": st.text(max_size=30) | any_json,
+                     "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=6) | any_json,
+                     "echo": scalars, "suffix": scalars, "best_of": numbers}
+valid_completion = st.fixed_dictionaries({"prompt": st.text(max_size=30)}, optional={
+    "temperature": st.floats(0, 2), "top_p": st.floats(0, 1), "max_tokens": st.integers(1, 500),
+    "seed": st.integers(-(2**63), 2**64 - 1), "stream": st.booleans(), "echo": st.just(False),
+    "stop": st.text(min_size=1, max_size=5) | st.lists(st.text(min_size=1, max_size=5), max_size=4)})
+completion_bodies = (valid_completion | st.builds(lambda base, changes: {**base, **changes}, valid_completion,
+                                                  st.dictionaries(st.sampled_from(sorted(completion_fields)),
+                                                                  numbers | any_json, max_size=2))
+                     | st.fixed_dictionaries({}, optional=completion_fields) | any_json)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(completion_bodies)
+def test_the_completion_validator_accepts_or_names_the_bad_field(body: Any) -> None:
+    try:
+        req = parse_completion(body)
+    except BadRequest as exc:
+        assert str(exc) and exc.code and (exc.param is None or isinstance(exc.param, str))
+        return
+    assert isinstance(req.prompt, str) and req.messages == () and req.resume == ()
+    assert len(req.stop) <= MAX_STOP and all(isinstance(s, str) and s for s in req.stop)
+    assert isinstance(req.sampling(), SamplingParams) and 1 <= req.max_tokens
+    # the head tells it from a chat by its forwarded body, and reads it back the same
+    assert parse_request(req.body(), internal=True) == dataclasses.replace(req, stream=False, include_usage=False)
+    json.dumps(req.body(), allow_nan=False)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,8 @@ class Script:
     notices: dict[int, str] = field(default_factory=dict)  # a notice before piece i
     stall_s: float = 0.0  # wait this long before the first event
     stats: dict[str, Any] | None = field(default_factory=lambda: dict(STATS))
-    echo: bool = False  # reply with the last user message, word by word
+    echo: bool = False  # reply with the last user message (or a completion's prompt), word by word
+    chat_template: bool = True  # False: chats are refused as a base model's head refuses them
     requests: list[dict[str, Any]] = field(default_factory=list)
     server: ApiServer | None = None  # set by `start`
 
@@ -58,9 +59,14 @@ class Script:
         self.requests.append(body)
         if self.stall_s:
             await asyncio.sleep(self.stall_s)
+        if not self.chat_template and "messages" in body:
+            yield {"error": "this model has no chat template (a base model): send its text to /v1/completions "
+                            "instead", "status": 400, "param": "messages", "code": "no_chat_template"}
+            return
         pieces = self.pieces
         if self.echo:
-            last = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+            last = body["prompt"] if "prompt" in body else next(
+                m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
             pieces = ["echo:"] + [" " + w for w in last.split(" ")]
         for i, piece in enumerate(pieces):
             if i in self.notices:

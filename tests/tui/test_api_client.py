@@ -6,6 +6,7 @@ import pytest
 
 from kafila.errors import KafilaError
 from kafila.session.api_client import (
+    RAW_TEXT_NOTICE,
     ApiClient,
     ApiError,
     ApiLost,
@@ -115,3 +116,43 @@ async def test_models_and_state(api: str, script: Script) -> None:
         assert await client.models() == ["m"]  # the session's own model
         got = await client.state()
     assert got.phase == "admitted" and got.members["a"].probe_samples == [1.0, 2.0]
+
+
+async def test_a_base_model_gets_raw_text_completed_and_the_client_says_so_once(api: str, script: Script) -> None:
+    """A chat refused for want of a chat template: the last user message goes to /v1/completions instead."""
+    script.chat_template, script.echo = False, True
+    history = [{"role": "user", "content": "The capital of France is"}]
+    async with ApiClient(api) as client:
+        first = [item async for item in client.stream_reply(history, max_tokens=8, temperature=0.0)]
+        later = [*history, {"role": "assistant", "content": "x"}, {"role": "user", "content": "Once upon"}]
+        second = [item async for item in client.stream_reply(later)]
+    assert first[0] == Notice(RAW_TEXT_NOTICE, "model") and "".join(i for i in first if isinstance(i, str)) == \
+        "echo: The capital of France is"
+    assert not any(isinstance(i, Notice) for i in second)  # said once
+    assert "".join(i for i in second if isinstance(i, str)) == "echo: Once upon"
+    # the chat was tried once, then only completions of the raw text (no chat template anywhere)
+    assert ["messages" in r for r in script.requests] == [True, False, False]
+    assert script.requests[1] == {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0.0,
+                                  "top_p": 0.95, "top_k": 40, "seed": None}
+
+
+async def test_a_chat_model_is_chatted_with(api: str, script: Script) -> None:
+    async with ApiClient(api) as client:
+        items = [item async for item in client.stream_reply([{"role": "user", "content": "hi"}])]
+    assert not any(isinstance(i, Notice) for i in items) and "messages" in script.requests[0]
+    assert client.raw_text is False
+
+
+async def test_other_refusals_are_not_taken_for_a_base_model(api: str, script: Script) -> None:
+    script.refuse("a member was lost")
+    async with ApiClient(api) as client:
+        with pytest.raises(ApiError) as info:
+            [item async for item in client.stream_reply([{"role": "user", "content": "hi"}])]
+    assert info.value.status == 503 and info.value.code == "not_serving" and not client.raw_text
+
+
+async def test_stream_completion_streams_text(api: str, script: Script) -> None:
+    async with ApiClient(api) as client:
+        items = [item async for item in client.stream_completion("Once", max_tokens=4)]
+    assert "".join(i for i in items if isinstance(i, str)) == "Hello, ring!" and isinstance(items[-1], ReplyStats)
+    assert script.requests[0]["prompt"] == "Once" and script.requests[0]["max_tokens"] == 4

@@ -12,6 +12,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, TabbedContent
 
 from kafila.errors import SessionError
+from kafila.session.api_client import RAW_TEXT_NOTICE
 from kafila.session.state import MemberView, SessionState
 from kafila.tui.app import KafilaApp
 from kafila.tui.screens.lost import LostScreen
@@ -205,6 +206,26 @@ async def test_chat_shows_a_notice_and_keeps_the_reply_whole(api: str, script: S
         assert replies[-1].body == "Hello, ring!" and replies[-1].error is None
         # shown as a notification (a toast over the screen, kept by the app for its timeout)
         assert [n.message for n in app._notifications] == ["member beta was lost"]
+
+
+async def test_a_base_model_completes_raw_text_and_says_so_once(api: str, script: Script) -> None:
+    """A model without a chat template: each line is completed as raw text; one notification says so."""
+    state = states.admitted_state()
+    state.api_url = api
+    script.chat_template, script.echo = False, True
+    app = KafilaApp(state)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        chat = app.dashboard.query_one(ChatPane)
+        await pilot.press(*"Once upon", "enter")
+        await until(lambda: len(script.requests) == 2 and not chat.streaming)
+        await pilot.press(*"The end", "enter")
+        await until(lambda: len(script.requests) == 3 and not chat.streaming)
+        await pilot.pause()
+        replies = [m.body for m in app.dashboard.query(MessageView) if m.role == "assistant"]
+        assert replies == ["echo: Once upon", "echo: The end"]
+        assert [r.get("prompt") for r in script.requests] == [None, "Once upon", "The end"]
+        assert [(n.title, n.message) for n in app._notifications] == [("model", RAW_TEXT_NOTICE)]
 
 
 async def test_session_lost_is_clear_and_keeps_the_dashboard() -> None:

@@ -74,3 +74,32 @@ def test_chat_error_mid_reply_keeps_the_chat_going(data_dir: Path) -> None:
     recs = transcripts(data_dir)[0]
     assert recs[-1]["type"] == "end" and "member beta lost" in str(recs[-1]["error"])
     assert {"type": "delta", "content": "Hello"} in recs
+
+
+def test_chat_with_a_base_model_completes_raw_text_and_says_so_once(data_dir: Path) -> None:
+    from kafila.session.api_client import RAW_TEXT_NOTICE
+
+    script = Script(echo=True, chat_template=False)
+    with serve_in_thread(script) as url:
+        r = run_kafila("chat", "--api", url, "--temperature", "0", input="Once upon\nThe end\n/quit\n",
+                       env={"KAFILA_DATA_DIR": str(data_dir)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "kafila> echo: Once upon" in r.stdout and "kafila> echo: The end" in r.stdout
+    assert (r.stdout + r.stderr).count(RAW_TEXT_NOTICE) == 1
+    assert [b.get("prompt") for b in script.requests] == [None, "Once upon", "The end"]
+
+
+def test_demo_prompt_reply_completes_raw_text_for_a_base_model() -> None:
+    """What `kafila demo --prompt P` prints once its ring serves: the notice first, then the completion."""
+    import io
+
+    from kafila.session.api_client import RAW_TEXT_NOTICE
+    from kafila.session.report import reply_via_api
+
+    script = Script(echo=True, chat_template=False)
+    out = io.StringIO()
+    with serve_in_thread(script) as url:
+        text, stats = reply_via_api(url, "The capital of France is", 8, 0.0, echo=out)
+    assert text == "echo: The capital of France is" and stats["tokens_per_s"] == 42.5
+    assert out.getvalue() == f"[{RAW_TEXT_NOTICE}]\n{text}"
+    assert script.requests[-1]["prompt"] == "The capital of France is" and script.requests[-1]["max_tokens"] == 8

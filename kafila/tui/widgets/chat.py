@@ -234,14 +234,15 @@ class ChatPane(Horizontal):
         try:
             if self._client is None or self._client.url != (self.api_url or "").rstrip("/"):
                 self._client = ApiClient(self.api_url or "")
-            async for item in self._client.stream_chat(conv.history(), model=self.model,
-                                                       max_tokens=self.settings.max_tokens,
-                                                       temperature=self.settings.temperature):
+            async for item in self._client.stream_reply(conv.history(), model=self.model,
+                                                        max_tokens=self.settings.max_tokens,
+                                                        temperature=self.settings.temperature):
                 if isinstance(item, ReplyStats):
                     stats = item
                     continue
                 if isinstance(item, Notice):
-                    self.app.notify(item.text, title="ring", severity="warning")
+                    self.app.notify(item.text, title=item.source,
+                                    severity="warning" if item.source == "ring" else "information")
                     continue
                 conv.add_delta(item)
                 reply.append(item)

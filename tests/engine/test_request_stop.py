@@ -1,0 +1,61 @@
+"""Stop strings in a request's text stream, against brute force over every way the text can arrive in pieces.
+
+A stop string may be split across pieces (tokens); the text handed out must never include a stop
+string or anything after it, nor lose text that turned out not to start one. Brute force: the text
+ends at the first piece after which some stop string occurs, cut before the earliest occurrence.
+The same logic against llama-cpp-python on a real model is in tests/session/test_completions_head.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kafila.engine.request import Request
+
+ALPHABET = "abc "  # few letters, so stop strings occur and split across pieces often
+
+
+def brute_force(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
+    """(the text handed out, whether a stop string ended it)."""
+    text = ""
+    for piece in pieces:
+        text += piece
+        found = [text.find(s) for s in stops if s in text]
+        if found:
+            return text[:min(found)], True
+    return text, False
+
+
+def request(stops: list[str]) -> Request:
+    # only the text stream is exercised: no token is sampled, so no vocabulary or sampler is needed
+    none = cast(Any, None)
+    return Request(0, [1], 1000, 2000, none, none, stop=tuple(stops))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.text(ALPHABET, max_size=4), max_size=8),
+       st.lists(st.text(ALPHABET, min_size=1, max_size=3), max_size=4))
+def test_stop_strings_cut_the_text_as_brute_force_does(pieces: list[str], stops: list[str]) -> None:
+    req = request(stops)
+    out = []
+    for i, piece in enumerate(pieces):
+        if i == len(pieces) - 1:
+            req.finish_reason = "length"  # the last piece ends the request (as max_tokens does): held text goes out
+        out.append(req._stopped(piece))
+        if req.finish_reason == "stop":
+            break
+    expected, stopped = brute_force(pieces, stops)
+    assert "".join(out) == expected
+    assert (req.finish_reason == "stop") == stopped
+
+
+def test_a_stop_string_split_across_pieces_is_held_back_then_cut() -> None:
+    req = request(["\n\nQ:"])
+    assert req._stopped("Paris.\n") == "Paris."  # "\n" may begin the stop string: held
+    assert req._stopped("\n") == ""
+    assert req._stopped("Q: next") == "" and req.finish_reason == "stop"
+    other = request(["\n\nQ:"])
+    assert other._stopped("Paris.\n") == "Paris." and other._stopped("It") == "\nIt"  # not a stop: released
