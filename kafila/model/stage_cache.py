@@ -42,7 +42,7 @@ class StageCache:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_root()
 
-    def source_hash(self, source: Path) -> str:
+    def source_hash(self, source: Path, progress: Progress | None = None) -> str:
         """Content hash of `source`; remembered per (path, size, mtime) so big files are read once."""
         source = Path(source).resolve()
         st = source.stat()
@@ -53,7 +53,7 @@ class StageCache:
             index = {}
         key = f"{source}|{st.st_size}|{st.st_mtime_ns}"
         if key not in index:
-            index[key] = sha256_file(source)
+            index[key] = sha256_file(source, progress)
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = index_path.with_name(f".hashes.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(index))
@@ -64,8 +64,12 @@ class StageCache:
         return self.root / "stages" / source_hash[:32] / f"{spec.tag}.gguf"
 
     def stage(self, source: Path, spec: StageSpec, progress: Progress | None = None) -> Path:
-        """The cached stage file for `spec`, cutting it first when it is not there."""
-        dest = self.path_for(self.source_hash(source), spec)
+        """The cached stage file for `spec`, cutting it first when it is not there.
+
+        `progress` hears (bytes done, total) of hashing the source (when not remembered), then of
+        writing the stage; it may raise to stop the work, which then leaves no file behind.
+        """
+        dest = self.path_for(self.source_hash(source, progress), spec)
         if dest.is_file():
             return dest
         return write_stage(source, spec, dest, progress)
