@@ -236,12 +236,18 @@ async def test_load_50_sessions_of_5_members(rendezvous_proc) -> None:
             code = await host.create_session(rdv)
             await host.announce()
 
+            # A member that has seen all 5 stays until the others have too: leaving (as its endpoint
+            # closes) takes it off the list, and a slower member then never saw 5 (1 run in 20).
+            everyone_saw_all = asyncio.Barrier(4)
+
             async def member(j: int) -> int:
                 async with PeerEndpoint(bind=("127.0.0.1", 0), name=f"m{i}.{j}") as m:
                     await m.probe_nat(rdv)
                     await m.join_session(rdv, code)
                     await m.announce({"j": j})
-                    return len((await m.wait_for_members(5, 300, poll_s=0.5)).verified)
+                    seen = len((await m.wait_for_members(5, 300, poll_s=0.5)).verified)
+                    await everyone_saw_all.wait()
+                    return seen
 
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(member(j)) for j in range(4)]
