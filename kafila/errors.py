@@ -25,6 +25,10 @@ class NetworkError(KafilaError):
     """A peer or the rendezvous cannot be reached, or a connection failed."""
 
 
+class WorkStopped(KafilaError):
+    """Work on a worker thread (a cut, a hash) stopped early because what waited for it was cancelled."""
+
+
 class SessionError(KafilaError):
     """A session could not be joined, admitted, or kept alive."""
 

@@ -51,13 +51,18 @@ def llama_cpp_reply(model: Path, prompt: str, max_tokens: int, n_ctx: int = 512)
         ref.close()
 
 
+def in_ci() -> bool:
+    """Whether this is CI (`.ci/run` sets CI=true; any value but empty, 0 or false counts)."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
 def missing_tool(why: str) -> None:
     """A test cannot run here for want of a system tool: skip on a developer's machine, fail in CI.
 
     CI (`.ci/run` sets CI=true) installs every tool the tests use (`make sysdeps`), so a skip there
     would only hide that a test never ran.
     """
-    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+    if in_ci():
         pytest.fail(f"CI must run this test: {why}")
     pytest.skip(why)
 

@@ -27,12 +27,13 @@ TOKENS = [chr(ord("a") + i) for i in range(26)] + ["ab", " ", ".", "!", "<s>", "
 
 
 def write_synthetic(path: Path, arch: str, n_blocks: int = 4, seed: int = 0, tied: bool = True,
-                    kv_heads: list[int] | None = None, leading_dense: int | None = None) -> Path:
+                    kv_heads: list[int] | None = None, leading_dense: int | None = None, filler_mb: int = 0) -> Path:
     """Write a random-weight model of `arch` (one of ARCHS) that the bundled llama.cpp loads.
 
     `kv_heads`: a KV head count per block, stored as a per-layer array (as some models do); only for
     metadata tests, since llama.cpp's llama loader wants one count for all blocks; likewise
-    `leading_dense`, a leading_dense_block_count key (DeepSeek's), which llama ignores."""
+    `leading_dense`, a leading_dense_block_count key (DeepSeek's), which llama ignores; likewise
+    `filler_mb`, an extra zero tensor of that many MiB in every block, so that cutting takes a while."""
     rng = np.random.default_rng(seed)
     variant, arch = arch, ("llama" if arch == "llama3" else arch)
     tied = tied and arch != "gpt-oss"  # its loader requires output.weight (Gemma 1/2's refuses one)
@@ -125,6 +126,8 @@ def write_synthetic(path: Path, arch: str, n_blocks: int = 4, seed: int = 0, tie
             writer.add_tensor(p + "ffn_down.weight", w(N_EMBD, N_FF))
         if arch in ("gemma2", "gemma3"):
             writer.add_tensor(p + "post_ffw_norm.weight", norm(N_EMBD))
+        if filler_mb:
+            writer.add_tensor(p + "filler.weight", np.zeros((filler_mb * 1024, 256), np.float32))
     if variant == "llama3":  # Llama 3.1's rope scaling: one global tensor every stage needs
         writer.add_tensor("rope_freqs.weight", (1.0 + 7.0 * rng.random(HEAD_DIM // 2)).astype(np.float32))
     writer.add_tensor("output_norm.weight", norm(N_EMBD))

@@ -46,7 +46,7 @@ class StageCache:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_root()
 
-    def source_hash(self, source: Path) -> str:
+    def source_hash(self, source: Path, progress: Progress | None = None) -> str:
         """Content hash of `source` (all files of a split set); remembered per (path, size, mtime) so big files
         are read once."""
         # The set's other files are named beside the first as the user named it: a Hugging Face snapshot
@@ -60,7 +60,7 @@ class StageCache:
             index = {}
         key = "|".join(f"{p}|{p.stat().st_size}|{p.stat().st_mtime_ns}" for p in paths)
         if key not in index:
-            index[key] = sha256_file(paths[0], more=paths[1:])
+            index[key] = sha256_file(paths[0], progress, more=paths[1:])
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = index_path.with_name(f".hashes.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(index))
@@ -71,8 +71,12 @@ class StageCache:
         return self.root / "stages" / source_hash[:32] / f"{spec.tag}.gguf"
 
     def stage(self, source: Path, spec: StageSpec, progress: Progress | None = None) -> Path:
-        """The cached stage file for `spec`, cutting it first when it is not there."""
-        dest = self.path_for(self.source_hash(source), spec)
+        """The cached stage file for `spec`, cutting it first when it is not there.
+
+        `progress` hears (bytes done, total) of hashing the source (when not remembered), then of
+        writing the stage; it may raise to stop the work, which then leaves no file behind.
+        """
+        dest = self.path_for(self.source_hash(source, progress), spec)
         if dest.is_file():
             return dest
         return write_stage(source, spec, dest, progress)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -60,14 +61,18 @@ class StageManifest:
         return cls(sha256, size, chunk_size, tuple(chunks))
 
 
-def manifest_for(path: Path, chunk_size: int = CHUNK_SIZE) -> StageManifest:
-    """Hash a stage file whole and per chunk."""
+def manifest_for(path: Path, chunk_size: int = CHUNK_SIZE,
+                 progress: Callable[[int, int], None] | None = None) -> StageManifest:
+    """Hash a stage file whole and per chunk; `progress` hears (bytes hashed, size) and may raise to stop."""
     whole = hashlib.sha256()
     chunks = []
+    size = path.stat().st_size
     with path.open("rb") as f:
         while data := f.read(chunk_size):
             whole.update(data)
             chunks.append(hashlib.sha256(data).hexdigest())
+            if progress is not None:
+                progress(len(chunks) * chunk_size, size)
     return StageManifest(whole.hexdigest(), path.stat().st_size, chunk_size, tuple(chunks))
 
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,10 @@ from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
 from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
-from kafila.session.delivery import StageManifest, manifest_for, read_chunk
+from kafila.session.delivery import CHUNK_SIZE, StageManifest, manifest_for, read_chunk
 from kafila.session.options import HostOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
+from kafila.session.stoppable import run_stoppable
 
 log = logging.getLogger("kafila.host")
 N_BATCH = 128
@@ -279,16 +281,17 @@ class HostRuntime:
             start, end = plan.ranges[name]
             spec = StageSpec(start, end, head=(name == plan.head))
             j = self.joined[name]
-            j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, spec)
+            # cut and hashed on a worker thread that stops with this task (a SIGTERM mid-cut)
+            j.stage_path = path = await run_stoppable(partial(self.cache.stage, self.model, spec))
             if self.use is not None:
-                self.use.add(j.stage_path)
-            j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
+                self.use.add(path)
+            j.manifest = manifest = await run_stoppable(partial(manifest_for, path, CHUNK_SIZE))
             loop = asyncio.get_running_loop()
             j.loaded, j.ready = loop.create_future(), loop.create_future()
-            self.state.delivery[name] = (0, j.manifest.size)
+            self.state.delivery[name] = (0, manifest.size)
             await j.link.send(messages.encode(messages.Assign(
                 self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-                self.state.plan or {}, model_label(self.model), j.manifest)))
+                self.state.plan or {}, model_label(self.model), manifest)))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""

@@ -2,45 +2,42 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kafila.net.ports import free_udp_pair
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.session.cluster import LISTENING_RE, PORT_TRIES, Proc
 
 
 def free_port_pair(ip: str = "127.0.0.1", alt_ip: str | None = "127.0.0.2") -> int:
-    """A port P such that P and P+1 are free for UDP on ip (and alt_ip)."""
+    """A port P such that P and P+1 are free for UDP on ip (and alt_ip) now; bind it with retries (it can be taken)."""
     return free_udp_pair(ip, alt_ip)
 
 
 @pytest.fixture
 def rendezvous_proc() -> Iterator[tuple[tuple[str, int], subprocess.Popen[str]]]:
-    """`python kafila.py rendezvous` on 127.0.0.1:P (and 127.0.0.2 as its second address)."""
-    port = free_port_pair()
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "kafila.py"), "rendezvous", "--host", "127.0.0.1", "--port", str(port),
-         "--alt-ip", "127.0.0.2", "--stats-every", "1"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+    """`python kafila.py rendezvous` on 127.0.0.1:P (and 127.0.0.2 as its second address).
+
+    Its output is read by a thread (Proc), so the wait for 'listening' has a deadline a blocking
+    readline could not keep, and its stats lines never fill the pipe. A port taken between being
+    picked and bound means another try on a new one.
+    """
+    for _ in range(PORT_TRIES):
+        port = free_port_pair()
+        proc = Proc("rendezvous", ["rendezvous", "--host", "127.0.0.1", "--port", str(port), "--alt-ip", "127.0.0.2",
+                                   "--stats-every", "1"], dict(os.environ))
+        if proc.wait_for_either(LISTENING_RE, 60):
+            break
+        if proc.popen.poll() is None:
+            proc.popen.kill()  # by its own pid; it is ours
+        proc.popen.wait()
+    else:
+        raise AssertionError(f"the rendezvous never listened:\n{proc.output}")
     try:
-        deadline = time.monotonic() + 20
-        assert proc.stderr is not None
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                raise RuntimeError("the rendezvous exited at start")
-            if "listening" in line:
-                break
-        else:
-            raise TimeoutError("the rendezvous did not start")
-        yield ("127.0.0.1", port), proc
+        yield ("127.0.0.1", port), proc.popen
     finally:
-        proc.kill()  # by its own pid; it is ours
-        proc.wait(timeout=10)
+        proc.popen.kill()
+        proc.popen.wait(timeout=10)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import in_ci
+
 REPO = Path(__file__).resolve().parents[2]
 SKIP = os.environ.get("KAFILA_SKIP_BINARY", "") not in ("", "0")
 BUILD_TIMEOUT_S = 1500
@@ -52,6 +54,8 @@ def clean_env(home: Path, tmp: Path) -> dict[str, str]:
 def kafila_binary(tmp_path_factory: pytest.TempPathFactory) -> Binary:
     """Build dist/kafila into a temporary folder (never the checkout's build/ or dist/)."""
     if SKIP:
+        if in_ci():
+            pytest.fail("KAFILA_SKIP_BINARY is set in CI, where the binary must be built and tested")
         pytest.skip("KAFILA_SKIP_BINARY is set")
     out = tmp_path_factory.mktemp("binary")
     cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN",

@@ -8,11 +8,13 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from kafila.errors import NetworkError
 from kafila.net import wire
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.ports import free_udp_pair
 from rendezvous.core import Addr, RendezvousCore
 from rendezvous.server import RendezvousServer
+from tests.session.cluster import PORT_TRIES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,10 +57,17 @@ class Watched:
 
 @asynccontextmanager
 async def rendezvous() -> AsyncIterator[tuple[Addr, Watched]]:
-    port = free_udp_pair("127.0.0.1")
-    server = RendezvousServer("127.0.0.1", port)
-    watched = Watched(server)
-    await server.start()
+    """A watched rendezvous in this process on a free port pair (bound with retries: a pair found free can be taken)."""
+    for attempt in range(PORT_TRIES):
+        port = free_udp_pair("127.0.0.1")
+        server = RendezvousServer("127.0.0.1", port)
+        watched = Watched(server)
+        try:
+            await server.start()
+            break
+        except NetworkError:
+            if attempt == PORT_TRIES - 1:
+                raise
     try:
         yield ("127.0.0.1", port), watched
     finally:

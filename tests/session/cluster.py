@@ -73,12 +73,7 @@ class Cluster:
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
                     "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
-        # one probe for all members on this machine (as `kafila demo` does), not several at once
-        from kafila.model.embedded import default_model_path
-        from kafila.model.stage_cache import StageCache
-        from kafila.session.measure import cached_probe
-
-        cached_probe(default_model_path(), StageCache(tmp / "cache"))
+        shared_probe(tmp / "cache")
         self.procs: list[Proc] = []
         try:
             self._start(members, host_args or [])
@@ -223,6 +218,29 @@ class Cluster:
                 exc.add_note(f"also, on stopping: {problem}")
         elif problems:
             raise AssertionError("unclean stop:\n" + "\n".join(problems))
+
+
+def shared_probe(cache_root: Path) -> None:
+    """Put this machine's probe into a session's cache, so its members do not each measure again.
+
+    One probe for all members of a test (as `kafila demo` does), and one for all tests on this
+    machine for a day, as a real member keeps it (kafila.session.measure.cached_probe): measured in a
+    per-user directory under the system's temporary one, written atomically, then copied here. It
+    took 30 s (140 s on a loaded machine) per test when every test measured again.
+    """
+    import getpass
+    import shutil
+    import tempfile
+
+    from kafila.model.embedded import default_model_path
+    from kafila.model.stage_cache import StageCache
+    from kafila.session.measure import cached_probe
+
+    shared = Path(tempfile.gettempdir()) / f"kafila-test-probe-{getpass.getuser()}"
+    cached_probe(default_model_path(), StageCache(shared))
+    cache_root.mkdir(parents=True, exist_ok=True)
+    for probe in shared.glob("probe-*.json"):
+        shutil.copyfile(probe, cache_root / probe.name)
 
 
 def _free_tcp_port() -> int:

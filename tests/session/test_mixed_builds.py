@@ -8,13 +8,12 @@ is skipped only when it is not cached and this is not CI (CI builds it: `make ll
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from kafila.engine.variant import build, is_built, variant_dir
-from tests.conftest import run_kafila
+from tests.conftest import in_ci, run_kafila
 
 pytestmark = pytest.mark.timeout(3000)
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.timeout(3000)
 def second_build() -> Path:
     path = variant_dir()
     if not is_built(path):
-        if os.environ.get("CI") != "true":
+        if not in_ci():
             pytest.skip("the second llama.cpp build is not cached: `make llama-variant` builds it (~10 min)")
         build(path)
     return path

@@ -115,8 +115,13 @@ def serve_in_thread(script: Script) -> Iterator[str]:
         loop.close()
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on (for 'unreachable' tests); the OS hands it out only once bound."""
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback TCP port that refuses connections while the block runs (for 'unreachable' tests).
+
+    Bound but never listening: a connection is refused, and no other process can take the port
+    meanwhile (a port found free and let go could be, and then it might answer).
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])

@@ -16,7 +16,7 @@ from kafila.session.api_client import (
     ReplyStats,
 )
 from kafila.session.state import MemberView, SessionState
-from tests.tui.scripted_api import Script, free_port
+from tests.tui.scripted_api import Script, refusing_port
 
 
 async def collect(client: ApiClient, text: str = "hi") -> tuple[str, list[ReplyStats]]:
@@ -90,12 +90,13 @@ async def test_connection_dropped_mid_stream(api: str, script: Script) -> None:
 
 
 async def test_connection_refused() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    async with ApiClient(url, connect_timeout=2) as client:
-        with pytest.raises(ApiUnreachable) as info:
-            await collect(client)
-        with pytest.raises(ApiUnreachable):
-            await client.models()
+    with refusing_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        async with ApiClient(url, connect_timeout=2) as client:
+            with pytest.raises(ApiUnreachable) as info:
+                await collect(client)
+            with pytest.raises(ApiUnreachable):
+                await client.models()
     message = str(info.value)
     assert message.startswith(f"no Kafila session answers at {url}")
     assert "kafila demo" in message and isinstance(info.value, KafilaError)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.tui.scripted_api import Script, free_port, serve_in_thread
+from tests.tui.scripted_api import Script, refusing_port, serve_in_thread
 
 
 def run_kafila(*args: str, input: str, env: dict[str, str] | None = None,
@@ -46,8 +46,9 @@ def test_chat_streams_keeps_history_and_saves(data_dir: Path) -> None:
 
 
 def test_chat_unreachable_says_how_to_start_a_session(data_dir: Path) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    r = run_kafila("chat", "--api", url, input="hi\n", timeout=60)
+    with refusing_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        r = run_kafila("chat", "--api", url, input="hi\n", timeout=60)
     assert r.returncode == 1
     assert f"kafila: error: no Kafila session answers at {url}" in r.stderr
     assert "`kafila demo`, `kafila host` or `kafila join`" in r.stderr
