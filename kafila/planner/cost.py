@@ -86,6 +86,8 @@ class Ctx:
     # last_start[e] = the largest start of a valid stage ending at e (−1: none). Without a rule j + 1, e − 1.
     first_end: tuple[int, ...]
     last_start: tuple[int, ...]
+    # Q[i][e] = S[e] + e·p_i·b_i: member i's per-block time as bytes, so a time budget is a byte budget
+    Q: tuple[tuple[float, ...], ...] = ()
     ruled: bool = False  # True when the model has a cut rule (first_end/last_start are not the trivial ones)
 
     @property
@@ -118,9 +120,10 @@ def make_ctx(
     reads = [_scale(r, weight_scale) for r in read_bytes(model, workload.concurrency)]
     positions = kv_positions(model, workload)
     first_end, last_start = cut_rule(model)
+    prefix = (0, *accumulate(reads))
     return Ctx(
         k=model.k,
-        S=(0, *accumulate(reads)),
+        S=prefix,
         W=(0, *accumulate(s + t * kv for s, t, kv in zip(blocks, positions, model.kv_bytes_per_token, strict=True))),
         U=tuple(_unembed(_scale(model.unembed_bytes, weight_scale), mem) for mem in members),
         H=_scale(model.head_bytes, weight_scale),
@@ -131,6 +134,7 @@ def make_ctx(
         first_end=first_end,
         last_start=last_start,
         ruled=bool(model.must_hold),
+        Q=tuple(tuple(S + e * mem.block_s * mem.bandwidth for e, S in enumerate(prefix)) for mem in members),
     )
 
 

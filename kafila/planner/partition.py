@@ -69,16 +69,14 @@ def _reach(ctx: Ctx, i: int, head: bool, j: int, end_cap: int, B: float) -> int:
     if B == INF:
         e_time = end_cap
     else:
-        # Stage time grows with e (more blocks, more bytes; float sums of growing terms do not shrink), so
-        # bisect on the exact formula the search compares everywhere.
-        lo, hi = j, end_cap
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if ctx.time(i, j, mid, head) <= B:
-                lo = mid
-            else:
-                hi = mid - 1
-        e_time = lo
+        # Guess from the budget in "effective bytes" (bytes + per-block time × bandwidth), then settle with
+        # the exact stage-time formula, which grows with e (rounding may move the guess by a position or two).
+        Q, o, b, extra = ctx.Q[i], ctx.o[i], ctx.b[i], ctx.U[i] if head else 0
+        e_time = max(j, bisect_right(Q, Q[j] + (B - o) * b - extra, j, end_cap + 1) - 1)
+        while e_time > j and ctx.time(i, j, e_time, head) > B:
+            e_time -= 1
+        while e_time < end_cap and ctx.time(i, j, e_time + 1, head) <= B:
+            e_time += 1
     room = ctx.M[i] - (ctx.H if head else 0)
     e_mem = bisect_right(ctx.W, ctx.W[j] + room, j, end_cap + 1) - 1
     return max(j, min(e_time, e_mem))
