@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for e in engines:
             e.close()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (path, n), t in zip(cuts, measured, strict=True):
         nbytes = sum(infos[path].blocks_bytes[:n])
         p3 = fit.predict(n, nbytes)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                      "predicted_ms": p3 * 1e3, "error": _err(p3, t),
                      "two_term_predicted_ms": p2 * 1e3, "two_term_error": _err(p2, t)})
 
-    moe_rows = []
+    moe_rows: list[dict[str, Any]] = []
     if args.moe:
         moe = shaped_model(cache_models, "qwen3-30b-a3b", 1)
         spec = ModelSpec.described(describe_model(moe))
