@@ -87,9 +87,10 @@ def fit_cost(samples: list[tuple[int, float]], blocks: list[int] | None = None) 
     """Least-squares fit of seconds = o + n·p + bytes / b with o, p >= 0; returns (b, o, p, relative RMS residual).
 
     Without block counts (or cuts that cannot tell the three terms apart) p is 0: the two-term fit. The
-    non-negative optimum is found by trying every set of terms held at zero (a few small fits) and
+    non-negative optimum is found by trying every set of o and p held at zero (a few small fits) and
     keeping the best valid one, which is exact for so few unknowns (the optimum of a convex problem
-    under sign constraints is the unconstrained optimum of one of those faces).
+    under sign constraints is the unconstrained optimum of one of those faces). The bandwidth term is
+    always fitted (a finite b), except in the flat fit: when that fits best, nothing grew with size.
     """
     x = np.array([s[0] for s in samples], float)
     y = np.array([s[1] for s in samples], float)
@@ -98,22 +99,19 @@ def fit_cost(samples: list[tuple[int, float]], blocks: list[int] | None = None) 
     scaled = np.stack([x / max(x.max(), 1.0), np.ones_like(x), n / max(n.max(), 1.0)], axis=1)
     use_p = blocks is not None and np.linalg.matrix_rank(scaled) == 3
     best: tuple[float, float, float, float] | None = None
-    # every combination of terms held at zero (the slope too: timings that do not grow fit best with none)
-    for free_b in (True, False):
-        for free_o in (True, False):
-            for free_p in ((True, False) if use_p else (False,)):
-                cols = ([x] if free_b else []) + ([np.ones_like(x)] if free_o else []) + ([n] if free_p else [])
-                if not cols:
-                    continue
-                coef = list(np.linalg.lstsq(np.stack(cols, axis=1), y, rcond=None)[0])
-                slope = float(coef.pop(0)) if free_b else 0.0
-                o = float(coef.pop(0)) if free_o else 0.0
-                p = float(coef.pop(0)) if free_p else 0.0
-                if slope < 0 or o < 0 or p < 0:
-                    continue
-                err = float(np.sum((y - (o + n * p + slope * x)) ** 2))
-                if best is None or err < best[3] * (1 - 1e-12):
-                    best = (slope, o, p, err)
+    # every combination of the fixed terms held at zero, plus the flat fit (no growth with size at all)
+    faces = [(True, free_o, free_p) for free_o in (True, False) for free_p in ((True, False) if use_p else (False,))]
+    for free_b, free_o, free_p in [*faces, (False, True, False)]:
+        cols = ([x] if free_b else []) + ([np.ones_like(x)] if free_o else []) + ([n] if free_p else [])
+        coef = list(np.linalg.lstsq(np.stack(cols, axis=1), y, rcond=None)[0])
+        slope = float(coef.pop(0)) if free_b else 0.0
+        o = float(coef.pop(0)) if free_o else 0.0
+        p = float(coef.pop(0)) if free_p else 0.0
+        if slope < 0 or o < 0 or p < 0:
+            continue
+        err = float(np.sum((y - (o + n * p + slope * x)) ** 2))
+        if best is None or err < best[3] * (1 - 1e-12):
+            best = (slope, o, p, err)
     if best is None or best[0] <= 0:
         raise EngineError("the timings did not grow with stage size; the machine is too noisy to probe now")
     slope, o, p, _ = best

@@ -38,6 +38,8 @@ class Shape:
         return "qwen3moe" if self.experts else "llama"
 
 
+# Wide enough to tell the per-block cost from bandwidth, small enough for tests: 5 MB blocks.
+TEST_SHAPE = Shape("test-wide", 1024, 8, 2, 2560)
 SHAPES = {
     "llama3-8b": Shape("llama3-8b", 4096, 32, 8, 14336),  # Llama-3.1-8B: 123 MB per block at Q4_0
     # Qwen3-30B-A3B: 128 experts of width 768, 8 per token; 350 MB per block at Q4_0, 31 MB read at batch 1

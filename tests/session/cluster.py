@@ -75,10 +75,12 @@ class Cluster:
                     "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
         # one probe for all members on this machine (as `kafila demo` does), not several at once
         from kafila.model.embedded import default_model_path
+        from kafila.model.shaped import TEST_SHAPE
         from kafila.model.stage_cache import StageCache
         from kafila.session.measure import cached_probe
 
-        cached_probe(default_model_path(), StageCache(tmp / "cache"))
+        # large-block cuts of a small wide model, not the 8B shape: tests time nothing, and disk is shared
+        cached_probe(default_model_path(), StageCache(tmp / "cache"), large_shape=TEST_SHAPE)
         self.procs: list[Proc] = []
         try:
             self._start(members, host_args or [])

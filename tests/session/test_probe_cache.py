@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kafila.errors import KafilaError
+from kafila.model.shaped import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
 from kafila.session.measure import cached_probe
 
@@ -22,7 +23,7 @@ DAY_S = 24 * 3600  # README: "measures itself (cached for a day)"
 @pytest.fixture(scope="module")
 def measured(smollm: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[StageCache, object, Path]:
     cache = StageCache(tmp_path_factory.mktemp("probe-cache"))
-    result = cached_probe(smollm, cache)
+    result = cached_probe(smollm, cache, large_shape=TEST_SHAPE)
     files = list(cache.root.glob("probe-*.json"))
     assert len(files) == 1, files
     return cache, result, files[0]
