@@ -83,3 +83,22 @@ def test_fresh_always_measures_and_a_damaged_cache_is_measured_again(measured, t
         assert probes_again(cache, tmp_path)
     finally:
         path.write_text(saved)
+
+
+def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: ignore[no-untyped-def]
+    # probe → announcement measurements (emulated slow-down applied) → the host's planner Member
+    import json as js
+
+    from kafila.net.trust import MAX_ANNOUNCEMENT, VerifiedMember
+    from kafila.planner import NatClass
+    from kafila.session.host import planner_member
+    from kafila.session.measure import Emulation, measurements
+
+    _, result, _ = measured
+    meas = measurements(result, Emulation(throttle=2.0))
+    assert meas["blk"] == result.block_s * 2.0 and meas["disp"] == result.dispatch_s * 2.0
+    assert len(js.dumps(meas)) < MAX_ANNOUNCEMENT
+    vm = VerifiedMember(b"\0" * 8, "m", b"", NatClass.ORDINARY, None, None, None, 5.0, meas)
+    member = planner_member(vm)
+    assert member.block_s == result.block_s * 2.0 and member.dispatch_s == result.dispatch_s * 2.0
+    assert member.bandwidth == round(result.bandwidth_bytes_per_s / 2.0)
