@@ -142,3 +142,36 @@ def test_a_whole_only_model_refuses_a_ring_of_two() -> None:
     with pytest.raises(PlanInputError, match="only whole"):
         make_plan(fleet, spec, Workload(1, 4))
     assert make_plan(fleet[:1], spec, Workload(1, 4)).feasible
+
+
+@pytest.mark.parametrize("stem", ["qwen3-30b-a3b-q4_k_m", "gpt-oss-20b-mxfp4", "gemma3-27b-q4_k_m"])
+def test_bench_model_files_round_trip_and_match_their_generator(stem: str) -> None:
+    import json
+
+    from kafila.bench.moe_models import MODELS
+    from kafila.planner.schema import model_to_json, parse_model
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / f"{stem}.json"
+    data = json.loads(bench.read_text())
+    assert data == MODELS[stem]()  # the shipped file is what the published shapes give
+    model = parse_model(data)
+    assert parse_model(model_to_json(model)) == model
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"expert_bytes": [1, 2]}, "expert_bytes has 2 entries, blocks_bytes has 4"),
+    ({"expert_bytes": [10, 10, 10, 10], "experts": 4, "experts_used": 5}, "experts_used must be between 1 and"),
+    ({"expert_bytes": [30, 30, 30, 30], "experts": 4, "experts_used": 1}, "less than its 4 experts of 30 bytes"),
+    ({"kv_window": [-1, 0, 0, 0]}, "kv_window must be a list of integers >= 0"),
+    ({"must_hold": [1, 0, 0, 0]}, "must_hold must be a list of true/false"),
+    ({"must_hold": [True, False, False, False]}, "at most 1 members can share it; the fleet has 2"),
+    ({"whole_only": "yes"}, "whole_only must be true or false"),
+])
+def test_bad_moe_window_and_cut_fields_are_named(change: dict[str, object], message: str) -> None:
+    from kafila.planner.schema import parse_model
+
+    data = {"name": "m", "blocks_bytes": [100] * 4, "kv_bytes_per_token": [1] * 4, "unembed_bytes": 1,
+            "head_bytes": 1, **change}
+    fleet = (Member("a", 1.0, 0.0, 10**9, 0.0), Member("b", 1.0, 0.0, 10**9, 0.0))
+    with pytest.raises(PlanInputError, match=message):
+        make_plan(fleet, parse_model(data), Workload(1, 4))
