@@ -9,6 +9,13 @@ stage time ≤ B and every member within memory. B* is always the stage time of 
 sorted; `test(B)` is monotone in B, and bisection over the candidates finds B* exactly,
 whatever the block sizes.
 
+Stage time o + n·p + bytes/b grows with every block added whatever the sizes, so a member's reach
+from a start is still one binary search (on its "effective bytes" prefix S[e] + e·p·b, settled with
+the exact formula). A cut rule (every stage holds a flagged block: ModelSpec.must_hold) turns a
+start j's ends into [first_end[j], reach(j)]; starts between two flagged blocks share first_end,
+so each such group adds one interval of ends, and the head and the reconstruction take the
+latest start the rule allows (fewer blocks is still easier).
+
 `test(B)` is the feasibility pass. The textbook greedy ("give each member the most blocks it
 can take") is not exact here: because every member needs at least one block, taking the most
 can leave the next member facing a block too large for it. So the pass tracks every
