@@ -6,9 +6,10 @@ orders tie on ring cost) and "all-relay" (every member unknown, so every order t
 partition must break the tie: the worst case). Median of `repeats` runs, wall clock.
 
 (b) The fleets and models shipped in bench/ (three fleets: one LAN, one region, two
-continents; Qwen3-8B/14B/32B at Q4_K_M) at C concurrent requests of T tokens: bottleneck and
-utilisation of Kafila's plan, the uniform split and the memory-proportional split on the same
-ring, and whether each places the model.
+continents; Qwen3-8B/14B/32B at Q4_K_M, and the MoE and sliding-window models Qwen3-30B-A3B,
+gpt-oss-20b and Gemma 3 27B) at C concurrent requests of T tokens: bottleneck and utilisation of
+Kafila's plan, the uniform split and the memory-proportional split on the same ring, whether each
+places the model, and what the model keeps resident and reads per decode call at batch C.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from kafila.errors import KafilaError
 HELP = "planning time for 5 and 8 members, and Kafila's split against uniform and memory-proportional"
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 FLEETS = ("lan", "region", "continents")
-MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
+MODELS = ("qwen3-8b-q4_k_m", "qwen3-14b-q4_k_m", "qwen3-32b-q4_k_m", "qwen3-30b-a3b-q4_k_m", "gpt-oss-20b-mxfp4",
+          "gemma3-27b-q4_k_m")
 TARGET_S = 1.0  # the issue's target for m = 8, k = 80
 
 
@@ -91,15 +93,30 @@ def timing(quick: bool) -> list[dict[str, Any]]:
 def fleets(bench_dir: Path, concurrency: int, context: int) -> list[dict[str, Any]]:
     """Part (b): every shipped fleet × model, three strategies each."""
     from kafila.commands.plan import load_fleet, load_model
+    from kafila.errors import PlanInputError
     from kafila.planner import Workload, make_plan
+    from kafila.planner.cost import kv_positions, read_bytes
 
     rows = []
     for fleet in FLEETS:
         members = load_fleet(str(bench_dir / f"fleet-{fleet}.json"))
         for model_name in MODELS:
-            model = load_model(str(bench_dir / f"{model_name}-q4_k_m.json"))
-            plan = make_plan(members, model, Workload(concurrency, context))
-            row: dict[str, Any] = {"fleet": fleet, "model": model.name}
+            model = load_model(str(bench_dir / f"{model_name}.json"))
+            wl = Workload(concurrency, context)
+            row: dict[str, Any] = {
+                "fleet": fleet, "model": model.name,
+                "resident_bytes": model.weight_bytes(),
+                "kv_cache_bytes": sum(t * kv for t, kv in zip(kv_positions(model, wl), model.kv_bytes_per_token,
+                                                              strict=True)),
+                "read_bytes_per_call": {"1": sum(read_bytes(model, 1)),
+                                        str(concurrency): sum(read_bytes(model, concurrency))},
+            }
+            try:
+                plan = make_plan(members, model, wl)
+            except PlanInputError as exc:  # a model the fleet cannot share at all (e.g. one that runs only whole)
+                row["refused"] = str(exc)
+                rows.append(row)
+                continue
             for s in ("kafila", "uniform", "memory"):
                 p = plan.placement(s)
                 row[s] = {
@@ -142,13 +159,15 @@ def max_context(members: Any, model: Any, plan: Any, concurrency: int) -> dict[s
         if not p.ranges:
             out[s] = 0
             continue
-        limits = []
-        for name, (a, e) in p.ranges.items():
-            weights = sum(model.blocks_bytes[a:e]) + (model.head_bytes if name == p.head else 0)
-            kv = concurrency * sum(model.kv_bytes_per_token[a:e])
-            spare = by_name[name].memory - weights
-            limits.append(0 if spare < kv else spare // kv if kv else 1 << 22)
-        out[s] = max(0, min(limits))
+        def placed(t: int, p: Any = p) -> bool:
+            ctx = make_ctx(ms, model, Workload(concurrency, t))
+            return all(ctx.need(a, e, name == p.head) <= by_name[name].memory for name, (a, e) in p.ranges.items())
+
+        lo, hi = 0, 1 << 22
+        while lo < hi:  # a member's need grows with T (window layers stop growing past their window)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if placed(mid) else (lo, mid - 1)
+        out[s] = lo
     return out
 
 
@@ -165,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
             "measured": (
                 "(a) wall-clock seconds of make_plan (exact order search, partition, head rotation, baselines), "
                 "median of the runs, on seeded synthetic fleets with unequal Q4_K_M-like blocks; 'all-relay' makes "
-                "every ring order tie, the worst case. (b) bench/ fleets x Qwen3 Q4_K_M models: slowest stage time "
+                "every ring order tie, the worst case. (b) bench/ fleets x models (Qwen3 dense, Qwen3-30B-A3B and "
+                "gpt-oss-20b MoE, Gemma 3 27B with sliding windows): slowest stage time "
                 "(bottleneck) and utilisation (sum of stage times / (members x bottleneck)) of each strategy on the "
                 f"same ring, and whether it places the model with {args.concurrency} concurrent requests of "
                 f"{args.context} tokens (weights + KV cache + head tensors within each member's memory); "
@@ -199,8 +219,13 @@ def _print(report: dict[str, Any]) -> None:
     f = Table(title=f"(b) slowest stage ms / utilisation / places it? — {wl['concurrency']} × {wl['context']} tokens")
     for col in ("fleet", "model", "kafila", "uniform", "memory", "uniform ÷ kafila", "memory ÷ kafila", "max T k/u/m"):
         f.add_column(col, justify="left" if col in ("fleet", "model") else "right")
+    refused: dict[str, str] = {}
     for r in report["fleets"]:
         cells = [r["fleet"], r["model"]]
+        if "refused" in r:
+            f.add_row(*cells, "[red]refused[/] (below)", "", "", "", "", "")
+            refused[r["model"]] = r["refused"]
+            continue
         for s in ("kafila", "uniform", "memory"):
             p = r[s]
             if p["bottleneck_seconds"] is None:
@@ -215,4 +240,20 @@ def _print(report: dict[str, Any]) -> None:
         cells.append(f"{mc['kafila']}/{mc['uniform']}/{mc['memory']}")
         f.add_row(*cells)
     console.print(f)
+    for reason in refused.values():
+        console.print(f"refused: {reason}")
+    c = report["workload"]["concurrency"]
+    m = Table(title=f"model bytes: resident, KV cache for {wl['concurrency']} × {wl['context']} tokens, read per "
+                    f"decode call at batch 1 and {c}")
+    for col in ("model", "resident GB", "KV GB", "read GB @1", f"read GB @{c}"):
+        m.add_column(col, justify="left" if col == "model" else "right")
+    seen: set[str] = set()
+    for r in report["fleets"]:
+        if r["model"] in seen:
+            continue
+        seen.add(r["model"])
+        reads = r["read_bytes_per_call"]
+        m.add_row(r["model"], f"{r['resident_bytes'] / 1e9:.2f}", f"{r['kv_cache_bytes'] / 1e9:.2f}",
+                  f"{reads['1'] / 1e9:.2f}", f"{reads[str(c)] / 1e9:.2f}")
+    console.print(m)
     console.print(report["measured"], style="dim")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, nat, ring, mixed) and write a report"
+HELP = "run a benchmark (engine, planner, cost, nat, ring, mixed) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
     "engine": "engine",
     "planner": "planner",
+    "cost": "cost",
     "nat": "nat",
     "ring": "ring",
     "mixed": "mixed",

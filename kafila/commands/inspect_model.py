@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 HELP = "describe a GGUF model: architecture, blocks, per-block bytes, KV bytes, head bytes"
 
@@ -15,6 +16,35 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.2f} MB"
+
+
+def _kv_rows(info: Any) -> list[tuple[str, str]]:
+    """KV cache per token; sliding-window layers stop growing at their window (the planner reserves that)."""
+    windows = info.kv_window
+    if not any(windows):
+        return [("KV cache", f"{sum(info.kv_bytes_per_token):,} bytes per token (all blocks, f16)")]
+    local = [kv for kv, w in zip(info.kv_bytes_per_token, windows, strict=True) if w]
+    full = sum(kv for kv, w in zip(info.kv_bytes_per_token, windows, strict=True) if not w)
+    cap = sum(kv * w for kv, w in zip(info.kv_bytes_per_token, windows, strict=True) if w)
+    return [("KV cache", f"{full:,} bytes per token on the {info.n_blocks - len(local)} full-attention blocks "
+                         f"(f16); the {len(local)} sliding-window blocks hold at most {info.window_tokens} tokens: "
+                         f"{sum(local):,} bytes per token up to {_mb(cap)} per sequence")]
+
+
+def _moe_rows(info: Any) -> list[tuple[str, str]]:
+    """Experts: all resident, a few read per token (the expected distinct ones for a decode batch)."""
+    if not info.experts:
+        return []
+    from kafila.planner import ModelSpec
+    from kafila.planner.cost import read_bytes
+
+    spec = ModelSpec.described(info)
+    return [
+        ("experts", f"{info.experts} per block, {info.experts_used} used per token; one expert "
+                    f"{_mb(max(info.expert_bytes))}"),
+        ("read per call", f"{_mb(sum(read_bytes(spec, 1)))} at batch 1, {_mb(sum(read_bytes(spec, 4)))} at batch 4 "
+                          f"(of {_mb(sum(info.blocks_bytes))} resident in the blocks)"),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         ("head resident",
          f"{_mb(info.head_bytes)} (embedding{' = output, tied' if info.tied_output else ' + output'})"),
         ("unembedding", f"{_mb(info.unembed_bytes)} read per token"),
-        ("KV cache", f"{sum(info.kv_bytes_per_token):,} bytes per token (all blocks, f16)"),
+        *_kv_rows(info),
+        *_moe_rows(info),
     ]:
         summary.add_row(f"[bold]{key}[/]", value)
     console = Console()

@@ -1,8 +1,11 @@
-"""Self-measurement for the planner: effective bytes/s of a stage, fixed dispatch overhead, usable memory.
+"""Self-measurement for the planner: effective bytes/s of a stage, fixed costs per call and block, usable memory.
 
-The cost model says a decode call of a stage holding `w` weight bytes takes `o + w / b`. The probe
-times decode calls of several cuts of different sizes with the real engine and fits `o` and `b`
-by least squares, so both numbers describe llama.cpp on this machine, not a synthetic copy loop.
+The cost model says a decode call of a stage of `n` blocks holding `w` weight bytes takes
+`o + n·p + w / b` (DESIGN §2c: every block costs a fixed ~0.1 ms of thread barriers besides its bytes).
+The probe times decode calls of cuts with small blocks (the model given, usually the embedded 135M
+model's 2.2 MB blocks) and with large ones (a random-weight file with Llama-3.1-8B's 123 MB blocks,
+written once into the cache), and fits `o`, `p` and `b` by least squares: on small blocks alone the
+per-block cost looks like bandwidth, and the fit would predict large blocks twice too slow.
 A head cut (the last block with the output layer) is timed among them: what it takes beyond its
 block is the unembedding, whose own quantisation and shape run at another speed than the blocks.
 """
@@ -24,9 +27,12 @@ from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import EngineError
 from kafila.model.cut import StageSpec
 from kafila.model.describe import describe_model
+from kafila.model.shaped import Shape, shaped_model
 from kafila.model.stage_cache import StageCache
 
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
+LARGE_SHAPE = "llama3-8b"  # the large-block file's shape (kafila.model.shaped)
+LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
 IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
@@ -47,10 +53,17 @@ class ProbeResult:
     unembed_bandwidth_bytes_per_s: float  # unembedding bytes / its share of the head cut's call
     device: str | None = None  # the GPU the stages ran on (None: the CPU); then memory_bytes is its memory
     device_free_bytes: int | None = None
+    block_s: float = 0.0  # fixed seconds per block per call (p), besides its bytes
+    sample_blocks: tuple[int, ...] = ()  # blocks of each sample's cut, in the order of `samples`
+
+    def predict(self, n_blocks: int, nbytes: int) -> float:
+        """Seconds of one decode call of a stage of `n_blocks` blocks holding `nbytes`: o + n·p + bytes/b."""
+        return self.dispatch_s + n_blocks * self.block_s + nbytes / self.bandwidth_bytes_per_s
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["samples"] = [list(s) for s in self.samples]
+        d["sample_blocks"] = list(self.sample_blocks)
         return d
 
 
@@ -70,17 +83,40 @@ def memory_read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
     return data.nbytes / best
 
 
-def fit_cost(samples: list[tuple[int, float]]) -> tuple[float, float, float]:
-    """Least-squares fit of seconds = o + bytes / b with o >= 0; returns (b, o, relative RMS residual)."""
+def fit_cost(samples: list[tuple[int, float]], blocks: list[int] | None = None) -> tuple[float, float, float, float]:
+    """Least-squares fit of seconds = o + n·p + bytes / b with o, p >= 0; returns (b, o, p, relative RMS residual).
+
+    Without block counts (or cuts that cannot tell the three terms apart) p is 0: the two-term fit. The
+    non-negative optimum is found by trying every set of o and p held at zero (a few small fits) and
+    keeping the best valid one, which is exact for so few unknowns (the optimum of a convex problem
+    under sign constraints is the unconstrained optimum of one of those faces). The bandwidth term is
+    always fitted (a finite b), except in the flat fit: when that fits best, nothing grew with size.
+    """
     x = np.array([s[0] for s in samples], float)
     y = np.array([s[1] for s in samples], float)
-    slope, intercept = np.polyfit(x, y, 1)
-    if intercept < 0:  # the constrained optimum lies on o = 0: refit through the origin
-        slope, intercept = float(x @ y / (x @ x)), 0.0
-    if slope <= 0:
+    n = np.array(blocks if blocks is not None else [0] * len(samples), float)
+    # p is identifiable only when bytes, blocks and the constant are independent over the cuts
+    scaled = np.stack([x / max(x.max(), 1.0), np.ones_like(x), n / max(n.max(), 1.0)], axis=1)
+    use_p = blocks is not None and np.linalg.matrix_rank(scaled) == 3
+    best: tuple[float, float, float, float] | None = None
+    # every combination of the fixed terms held at zero, plus the flat fit (no growth with size at all)
+    faces = [(True, free_o, free_p) for free_o in (True, False) for free_p in ((True, False) if use_p else (False,))]
+    for free_b, free_o, free_p in [*faces, (False, True, False)]:
+        cols = ([x] if free_b else []) + ([np.ones_like(x)] if free_o else []) + ([n] if free_p else [])
+        coef = list(np.linalg.lstsq(np.stack(cols, axis=1), y, rcond=None)[0])
+        slope = float(coef.pop(0)) if free_b else 0.0
+        o = float(coef.pop(0)) if free_o else 0.0
+        p = float(coef.pop(0)) if free_p else 0.0
+        if slope < 0 or o < 0 or p < 0:
+            continue
+        err = float(np.sum((y - (o + n * p + slope * x)) ** 2))
+        if best is None or err < best[3] * (1 - 1e-12):
+            best = (slope, o, p, err)
+    if best is None or best[0] <= 0:
         raise EngineError("the timings did not grow with stage size; the machine is too noisy to probe now")
-    resid = float(np.sqrt(np.mean((y - (intercept + slope * x)) ** 2)) / np.mean(y))
-    return float(1.0 / slope), float(intercept), resid
+    slope, o, p, _ = best
+    resid = float(np.sqrt(np.mean((y - (o + n * p + slope * x)) ** 2)) / np.mean(y))
+    return float(1.0 / slope), o, p, resid
 
 
 def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
@@ -120,8 +156,12 @@ def probe(
     warmup: int = 3,
     on_step: Callable[[str, int, int], None] | None = None,
     threads: int = 0,
+    large: tuple[int, ...] = LARGE_SIZES,
+    large_shape: Shape | str = LARGE_SHAPE,
 ) -> ProbeResult:
-    """Measure this machine with cuts of `model` of the given block counts, on `threads` threads (0: all)."""
+    """Measure this machine with cuts of `model` of the given block counts and, unless `large` is empty,
+    cuts of those block counts of a random-weight file with large (Llama-3.1-8B-shaped) blocks, on
+    `threads` threads (0: all)."""
     info = describe_model(model)
     sizes = tuple(sorted({min(s, info.n_blocks) for s in sizes}))
     if len(sizes) < 2:
@@ -130,16 +170,27 @@ def probe(
     total = warmup + calls
     k = info.n_blocks
     engines: list[StageEngine] = []
+    cuts = [(n, sum(info.blocks_bytes[:n])) for n in sizes]
+    if large:
+        if on_step:
+            on_step("writing a large-block model (once)", 0, total)
+        big = shaped_model(cache.root / "probe-models", large_shape, max(large))
+        big_info = describe_model(big)
+        cuts += [(n, sum(big_info.blocks_bytes[:n])) for n in sorted(set(large))]
     try:
         for n in sizes:
             if on_step:
                 on_step(f"loading a {n}-block stage", 0, total)
             engines.append(StageEngine(cache.stage(model, StageSpec(0, n, head=False)), config, final=False))
+        for n in sorted(set(large)):
+            if on_step:
+                on_step(f"loading a {n}-block stage of large blocks", 0, total)
+            engines.append(StageEngine(cache.stage(big, StageSpec(0, n, head=False)), config, final=False))
         if on_step:
             on_step("loading a head stage", 0, total)
         engines.append(StageEngine(cache.stage(model, StageSpec(k - 1, k, head=True)), config, final=True))
         # what this process holds beyond the weights: interpreter, libraries, compute buffers
-        weights = sum(sum(info.blocks_bytes[:n]) for n in sizes) + info.blocks_bytes[-1] + info.head_bytes
+        weights = sum(b for _, b in cuts) + info.blocks_bytes[-1] + info.head_bytes
         overhead = max(resident_memory() - weights, 0)
         *seconds, head_s = time_decode_calls(
             engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
@@ -148,9 +199,10 @@ def probe(
         for engine in engines:
             engine.close()
     offload = engines[0].offload  # the first stage saw the device's memory before any stage was on it
-    samples = [(sum(info.blocks_bytes[:n]), t) for n, t in zip(sizes, seconds, strict=True)]
-    bandwidth, dispatch, resid = fit_cost(samples)
-    unembed_s = head_s - (dispatch + info.blocks_bytes[-1] / bandwidth)
+    samples = [(nbytes, t) for (_, nbytes), t in zip(cuts, seconds, strict=True)]
+    counts = [n for n, _ in cuts]
+    bandwidth, dispatch, block_s, resid = fit_cost(samples, counts)
+    unembed_s = head_s - (dispatch + block_s + info.blocks_bytes[-1] / bandwidth)
     # a head cut no slower than a body cut (noise, or a tiny output layer): count it at the blocks' speed
     unembed_bw = info.unembed_bytes / unembed_s if unembed_s > 0 else bandwidth
     avail = available_memory()
@@ -159,7 +211,7 @@ def probe(
     if device_free is not None:  # weights and KV cache live on the GPU: its memory is what the planner may fill
         usable = int(device_free * (1 - DEVICE_MARGIN))
     return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw,
-                       device, device_free)
+                       device, device_free, block_s, tuple(counts))
 
 
 def offload_memory(offload: Offload | None) -> tuple[str | None, int | None]:

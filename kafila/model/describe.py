@@ -16,6 +16,9 @@ from kafila.model.gguf_set import GGUFSet
 # llama.cpp's default KV cache type is f16.
 KV_BYTES_PER_ELEMENT = 2
 BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")  # group 1: block index, group 2: the tensor within it
+# Routed experts, stacked along the last axis (ffn_gate_exps, ffn_up_exps, ffn_down_exps and their biases);
+# shared experts (`_shexp`) and the router (`ffn_gate_inp`) are read by every token, like dense tensors.
+EXPERT_TENSOR = re.compile(r"^ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,29 @@ class ModelInfo:
     file_bytes: int
     # llama.cpp's per-layer sliding-window flags for the whole model; empty when it has no window.
     window_layers: tuple[bool, ...] = ()
+    window_tokens: int = 0  # the sliding window's length in tokens (0: none)
+    experts: int = 0  # routed experts per block (0: dense)
+    experts_used: int = 0  # routed experts each token uses
+    expert_bytes: tuple[int, ...] = ()  # per block: one routed expert's bytes (empty: dense)
+
+    @property
+    def kv_window(self) -> tuple[int, ...]:
+        """Per block: the tokens of KV cache a sliding-window layer keeps (0: the whole context)."""
+        if not self.window_tokens:
+            return ()
+        return tuple(self.window_tokens if w else 0 for w in self.window_layers)
+
+    @property
+    def whole_only(self) -> bool:
+        """True when no cut of this model is valid (see stage_problem)."""
+        return self.n_blocks in require_supported(self.arch).whole_only_block_counts
+
+    @property
+    def must_hold(self) -> tuple[bool, ...]:
+        """The planner's cut rule: when non-empty, every stage must hold one block flagged True (see stage_problem)."""
+        if self.window_layers and require_supported(self.arch).no_window_stage is NoWindowStage.REFUSE:
+            return self.window_layers
+        return ()
 
     def stage_problem(self, start: int, end: int) -> str | None:
         """Why blocks [start, end) cannot be a stage of this model (llama.cpp would abort or differ), or None."""
@@ -71,6 +97,13 @@ class ModelInfo:
             "head_bytes": self.head_bytes,
             # per block, true where llama.cpp attends within a sliding window (empty: no window)
             "sliding_window_layers": list(self.window_layers),
+            "sliding_window_tokens": self.window_tokens,
+            "kv_window": list(self.kv_window),
+            "experts": self.experts,
+            "experts_used": self.experts_used,
+            "expert_bytes": list(self.expert_bytes),
+            "whole_only": self.whole_only,
+            "must_hold": list(self.must_hold),
         }
 
 
@@ -92,6 +125,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
 
     tensors = gf.tensors
     blocks = [0] * n_blocks
+    experts_bytes = [0] * n_blocks  # all routed experts of the block
     for t in tensors.values():
         m = BLOCK_TENSOR.match(t.name)
         if m:
@@ -99,6 +133,12 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
             if i >= n_blocks:
                 raise ModelError(f"tensor {t.name} is outside the {n_blocks} blocks the metadata declares")
             blocks[i] += int(t.n_bytes)
+            if EXPERT_TENSOR.match(m.group(2)):
+                experts_bytes[i] += int(t.n_bytes)
+    n_expert = gf.get_int(f"{arch}.expert_count", 0) if any(experts_bytes) else 0
+    n_used = max(gf.get_per_layer(f"{arch}.expert_used_count", n_blocks, 0)) if n_expert else 0
+    if n_expert and not 1 <= n_used <= n_expert:
+        raise ModelError(f"{path.name}: {arch}.expert_used_count must be between 1 and expert_count ({n_expert})")
     for i, b in enumerate(blocks):
         if b == 0:
             raise ModelError(f"block {i} has no tensors")
@@ -112,6 +152,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
     tied = output is None
     unembed = int((embd if tied else output).n_bytes)  # type: ignore[union-attr]
     head = int(embd.n_bytes) + (0 if tied else unembed) + int(tensors["output_norm.weight"].n_bytes)
+    windows = window_layers(gf, arch, profile, n_blocks)
     return ModelInfo(
         path=path,
         name=str(gf.get("general.name", path.stem)),
@@ -128,7 +169,11 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
         head_bytes=head,
         tied_output=tied,
         file_bytes=gf.file_bytes,
-        window_layers=tuple(window_layers(gf, arch, profile, n_blocks) or ()),
+        window_layers=tuple(windows or ()),
+        window_tokens=gf.get_int(f"{arch}.attention.sliding_window", 0) if windows else 0,
+        experts=n_expert,
+        experts_used=n_used,
+        expert_bytes=tuple(e // n_expert for e in experts_bytes) if n_expert else (),
     )
 
 

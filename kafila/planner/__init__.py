@@ -12,8 +12,10 @@ Use::
         plan.admission.text   # who is short of memory, and what would admit the session
     plan.to_json()            # the stable schema (issue 3), baselines included
 
-Inputs are SI: `Member(name, bandwidth [bytes/s], dispatch_s, memory [bytes], rtt_ms, nat)`,
-`ModelSpec(name, blocks_bytes, kv_bytes_per_token, unembed_bytes, head_bytes)`. Bad numbers
+Inputs are SI: `Member(name, bandwidth [bytes/s], dispatch_s, memory [bytes], rtt_ms, nat, …, block_s)`,
+`ModelSpec(name, blocks_bytes, kv_bytes_per_token, unembed_bytes, head_bytes, …)` with optional MoE
+(`expert_bytes`, `experts`, `experts_used`), sliding-window (`kv_window`) and cut-rule (`must_hold`,
+`whole_only`) fields; the cost model is in `cost`. Bad numbers
 raise `kafila.errors.PlanInputError` naming the field. `kafila.planner.schema` turns fleet and
 model JSON objects into these.
 

@@ -1,9 +1,11 @@
-"""The derived cost model (DESIGN §3): stage time, memory need and edge cost. Nothing here is fitted.
+"""The derived cost model (DESIGN §3, §2c): stage time, memory need and edge cost. Nothing here is fitted.
 
-- stage time  t_i = o_i + Σ_{j∈S_i} s_j / b_i + [head]·U / u_i, where u_i is the member's measured
-  unembedding bandwidth (b_i when it has none); kept as U_i = U·b_i/u_i "block-equivalent" bytes,
-  so every formula stays o_i + bytes / b_i
-- memory      Σ_{j∈S_i} (s_j + C·T·kv_j) + [head]·H ≤ M_i
+- stage time  t_i = o_i + |S_i|·p_i + Σ_{j∈S_i} r_j / b_i + [head]·U / u_i, where p_i is the member's
+  fixed time per block (DESIGN §2c: a block costs ~0.1 ms of thread barriers besides its bytes), r_j the
+  bytes block j reads per call (`read_bytes`) and u_i the member's unembedding bandwidth (b_i when it
+  has none); kept as U_i = U·b_i/u_i "block-equivalent" bytes, so every formula stays o + n·p + bytes/b
+- memory      Σ_{j∈S_i} (s_j + C·T_j·kv_j) + [head]·H ≤ M_i, with T_j = min(T, window_j) for a
+  sliding-window layer (it keeps only the window's positions) and T otherwise
 - edge cost   r_A + r_B when relayed, |r_A − r_B| when predicted direct (a round-trip figure)
 
 Every stage time the planner compares is computed by `stage_time`, so the search and any
@@ -19,9 +21,46 @@ from kafila.planner.reachability import DIRECT, predict_edge
 from kafila.planner.spec import Member, ModelSpec, Workload
 
 
-def stage_time(dispatch_s: float, bandwidth: float, nbytes: int, unembed: int = 0) -> float:
-    """Seconds for one stage call that streams `nbytes` of blocks (plus `unembed` on the head)."""
-    return dispatch_s + (nbytes + unembed) / bandwidth
+def stage_time(dispatch_s: float, block_s: float, bandwidth: float, n_blocks: int, nbytes: int,
+               unembed: int = 0) -> float:
+    """Seconds for one stage call of `n_blocks` blocks reading `nbytes` (plus `unembed` on the head)."""
+    return dispatch_s + n_blocks * block_s + (nbytes + unembed) / bandwidth
+
+
+def expected_experts(n: int, k: int, batch: int) -> float:
+    """Expected distinct experts a batch of `batch` rows touches when each row routes to k of n experts.
+
+    A row picks k distinct experts; over rows whose choices are independent and uniform, a given expert
+    is missed by one row with probability 1 − k/n and by all of them with (1 − k/n)^B, so the expected
+    number touched is E(B) = n·(1 − (1 − k/n)^B): k at B = 1, approaching n as B grows. For
+    Qwen3-30B-A3B (n = 128, k = 8): 8 at B = 1, ~29.1 at B = 4. Real routers are not uniform, so
+    this is an upper estimate of a skewed router's (popular experts repeat).
+    """
+    if n <= 0 or k <= 0:
+        return 0.0
+    return n * (1.0 - (1.0 - k / n) ** batch)
+
+
+def read_bytes(model: ModelSpec, batch: int) -> tuple[int, ...]:
+    """Bytes each block reads in one decode call of `batch` rows.
+
+    Dense block: all of it. MoE block j (one routed expert x_j bytes, n experts, k used):
+    r_j = s_j − n·x_j + round(E(B)·x_j) — dense tensors, router and shared experts, plus the expected
+    distinct routed experts (`expected_experts`). The decode batch is the admitted concurrency C, so an
+    MoE stage's time grows with C where a dense stage's barely does.
+    """
+    if not any(model.expert_bytes):
+        return model.blocks_bytes
+    n, k = model.experts, model.experts_used
+    touched = expected_experts(n, k, batch)
+    return tuple(s - n * x + round(touched * x) for s, x in zip(model.blocks_bytes, model.expert_bytes, strict=True))
+
+
+def kv_positions(model: ModelSpec, workload: Workload) -> tuple[int, ...]:
+    """KV cache positions each block reserves: C·min(T, window) for a sliding-window layer, C·T otherwise."""
+    C, T = workload.concurrency, workload.context
+    windows = model.kv_window or (0,) * model.k
+    return tuple(C * (min(T, w) if w > 0 else T) for w in windows)
 
 
 def edge_cost_ns(a: Member, b: Member) -> int:
@@ -35,13 +74,21 @@ class Ctx:
     """Prefix sums and per-member numbers for one (fleet, model, workload), members indexed by name order."""
 
     k: int
-    S: tuple[int, ...]  # S[j] = bytes of blocks [0, j)
-    W: tuple[int, ...]  # W[j] = bytes + C·T·kv of blocks [0, j)
+    S: tuple[int, ...]  # S[j] = bytes blocks [0, j) read per call
+    W: tuple[int, ...]  # W[j] = resident bytes + KV cache of blocks [0, j)
     U: tuple[int, ...]  # U[i] = the unembedding as block-equivalent bytes for member i
     H: int
     o: tuple[float, ...]
+    p: tuple[float, ...]  # per-block fixed seconds
     b: tuple[float, ...]
     M: tuple[int, ...]
+    # Cut rule: first_end[j] = the smallest end of a valid stage starting at j (k + 1: none);
+    # last_start[e] = the largest start of a valid stage ending at e (−1: none). Without a rule j + 1, e − 1.
+    first_end: tuple[int, ...]
+    last_start: tuple[int, ...]
+    # Q[i][e] = S[e] + e·p_i·b_i: member i's per-block time as bytes, so a time budget is a byte budget
+    Q: tuple[tuple[float, ...], ...] = ()
+    ruled: bool = False  # True when the model has a cut rule (first_end/last_start are not the trivial ones)
 
     @property
     def m(self) -> int:
@@ -50,11 +97,15 @@ class Ctx:
 
     def time(self, i: int, a: int, e: int, head: bool) -> float:
         """Stage time of member i holding blocks [a, e)."""
-        return stage_time(self.o[i], self.b[i], self.S[e] - self.S[a], self.U[i] if head else 0)
+        return stage_time(self.o[i], self.p[i], self.b[i], e - a, self.S[e] - self.S[a], self.U[i] if head else 0)
 
     def need(self, a: int, e: int, head: bool) -> int:
         """Memory bytes for blocks [a, e) with their KV cache, plus the head's tensors."""
         return self.W[e] - self.W[a] + (self.H if head else 0)
+
+    def allowed(self, a: int, e: int) -> bool:
+        """Whether [a, e) may be a stage under the model's cut rule."""
+        return a < e and e >= self.first_end[a]
 
 
 def make_ctx(
@@ -66,17 +117,45 @@ def make_ctx(
 ) -> Ctx:
     """Build the context; `weight_scale` and `memory_slack` let admission ask "what if" questions."""
     blocks = [_scale(s, weight_scale) for s in model.blocks_bytes]
-    tokens = workload.tokens
+    reads = [_scale(r, weight_scale) for r in read_bytes(model, workload.concurrency)]
+    positions = kv_positions(model, workload)
+    first_end, last_start = cut_rule(model)
+    prefix = (0, *accumulate(reads))
     return Ctx(
         k=model.k,
-        S=(0, *accumulate(blocks)),
-        W=(0, *accumulate(s + tokens * kv for s, kv in zip(blocks, model.kv_bytes_per_token, strict=True))),
+        S=prefix,
+        W=(0, *accumulate(s + t * kv for s, t, kv in zip(blocks, positions, model.kv_bytes_per_token, strict=True))),
         U=tuple(_unembed(_scale(model.unembed_bytes, weight_scale), mem) for mem in members),
         H=_scale(model.head_bytes, weight_scale),
         o=tuple(mem.dispatch_s for mem in members),
+        p=tuple(mem.block_s for mem in members),
         b=tuple(mem.bandwidth for mem in members),
         M=tuple(mem.memory + memory_slack for mem in members),
+        first_end=first_end,
+        last_start=last_start,
+        ruled=bool(model.must_hold),
+        Q=tuple(tuple(S + e * mem.block_s * mem.bandwidth for e, S in enumerate(prefix)) for mem in members),
     )
+
+
+def cut_rule(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(first_end, last_start) of `Ctx` for the model's `must_hold` flags (see Ctx)."""
+    k = model.k
+    if not model.must_hold:
+        return tuple(range(1, k + 2)), tuple(range(-1, k))
+    first_end = [k + 1] * (k + 1)
+    nxt = k + 1
+    for j in range(k - 1, -1, -1):
+        if model.must_hold[j]:
+            nxt = j + 1
+        first_end[j] = nxt
+    last_start = [-1] * (k + 1)
+    prev = -1
+    for e in range(1, k + 1):
+        if model.must_hold[e - 1]:
+            prev = e - 1
+        last_start[e] = prev
+    return tuple(first_end), tuple(last_start)
 
 
 def _unembed(nbytes: int, mem: Member) -> int:

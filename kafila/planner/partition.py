@@ -9,6 +9,13 @@ stage time ≤ B and every member within memory. B* is always the stage time of 
 sorted; `test(B)` is monotone in B, and bisection over the candidates finds B* exactly,
 whatever the block sizes.
 
+Stage time o + n·p + bytes/b grows with every block added whatever the sizes, so a member's reach
+from a start is still one binary search (on its "effective bytes" prefix S[e] + e·p·b, settled with
+the exact formula). A cut rule (every stage holds a flagged block: ModelSpec.must_hold) turns a
+start j's ends into [first_end[j], reach(j)]; starts between two flagged blocks share first_end,
+so each such group adds one interval of ends, and the head and the reconstruction take the
+latest start the rule allows (fewer blocks is still easier).
+
 `test(B)` is the feasibility pass. The textbook greedy ("give each member the most blocks it
 can take") is not exact here: because every member needs at least one block, taking the most
 can leave the next member facing a block too large for it. So the pass tracks every
@@ -33,7 +40,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kafila.planner.cost import Ctx
+from kafila.planner.cost import Ctx, stage_time
 from kafila.planner.order import Cycle
 
 Intervals = list[tuple[int, int]]  # sorted, disjoint, inclusive [lo, hi] sets of block positions
@@ -62,17 +69,20 @@ class Solution:
 
 
 def _reach(ctx: Ctx, i: int, head: bool, j: int, end_cap: int, B: float) -> int:
-    """Largest e ≤ end_cap with [j, e) within B and memory for member i; j when not even one block fits."""
-    S = ctx.S
+    """Largest e ≤ end_cap with [j, e) within B and memory for member i; j when not even one block fits.
+
+    The cut rule is not applied here: a stage starting at j must also end at ≥ first_end[j].
+    """
     if B == INF:
         e_time = end_cap
     else:
-        o, b, base, extra = ctx.o[i], ctx.b[i], S[j], ctx.U[i] if head else 0
-        # Guess from the byte budget, then settle with the exact stage-time formula (rounding may differ by one).
-        e_time = max(j, bisect_right(S, base + (B - o) * b - extra, j, end_cap + 1) - 1)
-        while e_time > j and o + (S[e_time] - base + extra) / b > B:
+        # Guess from the budget in "effective bytes" (bytes + per-block time × bandwidth), then settle with
+        # the exact stage-time formula, which grows with e (rounding may move the guess by a position or two).
+        Q, o, b, extra = ctx.Q[i], ctx.o[i], ctx.b[i], ctx.U[i] if head else 0
+        e_time = max(j, bisect_right(Q, Q[j] + (B - o) * b - extra, j, end_cap + 1) - 1)
+        while e_time > j and ctx.time(i, j, e_time, head) > B:
             e_time -= 1
-        while e_time < end_cap and o + (S[e_time + 1] - base + extra) / b <= B:
+        while e_time < end_cap and ctx.time(i, j, e_time + 1, head) <= B:
             e_time += 1
     room = ctx.M[i] - (ctx.H if head else 0)
     e_mem = bisect_right(ctx.W, ctx.W[j] + room, j, end_cap + 1) - 1
@@ -81,6 +91,8 @@ def _reach(ctx: Ctx, i: int, head: bool, j: int, end_cap: int, B: float) -> int:
 
 def _extend(ctx: Ctx, i: int, R: Intervals, end_cap: int, B: float) -> Intervals:
     """End positions reachable when non-head member i takes ≥ 1 block after any start in R."""
+    if ctx.ruled:
+        return _extend_ruled(ctx, i, R, end_cap, B)
     out: Intervals = []
     for x, y in R:
         y = min(y, end_cap - 1)
@@ -102,6 +114,31 @@ def _extend(ctx: Ctx, i: int, R: Intervals, end_cap: int, B: float) -> Intervals
     return out
 
 
+def _extend_ruled(ctx: Ctx, i: int, R: Intervals, end_cap: int, B: float) -> Intervals:
+    """`_extend` under a cut rule: a stage starting at j may end anywhere in [first_end[j], reach(j)].
+
+    Starts between two flagged blocks share one first_end L; their reaches grow with the start, so
+    the ends they give are exactly [L, reach(largest such start)] when that reach is ≥ L.
+    """
+    out: Intervals = []
+    for x, y in R:
+        y = min(y, end_cap - 1)
+        j = x
+        while j <= y:
+            L = ctx.first_end[j]
+            if L > end_cap:
+                break  # no flagged block left before the cap: no later start in this interval works either
+            top = min(y, L - 1)  # the last start whose first_end is L (the flagged block itself)
+            e = _reach(ctx, i, False, top, end_cap, B)
+            if e >= L:
+                if out and out[-1][1] >= L - 1:
+                    out[-1] = (out[-1][0], max(out[-1][1], e))
+                else:
+                    out.append((L, e))
+            j = top + 1
+    return out
+
+
 def _union(a: Intervals, b: Intervals) -> Intervals:
     if not a:
         return b
@@ -117,11 +154,18 @@ def _union(a: Intervals, b: Intervals) -> Intervals:
 
 
 def _head_ok(ctx: Ctx, h: int, R: Intervals, B: float) -> bool:
-    # The head takes [j, k); fewer blocks is easier, so the largest reachable j decides.
-    if not R:
-        return False
-    j = R[-1][1]
-    return j < ctx.k and _reach(ctx, h, True, j, ctx.k, B) == ctx.k
+    # The head takes [j, k); fewer blocks is easier, so the largest reachable j the cut rule allows decides.
+    j = _latest(R, ctx.last_start[ctx.k])
+    return j is not None and j < ctx.k and _reach(ctx, h, True, j, ctx.k, B) == ctx.k
+
+
+def _latest(R: Intervals, limit: int) -> int | None:
+    """The largest position in R that is ≤ limit, or None."""
+    best = None
+    for lo, hi in R:
+        if lo <= limit:
+            best = min(hi, limit)
+    return best
 
 
 def _end_cap(ctx: Ctx, position: int) -> int:
@@ -200,12 +244,13 @@ def make_tester(ctx: Ctx, orders: OrderSet) -> Callable[[float], bool]:
 def candidates(ctx: Ctx) -> list[float]:
     """Every stage time any member could have on any contiguous range, in either role, sorted."""
     S, k = ctx.S, ctx.k
-    sizes = sorted({S[e] - S[a] for a in range(k) for e in range(a + 1, k + 1)})
+    # (blocks, bytes) pairs: O(k) distinct ones when blocks are equal, O(k²) at worst
+    shapes = sorted({(e - a, S[e] - S[a]) for a in range(k) for e in range(a + 1, k + 1)})
     values: set[float] = set()
     for i in range(ctx.m):
-        o, b, U = ctx.o[i], ctx.b[i], ctx.U[i]
-        values.update(o + d / b for d in sizes)
-        values.update(o + (d + U) / b for d in sizes)
+        o, p, b, U = ctx.o[i], ctx.p[i], ctx.b[i], ctx.U[i]
+        values.update(stage_time(o, p, b, n, d) for n, d in shapes)
+        values.update(stage_time(o, p, b, n, d, U) for n, d in shapes)
     return sorted(values)
 
 
@@ -252,9 +297,11 @@ def ranges_for(ctx: Ctx, order: Sequence[int], B: float) -> tuple[tuple[int, int
         return None
     ends = [ctx.k]
     for p in range(m - 1, 0, -1):
-        # The largest reachable end below the current start works whenever any does (fewer blocks is easier).
-        end = ends[-1]
-        ends.append(max(min(hi, end - 1) for lo, hi in reach[p] if lo <= end - 1))
+        # The largest reachable end that may start the stage ending at `end` works whenever any does
+        # (fewer blocks is easier, and the cut rule's last_start bounds it).
+        found = _latest(reach[p], ctx.last_start[ends[-1]])
+        assert found is not None
+        ends.append(found)
     ends.reverse()
     chain_ranges = [(0 if p == 0 else ends[p - 1], ends[p]) for p in range(m)]
     by_member = dict(zip(chain, chain_ranges, strict=True))

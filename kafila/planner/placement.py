@@ -89,13 +89,15 @@ def describe(
         name, head = members[i].name, n == 0
         stage[name] = ctx.time(i, a, e, head)
         memory[name] = ctx.need(a, e, head)
-        if memory[name] > ctx.M[i]:
+        if not ctx.allowed(a, e):
+            over.append(f"{name}'s blocks [{a}, {e}) hold no sliding-window layer, which every stage needs")
+        elif memory[name] > ctx.M[i]:
             over.append(
                 f"{name} would need {gb(memory[name])} for blocks [{a}, {e})"
                 f"{' and the head' if head else ''} but has {gb(ctx.M[i])}"
             )
     if over and reason is None:
-        reason = "does not fit in memory: " + "; ".join(over)
+        reason = ("does not fit in memory: " if all("would need" in o for o in over) else "invalid: ") + "; ".join(over)
     edges = ring_edges(members, order)
     bottleneck = max(stage.values())
     total = sum(stage.values())

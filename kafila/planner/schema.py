@@ -1,9 +1,10 @@
 """Fleet and model JSON objects (issue 3's file formats) to planner inputs, with errors that name the field.
 
 Fleet: {"members": [{"name", "bandwidth_gbs", "dispatch_ms", "memory_gb", "rtt_ms", "nat"}, …]},
-each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes). Model: {"name", "blocks_bytes",
-"kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant" and "bits_per_weight".
-Unknown keys are ignored.
+each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes) and "block_ms" (fixed time per block).
+Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant",
+"bits_per_weight", MoE "expert_bytes" (one routed expert per block), "experts", "experts_used",
+"kv_window" (per block, 0: whole context), "whole_only" and "must_hold" (cut rules). Unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
         memory = _number(item, "memory_gb", where, 0, strict=True)
         rtt = _number(item, "rtt_ms", where, 0, strict=False)
         ub = _number(item, "unembed_bandwidth_gbs", where, 0, strict=True) if "unembed_bandwidth_gbs" in item else None
+        block_ms = _number(item, "block_ms", where, 0, strict=False) if "block_ms" in item else 0.0
         if "nat" not in item:
             raise PlanInputError(f"{where}: missing field nat (one of {_NATS})")
         try:
@@ -80,6 +82,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
                 rtt_ms=rtt,
                 nat=nat,
                 unembed_bandwidth=None if ub is None else ub * 1e9,
+                block_s=block_ms / 1000,
             )
         )
     return tuple(members)
@@ -111,6 +114,20 @@ def parse_model(data: Any) -> ModelSpec:
             f"{where}: kv_bytes_per_token has {len(lists['kv_bytes_per_token'])} entries, "
             f"blocks_bytes has {len(lists['blocks_bytes'])}"
         )
+    for key in ("expert_bytes", "kv_window"):
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                  for v in value):
+            raise PlanInputError(f"{where}: {key} must be a list of integers >= 0")
+        lists[key] = tuple(value)
+    must_hold = data.get("must_hold", [])
+    if not isinstance(must_hold, list) or not all(isinstance(v, bool) for v in must_hold):
+        raise PlanInputError(f"{where}: must_hold must be a list of true/false")
+    whole_only = data.get("whole_only", False)
+    if not isinstance(whole_only, bool):
+        raise PlanInputError(f"{where}: whole_only must be true or false, got {whole_only!r}")
+    experts = _integer(data, "experts", where) if "experts" in data else 0
+    experts_used = _integer(data, "experts_used", where) if "experts_used" in data else 0
     quant = data.get("quant")
     bpw = data.get("bits_per_weight")
     if bpw is not None:
@@ -123,6 +140,12 @@ def parse_model(data: Any) -> ModelSpec:
         head_bytes=_integer(data, "head_bytes", where),
         quant=quant if isinstance(quant, str) else None,
         bits_per_weight=bpw,
+        expert_bytes=lists["expert_bytes"],
+        experts=experts,
+        experts_used=experts_used,
+        kv_window=lists["kv_window"],
+        whole_only=whole_only,
+        must_hold=tuple(must_hold),
     )
 
 
@@ -139,4 +162,12 @@ def model_to_json(model: ModelSpec) -> dict[str, Any]:
         out["quant"] = model.quant
     if model.bits_per_weight:
         out["bits_per_weight"] = model.bits_per_weight
+    if any(model.expert_bytes):
+        out.update(expert_bytes=list(model.expert_bytes), experts=model.experts, experts_used=model.experts_used)
+    if any(model.kv_window):
+        out["kv_window"] = list(model.kv_window)
+    if model.whole_only:
+        out["whole_only"] = True
+    if model.must_hold:
+        out["must_hold"] = list(model.must_hold)
     return out

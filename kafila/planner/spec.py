@@ -23,6 +23,9 @@ class Member:
     # bytes per second the head's unembedding streams at (its own quantisation and shape make it run at
     # another speed than the blocks); None: the blocks' bandwidth
     unembed_bandwidth: float | None = None
+    # fixed seconds each block adds to a call besides its bytes (a few dozen ops, each a thread barrier:
+    # DESIGN §2c); 0 for a fleet measured without it
+    block_s: float = 0.0
 
 
 class DescribedModel(Protocol):
@@ -40,11 +43,30 @@ class DescribedModel(Protocol):
     def head_bytes(self) -> int: ...
     @property
     def quant(self) -> str: ...
+    @property
+    def expert_bytes(self) -> tuple[int, ...]: ...
+    @property
+    def experts(self) -> int: ...
+    @property
+    def experts_used(self) -> int: ...
+    @property
+    def kv_window(self) -> tuple[int, ...]: ...
+    @property
+    def whole_only(self) -> bool: ...
+    @property
+    def must_hold(self) -> tuple[bool, ...]: ...
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Sizes the planner needs; bytes as stored, i.e. quantised."""
+    """Sizes the planner needs; bytes as stored, i.e. quantised.
+
+    Mixture-of-experts blocks: `blocks_bytes` counts every expert (all are resident); `expert_bytes[j]`
+    is one routed expert's bytes in block j (0: a dense block), `experts` routed experts per block,
+    `experts_used` of them per token. Sliding-window layers: `kv_window[j]` > 0 is block j's window in
+    tokens (0: it attends to the whole context). Cut rules from the model layer (`ModelInfo.stage_problem`):
+    `whole_only` forbids any cut; a non-empty `must_hold` means every stage holds a block flagged True.
+    """
 
     name: str
     blocks_bytes: tuple[int, ...]  # s_j, weight bytes of block j
@@ -53,6 +75,12 @@ class ModelSpec:
     head_bytes: int  # H, resident on the head (embedding + unembedding, once if tied)
     quant: str | None = None  # e.g. "Q4_K_M", only used to name smaller quantisations
     bits_per_weight: float | None = None  # average over the file, same use
+    expert_bytes: tuple[int, ...] = ()  # per block: one routed expert's bytes (empty or 0: dense)
+    experts: int = 0  # routed experts per MoE block (n)
+    experts_used: int = 0  # routed experts each token uses (k)
+    kv_window: tuple[int, ...] = ()  # per block: sliding window in tokens (empty or 0: whole context)
+    whole_only: bool = False  # llama.cpp computes differently on any cut: a one-member ring only
+    must_hold: tuple[bool, ...] = ()  # every stage must hold at least one block flagged True
 
     @property
     def k(self) -> int:
@@ -67,7 +95,9 @@ class ModelSpec:
     def described(cls, info: DescribedModel) -> ModelSpec:
         """The planner's view of a described GGUF (a structural type: the planner imports no model code)."""
         return cls(info.name, tuple(info.blocks_bytes), tuple(info.kv_bytes_per_token), info.unembed_bytes,
-                   info.head_bytes, quant=info.quant)
+                   info.head_bytes, quant=info.quant, expert_bytes=tuple(info.expert_bytes),
+                   experts=info.experts, experts_used=info.experts_used, kv_window=tuple(info.kv_window),
+                   whole_only=info.whole_only, must_hold=tuple(info.must_hold))
 
 
 @dataclass(frozen=True)
@@ -106,6 +136,8 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
         ub = mem.unembed_bandwidth
         if ub is not None and not (math.isfinite(ub) and ub > 0):
             raise PlanInputError(f"{where}: unembedding bandwidth must be > 0, got {ub}")
+        if not (math.isfinite(mem.block_s) and mem.block_s >= 0):
+            raise PlanInputError(f"{where}: per-block time must be >= 0, got {mem.block_s}")
     if model.k == 0:
         raise PlanInputError(f"model {model.name!r}: blocks_bytes is empty")
     if len(model.kv_bytes_per_token) != model.k:
@@ -119,6 +151,7 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
         raise PlanInputError(f"model {model.name!r}: every kv_bytes_per_token entry must be >= 0")
     if model.unembed_bytes < 0 or model.head_bytes < 0:
         raise PlanInputError(f"model {model.name!r}: unembed_bytes and head_bytes must be >= 0")
+    _check_moe_and_cuts(model, len(members))
     if len(members) > model.k:
         raise PlanInputError(
             f"fleet members: {len(members)} members but model {model.name!r} has only {model.k} blocks "
@@ -128,3 +161,29 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
         raise PlanInputError(
             f"workload: concurrency and context must be >= 1, got {workload.concurrency} and {workload.context}"
         )
+
+
+def _check_moe_and_cuts(model: ModelSpec, m: int) -> None:
+    """The MoE, window and cut-rule fields: lengths match the blocks, counts make sense, the rule admits m stages."""
+    where = f"model {model.name!r}"
+    for key, values in (("expert_bytes", model.expert_bytes), ("kv_window", model.kv_window),
+                        ("must_hold", model.must_hold)):
+        if values and len(values) != model.k:
+            raise PlanInputError(f"{where}: {key} has {len(values)} entries, blocks_bytes has {model.k}")
+    if any(v < 0 for v in (*model.expert_bytes, *model.kv_window)):
+        raise PlanInputError(f"{where}: expert_bytes and kv_window entries must be >= 0")
+    if any(model.expert_bytes):
+        if not 1 <= model.experts_used <= model.experts:
+            raise PlanInputError(f"{where}: experts_used must be between 1 and experts ({model.experts}), "
+                                 f"got {model.experts_used}")
+        for j, (s, x) in enumerate(zip(model.blocks_bytes, model.expert_bytes, strict=False)):
+            if x * model.experts > s:
+                raise PlanInputError(f"{where}: block {j} holds {s} bytes, less than its {model.experts} "
+                                     f"experts of {x} bytes")
+    if m > 1 and model.whole_only:
+        raise PlanInputError(f"{where} can run only whole (llama.cpp computes a cut of it differently): "
+                             f"a ring of {m} members cannot hold it; use one member")
+    if model.must_hold and sum(model.must_hold) < m:
+        raise PlanInputError(f"{where}: every stage must hold one of its {sum(model.must_hold)} sliding-window "
+                             f"blocks (llama.cpp aborts otherwise), so at most {sum(model.must_hold)} members "
+                             f"can share it; the fleet has {m}")

@@ -24,6 +24,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "stage": ("stages/*/*.gguf",),
     "delivery": ("delivered/*.gguf", "delivered/*.part"),
     "probe": ("probe-*.json",),
+    "probe model": ("probe-models/*.gguf",),  # the probe's large-block random model: written again when gone
     "log": ("demo-logs/*",),
 }
 

@@ -60,7 +60,7 @@ def planner_member(vm: VerifiedMember) -> Member:
     m = vm.measurements
     try:
         return Member(vm.name, float(m["bw"]), float(m["disp"]), int(m["mem"]), float(vm.rtt_ms or 0.0),
-                      vm.nat_class, float(m["ubw"]))
+                      vm.nat_class, float(m["ubw"]), block_s=float(m.get("blk", 0.0)))
     except (KeyError, TypeError, ValueError):
         raise SessionError(f"member {vm.name} announced no usable measurements") from None
 

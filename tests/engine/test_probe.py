@@ -12,22 +12,55 @@ from hypothesis import strategies as st
 
 from kafila.engine.probe import ProbeResult, fit_cost, probe
 from kafila.errors import EngineError
+from kafila.model.shaped import Shape, shaped_model
 from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
+
+WIDE = Shape("probe-test", 512, 8, 2, 1536)  # large-block stand-in for the test: 0.9 MB blocks, not 123 MB
 
 
 @given(st.floats(1e8, 1e12), st.floats(0, 0.01))
 def test_fit_recovers_exact_line(bandwidth: float, overhead: float) -> None:
     samples = [(b, overhead + b / bandwidth) for b in (1e6, 5e6, 2e7, 6e7)]
-    b, o, resid = fit_cost(samples)
+    b, o, p, resid = fit_cost(samples)
     assert b == pytest.approx(bandwidth, rel=1e-6)
     assert o == pytest.approx(overhead, abs=1e-9)
+    assert p == 0.0 and resid < 1e-6
+
+
+# Cuts as the probe makes them: 1/4/10/20 blocks of 2.2 MB (the embedded model), 1/2 of 123 MB (8B-shaped).
+CUTS = [(1, 2_216_448), (4, 8_865_792), (10, 22_164_480), (20, 44_328_960), (1, 122_716_160), (2, 245_432_320)]
+
+
+@given(st.floats(1e9, 1e11), st.floats(0, 1e-3), st.floats(0, 5e-4))
+def test_fit_recovers_dispatch_per_block_and_bandwidth(bandwidth: float, dispatch: float, block: float) -> None:
+    samples = [(nbytes, dispatch + n * block + nbytes / bandwidth) for n, nbytes in CUTS]
+    b, o, p, resid = fit_cost(samples, [n for n, _ in CUTS])
+    assert b == pytest.approx(bandwidth, rel=1e-6)
+    assert o == pytest.approx(dispatch, abs=1e-9)
+    assert p == pytest.approx(block, abs=1e-9)
     assert resid < 1e-6
 
 
-def test_fit_keeps_overhead_non_negative() -> None:
-    b, o, _ = fit_cost([(1e6, 0.0001), (2e6, 0.0003), (4e6, 0.0007)])
-    assert o == 0.0 and b > 0
+def test_fit_on_small_blocks_alone_mistakes_the_block_cost_for_bandwidth() -> None:
+    # DESIGN §2c's finding, as arithmetic: 0.25 ms + 0.10 ms/block + bytes/22.3 GB/s. The two-term fit on the
+    # small cuts predicts a 123 MB block about twice too slow; the three-term fit on both sizes is exact.
+    def t(n: int, nbytes: int) -> float:
+        return 0.25e-3 + n * 0.10e-3 + nbytes / 22.3e9
+
+    small = [(nbytes, t(n, nbytes)) for n, nbytes in CUTS[:4]]
+    b2, o2, _, _ = fit_cost(small)
+    assert (o2 + 122_716_160 / b2) / t(1, 122_716_160) > 1.8
+    b3, o3, p3, _ = fit_cost([(nbytes, t(n, nbytes)) for n, nbytes in CUTS], [n for n, _ in CUTS])
+    assert o3 + p3 + 122_716_160 / b3 == pytest.approx(t(1, 122_716_160), rel=1e-9)
+
+
+def test_fit_keeps_overhead_and_block_cost_non_negative() -> None:
+    b, o, p, _ = fit_cost([(1e6, 0.0001), (2e6, 0.0003), (4e6, 0.0007)])
+    assert o == 0.0 and p == 0.0 and b > 0
+    # timings that a negative per-block cost would fit best: held at 0
+    b, o, p, _ = fit_cost([(1e6, 0.0011), (1e7, 0.0018), (1e8, 0.0101)], [1, 10, 1])
+    assert p == 0.0 and o >= 0 and b > 0
 
 
 def test_fit_refuses_flat_timings() -> None:
@@ -56,7 +89,7 @@ def probe_retrying_noise(model: Path, cache: StageCache) -> ProbeResult:
     """
     for _ in range(4):
         try:
-            return probe(model, cache, sizes=(2, 12), calls=5)
+            return probe(model, cache, sizes=(2, 12), calls=5, large=(1, 2), large_shape=WIDE)
         except EngineError as exc:
             if "noisy" not in str(exc):
                 raise
@@ -67,17 +100,21 @@ def probe_retrying_noise(model: Path, cache: StageCache) -> ProbeResult:
 def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     result = probe_retrying_noise(smollm, stage_cache)
     blocks, unembed = gguf_sizes(smollm)
-    assert [s[0] for s in result.samples] == [sum(blocks[:2]), sum(blocks[:12])]
-    assert result.bandwidth_bytes_per_s > 0 and result.dispatch_s >= 0
+    wide, _ = gguf_sizes(shaped_model(stage_cache.root / "probe-models", WIDE, 2))
+    assert [s[0] for s in result.samples] == [sum(blocks[:2]), sum(blocks[:12]), wide[0], sum(wide)]
+    assert result.sample_blocks == (2, 12, 1, 2)
+    assert result.bandwidth_bytes_per_s > 0 and result.dispatch_s >= 0 and result.block_s >= 0
     assert 0 < result.memory_bytes < result.available_bytes
-    # the fitted line o + bytes / b passes through both samples (or, held at o = 0, between them)
-    line = [result.dispatch_s + n / result.bandwidth_bytes_per_s for n, _ in result.samples]
-    if result.dispatch_s > 0:
-        assert line == pytest.approx([t for _, t in result.samples], rel=1e-6)
-    # DESIGN §3's head time, o + s_last / b + U / u, holds for the head cut's measured call
+    # the residual is that of the fitted o + n·p + bytes / b over the samples
+    fitted = [result.predict(n, b) for n, (b, _) in zip(result.sample_blocks, result.samples, strict=True)]
+    times = [t for _, t in result.samples]
+    mean = sum(times) / len(times)
+    rms = (sum((f - t) ** 2 for f, t in zip(fitted, times, strict=True)) / len(times)) ** 0.5 / mean
+    assert result.fit_residual == pytest.approx(rms, rel=1e-6)
+    # DESIGN §3's head time, o + p + s_last / b + U / u, holds for the head cut's measured call
     # (a head cut no faster than its block alone is counted at the blocks' speed)
     u = result.unembed_bandwidth_bytes_per_s
-    body = result.dispatch_s + blocks[-1] / result.bandwidth_bytes_per_s
+    body = result.predict(1, blocks[-1])
     if result.head_call_s > body:
         assert result.head_call_s == pytest.approx(body + unembed / u, rel=1e-9)
     else:

@@ -81,3 +81,33 @@ def test_inspect_cli_corrupt(tmp_path: Path) -> None:
     out = run_kafila("inspect", str(p))
     assert out.returncode == 1
     assert out.stderr.startswith("kafila: error:") and "Traceback" not in out.stderr
+
+
+def test_moe_and_window_described_from_tensor_shapes(tmp_path: Path) -> None:
+    import gguf as gg
+
+    from tests.synthetic import N_EMBD, N_EXPERT, N_FF_EXP, WINDOW
+
+    for arch in ("qwen3moe", "gpt-oss"):
+        path = write_synthetic(tmp_path / f"{arch}.gguf", arch, n_blocks=4)
+        info = describe_model(path)
+        reader = gg.GGUFReader(str(path))
+        routed = sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk.0.") and "_exps." in t.name)
+        assert (info.experts, info.experts_used) == (N_EXPERT, 2)
+        assert info.expert_bytes == (routed // N_EXPERT,) * 4
+        # F32 gate, up and down of one expert (gpt-oss adds their biases)
+        bias = (2 * N_FF_EXP + N_EMBD) * 4 if arch == "gpt-oss" else 0
+        assert routed // N_EXPERT == 3 * N_FF_EXP * N_EMBD * 4 + bias
+    info = describe_model(tmp_path / "gpt-oss.gguf")
+    assert info.kv_window == (WINDOW, 0, WINDOW, 0) and info.must_hold == (True, False, True, False)
+    gemma = describe_model(write_synthetic(tmp_path / "g3.gguf", "gemma3", n_blocks=6))
+    assert gemma.kv_window == (WINDOW,) * 5 + (0,) and gemma.must_hold == ()  # Gemma 3 drops to a plain graph
+
+
+def test_inspect_shows_moe_reads_and_window_kv(tmp_path: Path) -> None:
+    path = write_synthetic(tmp_path / "gpt-oss.gguf", "gpt-oss", n_blocks=4)
+    out = run_kafila("inspect", str(path))
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "8 per block, 2 used per token" in text and "at batch 1" in text and "at batch 4" in text
+    assert "sliding-window blocks hold at most 16 tokens" in text

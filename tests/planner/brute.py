@@ -41,19 +41,42 @@ def cheapest_cycle_cost(members: Sequence[Member]) -> Fraction:
     return min(cycle_cost(p) for p in permutations(members))
 
 
-def stage_time(mem: Member, model: ModelSpec, a: int, e: int, head: bool) -> Fraction:
-    """DESIGN §3: t = o + Σ s_j / b + [head]·U / u, with u the measured unembedding speed (b if none)."""
-    t = Fraction(mem.dispatch_s) + Fraction(sum(model.blocks_bytes[a:e])) / Fraction(mem.bandwidth)
+def block_read(model: ModelSpec, j: int, batch: int) -> Fraction:
+    """DESIGN §3 MoE: dense tensors, router, shared experts, plus n·(1 − (1 − k/n)^B) distinct routed experts."""
+    s = Fraction(model.blocks_bytes[j])
+    x = model.expert_bytes[j] if model.expert_bytes else 0
+    if not x:
+        return s
+    n, k = model.experts, model.experts_used
+    distinct = n * (1 - (1 - Fraction(k, n)) ** batch)
+    return s - n * x + distinct * x
+
+
+def stage_time(mem: Member, model: ModelSpec, a: int, e: int, head: bool, batch: int = 1) -> Fraction:
+    """DESIGN §3 and §2c: t = o + |S|·p + Σ r_j / b + [head]·U / u, u the measured unembedding speed (b if none),
+    r_j the bytes block j reads per call at this decode batch."""
+    t = Fraction(mem.dispatch_s) + (e - a) * Fraction(mem.block_s)
+    t += sum((block_read(model, j, batch) for j in range(a, e)), Fraction(0)) / Fraction(mem.bandwidth)
     if head:
         t += Fraction(model.unembed_bytes) / Fraction(mem.unembed_bandwidth or mem.bandwidth)
     return t
 
 
 def need(model: ModelSpec, workload: Workload, a: int, e: int, head: bool) -> int:
-    """DESIGN §3: Σ_{j∈S} (s_j + C·T·kv_j) + [head]·H bytes."""
-    tokens = workload.concurrency * workload.context
-    return sum(model.blocks_bytes[j] + tokens * model.kv_bytes_per_token[j] for j in range(a, e)) + \
-        (model.head_bytes if head else 0)
+    """DESIGN §3: Σ_{j∈S} (s_j + C·T_j·kv_j) + [head]·H bytes; a sliding-window layer keeps T_j = min(T, window)."""
+    total = 0
+    for j in range(a, e):
+        window = model.kv_window[j] if model.kv_window else 0
+        positions = min(workload.context, window) if window else workload.context
+        total += model.blocks_bytes[j] + workload.concurrency * positions * model.kv_bytes_per_token[j]
+    return total + (model.head_bytes if head else 0)
+
+
+def cut_ok(model: ModelSpec, a: int, e: int) -> bool:
+    """DESIGN §2b: no cut of a whole-only model; with window flags to hold, every stage holds a flagged block."""
+    if model.whole_only and (a, e) != (0, model.k):
+        return False
+    return not model.must_hold or any(model.must_hold[a:e])
 
 
 def chain_best(chain: Sequence[Member], model: ModelSpec, workload: Workload) -> Fraction | None:
@@ -65,9 +88,9 @@ def chain_best(chain: Sequence[Member], model: ModelSpec, workload: Workload) ->
         times = []
         for p, mem in enumerate(chain):
             a, e, head = bounds[p], bounds[p + 1], p == m - 1
-            if need(model, workload, a, e, head) > mem.memory:
+            if need(model, workload, a, e, head) > mem.memory or not cut_ok(model, a, e):
                 break
-            times.append(stage_time(mem, model, a, e, head))
+            times.append(stage_time(mem, model, a, e, head, workload.concurrency))
         else:
             if best is None or max(times) < best:
                 best = max(times)

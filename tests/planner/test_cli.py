@@ -129,8 +129,14 @@ def test_bench_planner_quick_json() -> None:
     assert report["bench"] == "planner" and report["measured"]
     assert {(t["members"], t["blocks"]) for t in report["timing"]} == {(5, 32), (8, 80)}
     assert all(t["seconds"] > 0 and t["feasible"] for t in report["timing"])
-    assert len(report["fleets"]) == 9
+    assert len(report["fleets"]) == 18  # 3 fleets × 6 models
     for row in report["fleets"]:
+        if row["model"].startswith("Gemma 3 27B"):  # 62 blocks: llama.cpp computes a cut of it differently
+            assert "only whole" in row["refused"]
+            continue
+        if "A3B" in row["model"] or "gpt-oss" in row["model"]:  # MoE: a decode batch of 4 reads more experts
+            reads = row["read_bytes_per_call"]
+            assert reads["1"] < reads["4"] < row["resident_bytes"]
         k = row["kafila"]
         assert k["feasible"]
         for s in ("uniform", "memory"):

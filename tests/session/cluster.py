@@ -233,11 +233,13 @@ def shared_probe(cache_root: Path) -> None:
     import tempfile
 
     from kafila.model.embedded import default_model_path
+    from kafila.model.shaped import TEST_SHAPE
     from kafila.model.stage_cache import StageCache
     from kafila.session.measure import cached_probe
 
     shared = Path(tempfile.gettempdir()) / f"kafila-test-probe-{getpass.getuser()}"
-    cached_probe(default_model_path(), StageCache(shared))
+    # large-block cuts of a small wide model, not the 8B shape: tests time nothing, and disk is shared
+    cached_probe(default_model_path(), StageCache(shared), large_shape=TEST_SHAPE)
     cache_root.mkdir(parents=True, exist_ok=True)
     for probe in shared.glob("probe-*.json"):
         shutil.copyfile(probe, cache_root / probe.name)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
+from kafila.model.shaped import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
 from kafila.planner.reachability import NatClass
 from kafila.session.measure import cached_probe
@@ -40,7 +41,7 @@ def lab():
 def test_session_across_nats_with_a_relayed_edge(lab: NatLab, tmp_path: Path, smollm: Path) -> None:
     env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
     # one probe for the three members on this one machine (as `kafila demo` does), not three at once
-    cached_probe(smollm, StageCache(tmp_path / "cache"))
+    cached_probe(smollm, StageCache(tmp_path / "cache"), large_shape=TEST_SHAPE)
     rdv = f"{RDV_IP}:{RDV_PORT}"
     procs = [Proc("rendezvous", ["rendezvous", "--host", RDV_IP, "--port", str(RDV_PORT), "--alt-ip", RDV_ALT_IP],
                   env, lab.command(lab.pub, []))]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kafila.errors import KafilaError
+from kafila.model.shaped import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
 from kafila.session.measure import cached_probe
 
@@ -22,7 +23,7 @@ DAY_S = 24 * 3600  # README: "measures itself (cached for a day)"
 @pytest.fixture(scope="module")
 def measured(smollm: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[StageCache, object, Path]:
     cache = StageCache(tmp_path_factory.mktemp("probe-cache"))
-    result = cached_probe(smollm, cache)
+    result = cached_probe(smollm, cache, large_shape=TEST_SHAPE)
     files = list(cache.root.glob("probe-*.json"))
     assert len(files) == 1, files
     return cache, result, files[0]
@@ -82,3 +83,22 @@ def test_fresh_always_measures_and_a_damaged_cache_is_measured_again(measured, t
         assert probes_again(cache, tmp_path)
     finally:
         path.write_text(saved)
+
+
+def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: ignore[no-untyped-def]
+    # probe → announcement measurements (emulated slow-down applied) → the host's planner Member
+    import json as js
+
+    from kafila.net.trust import MAX_ANNOUNCEMENT, VerifiedMember
+    from kafila.planner import NatClass
+    from kafila.session.host import planner_member
+    from kafila.session.measure import Emulation, measurements
+
+    _, result, _ = measured
+    meas = measurements(result, Emulation(throttle=2.0))
+    assert meas["blk"] == result.block_s * 2.0 and meas["disp"] == result.dispatch_s * 2.0
+    assert len(js.dumps(meas)) < MAX_ANNOUNCEMENT
+    vm = VerifiedMember(b"\0" * 8, "m", b"", NatClass.ORDINARY, None, None, None, 5.0, meas)
+    member = planner_member(vm)
+    assert member.block_s == result.block_s * 2.0 and member.dispatch_s == result.dispatch_s * 2.0
+    assert member.bandwidth == round(result.bandwidth_bytes_per_s / 2.0)
