@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, nat, ring, mixed) and write a report"
+HELP = "run a benchmark (engine, planner, nat, ring, mixed, scale) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "nat": "nat",
     "ring": "ring",
     "mixed": "mixed",
+    "scale": "scale",
 }
 
 
