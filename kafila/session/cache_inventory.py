@@ -25,6 +25,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "delivery": ("delivered/*.gguf", "delivered/*.part"),
     "probe": ("probe-*.json",),
     "log": ("demo-logs/*",),
+    "bench model": ("models/random-*.gguf",),  # kafila.model.random_gguf: made again when needed
 }
 
 

@@ -67,3 +67,12 @@ def test_bad_input_is_named() -> None:
         shape_named("llama9")
     with pytest.raises(ModelError, match="at least one block"):
         write_random_gguf(Path("unused.gguf"), SHAPES["tiny"], 0)
+
+
+def test_the_cache_lists_benchmark_models_and_not_other_models(tmp_path: Path) -> None:
+    from kafila.session.cache_inventory import inventory
+
+    made = cached_random_gguf(SHAPES["tiny"], 1, tmp_path)
+    other = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"  # a model the user fetched: not the cache's to list
+    other.write_bytes(b"GGUF")
+    assert [(e.kind, e.path) for e in inventory(tmp_path)] == [("bench model", made)]
