@@ -54,7 +54,7 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
           tokens: int, progress: Any, label: str) -> dict[str, Any]:
     """One ring session: settle, TTFT of the prompt, then (unthrottled only) decode; memory and delivery."""
     from kafila.bench import scale_ring
-    from kafila.errors import SessionError
+    from kafila.errors import KafilaError
 
     clock = scale_ring.DeliveryClock()
     sampler = RssSampler(in_window=clock.delivering)
@@ -70,9 +70,34 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
 
     reset_peak()
     sampler.start()
+    out: dict[str, Any] = {}
+    try:
+        out = _serve(model, members, context, cache, threads, prompt, tokens, progress, label, task,
+                     [clock, show], sampler)
+        out["ok"] = True
+    except KafilaError as exc:  # e.g. a stage not delivered in the host's time: reported beside what was measured
+        out = {"ok": False, "error": str(exc), "ttft": {"ok": False, "error": str(exc)}, "peak_rss_mb": {}}
+        progress.update(task, description=f"{label}: failed: {exc}")
+    finally:
+        sampler.stop()
+    progress.update(task, total=1, completed=1)
+    out["delivery"] = clock.report()
+    out["delivery_all"] = clock.span()
+    out["delivery_rss_mb"] = {n: {"before": sampler.first_kb[n] / 1024, "peak": sampler.window_peak_kb[n] / 1024,
+                                  "above": (sampler.window_peak_kb[n] - sampler.first_kb[n]) / 1024}
+                              for n in sampler.window_peak_kb}
+    return out
+
+
+def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, threads: int, prompt: str, tokens: int,
+           progress: Any, label: str, task: Any, listeners: list[Any], sampler: RssSampler) -> dict[str, Any]:
+    """Start the ring, wait for it, measure TTFT (and decode when no member is slowed) and peak memory."""
+    from kafila.bench import scale_ring
+    from kafila.errors import SessionError
+
     with scale_ring.session(model, members, context, cache, threads) as s:
-        s.state.subscribe(clock)
-        s.state.subscribe(show)
+        for listener in listeners:
+            s.state.subscribe(listener)
         state = s.wait_settled(3600)
         if state.phase != "admitted":
             raise SessionError(f"the benchmark's ring was not admitted: {state.rejection}")
@@ -87,13 +112,7 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
             out["decode"] = scale_ring.decode(url, tokens)
         out["peak_rss_mb"] = {"host (this process)": (status_kb(os.getpid(), "VmHWM") or 0) / 1024,
                               **{k: v / 1024 for k, v in sampler.peaks_kb().items()}}
-        sampler.stop()
-    progress.update(task, description=f"{label}: done", total=1, completed=1)
-    out["delivery"] = clock.report()
-    out["delivery_all"] = clock.span()
-    out["delivery_rss_mb"] = {n: {"before": sampler.first_kb[n] / 1024, "peak": sampler.window_peak_kb[n] / 1024,
-                                  "above": (sampler.window_peak_kb[n] - sampler.first_kb[n]) / 1024}
-                              for n in sampler.window_peak_kb}
+    progress.update(task, description=f"{label}: done")
     return out
 
 
@@ -120,8 +139,11 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     try:
         plain = _ring(model, tuple(DemoMember(n) for n in names), context, scratch, threads, prompt, args.tokens,
                       progress, "ring, no slow-down")
-        slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False)), context,
-                     scratch, threads, prompt, args.tokens, progress, f"ring, slow-downs {args.throttles}")
+        slow: dict[str, Any] = {"ok": False, "ttft": {"ok": False, "error": "not run: the ring without slow-downs "
+                                                                       "failed"}, "delivery": {}}
+        if plain["ok"]:
+            slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False)), context,
+                         scratch, threads, prompt, args.tokens, progress, f"ring, slow-downs {args.throttles}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     task = progress.add_task("aioquic alone, one connection", total=None)
@@ -199,6 +221,9 @@ def print_report(r: dict[str, Any], out: Any) -> None:
     ring, slow, local, quic = r["ring"], r["ring_slowed"], r["local"], r["aioquic"]
     out.print(f"{r['shape']}, {r['blocks']} blocks, {r['model_bytes'] / 1e6:.0f} MB (random weights, Q4_0); "
               f"context {r['context']}, n_batch {r['n_batch']}, {r['threads']} threads")
+    for label, run in (("ring without slow-downs", ring), ("ring with slow-downs", slow)):
+        if not run.get("ok"):
+            out.print(f"[red]{label} failed:[/] {run.get('error') or run['ttft'].get('error')}")
     table = Table("member", "stage MB", "cut s", "delivery s", "MB/s", "until loaded s",
                   "RSS before → peak in delivery (MB)",
                   title=f"stage delivery (aioquic alone: {quic['mb_per_s']:.1f} MB/s, "
