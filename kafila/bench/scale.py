@@ -54,6 +54,7 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
           tokens: int, progress: Any, label: str) -> dict[str, Any]:
     """One ring session: settle, TTFT of the prompt, then (unthrottled only) decode; memory and delivery."""
     from kafila.bench import scale_ring
+    from kafila.cli import _first_kafila_error
     from kafila.errors import KafilaError
 
     clock = scale_ring.DeliveryClock()
@@ -75,8 +76,14 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
         out = _serve(model, members, context, cache, threads, prompt, tokens, progress, label, task,
                      [clock, show], sampler)
         out["ok"] = True
-    except KafilaError as exc:  # e.g. a stage not delivered in the host's time: reported beside what was measured
-        out = {"ok": False, "error": str(exc), "ttft": {"ok": False, "error": str(exc)}, "peak_rss_mb": {}}
+    except Exception as exc:  # e.g. a stage not delivered in the host's time: reported beside what was measured
+        # (the session may raise it inside a group, as the CLI's boundary unwraps it)
+        err = exc if isinstance(exc, KafilaError) else (
+            _first_kafila_error(exc) if isinstance(exc, BaseExceptionGroup) else None)
+        if err is None:
+            raise
+        out = {"ok": False, "error": str(err), "ttft": {"ok": False, "error": str(err)}, "peak_rss_mb": {}}
+        exc = err
         progress.update(task, description=f"{label}: failed: {exc}")
     finally:
         sampler.stop()
