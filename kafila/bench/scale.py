@@ -90,6 +90,7 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
     progress.update(task, total=1, completed=1)
     out["delivery"] = clock.report()
     out["delivery_all"] = clock.span()
+    out["delivery_incomplete"] = clock.incomplete()
     out["delivery_rss_mb"] = {n: {"before": sampler.first_kb[n] / 1024, "peak": sampler.window_peak_kb[n] / 1024,
                                   "above": (sampler.window_peak_kb[n] - sampler.first_kb[n]) / 1024}
                               for n in sampler.window_peak_kb}
@@ -241,6 +242,9 @@ def print_report(r: dict[str, Any], out: Any) -> None:
                       f"{d['mb_per_s']:.1f}", "—" if d["loaded_s"] is None else f"{d['loaded_s']:.1f}",
                       f"{m['before']:.0f} → {m['peak']:.0f}" if m else "too quick to sample")
     out.print(table)
+    for n, d in ring["delivery_incomplete"].items():
+        out.print(f"stage to {n}: {d['bytes_sent'] / 1e6:.1f} of {d['bytes'] / 1e6:.1f} MB sent in "
+                  f"{d['seconds']:.0f} s, then the session ended")
     table = Table("process", "peak RSS MB", title="peak memory (unthrottled ring; local context)")
     for n, mb in ring["peak_rss_mb"].items():
         table.add_row(n, f"{mb:.0f}")

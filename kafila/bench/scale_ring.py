@@ -29,6 +29,8 @@ class DeliveryClock:
     done: dict[str, float] = field(default_factory=dict)
     size: dict[str, int] = field(default_factory=dict)
     loaded: dict[str, float] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    last: float = 0.0
 
     def __call__(self, state: SessionState) -> None:
         now = time.perf_counter()
@@ -37,6 +39,8 @@ class DeliveryClock:
         for name, (sent, total) in list(state.delivery.items()):
             self.offered.setdefault(name, now)
             self.size[name] = total
+            self.sent[name] = sent
+            self.last = now
             if sent >= total and name not in self.done:
                 self.done[name] = now
             member = state.members.get(name)
@@ -60,6 +64,11 @@ class DeliveryClock:
                          "mb_per_s": self.size[name] / seconds / 1e6 if seconds > 0 else 0.0,
                          "loaded_s": self.loaded[name] - at if name in self.loaded else None}
         return out
+
+    def incomplete(self) -> dict[str, dict[str, float]]:
+        """Stages the host had not finished sending when the session ended: bytes sent of how many, in how long."""
+        return {n: {"bytes_sent": self.sent[n], "bytes": self.size[n], "seconds": self.last - at}
+                for n, at in self.offered.items() if n not in self.done}
 
     def span(self) -> dict[str, float] | None:
         """All stages together: bytes over the time from the first offer to the last byte."""
