@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, cost, nat, ring, mixed) and write a report"
+HELP = "run a benchmark (engine, planner, cost, nat, ring, mixed, scale) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -15,6 +15,7 @@ BENCHES: dict[str, str] = {
     "nat": "nat",
     "ring": "ring",
     "mixed": "mixed",
+    "scale": "scale",
 }
 
 

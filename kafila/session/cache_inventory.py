@@ -26,6 +26,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "probe": ("probe-*.json",),
     "probe model": ("probe-models/*.gguf",),  # the probe's large-block random model: written again when gone
     "log": ("demo-logs/*",),
+    "bench model": ("models/random-*.gguf",),  # kafila.model.random_gguf: made again when needed
 }
 
 

@@ -1,0 +1,271 @@
+"""`kafila bench scale`: the 3-member loopback ring on a random-weight file with a real model's block shapes.
+
+In one run, each figure beside its target from issue 11's acceptance:
+- cut and delivery time and MB/s of every member's stage, beside aioquic's own one-way rate on
+  one connection for the datagram size Kafila uses (kafila.bench.quic_rate, same run);
+- peak RSS of every process, and each member's during delivery above its RSS before it;
+- decode ms/token of the ring against one local llama.cpp context;
+- TTFT of a long prompt through the ring against one local context, without and with the
+  emulated slow-downs;
+- predicted against measured stage times (and TTFT, when the plan predicts it).
+The model file is made once (kafila.model.random_gguf) and cached; stages are cut and delivered
+afresh in a scratch cache each run, so the delivery figures are real transfers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kafila.bench.proc_mem import RssSampler, reset_peak, status_kb
+
+HELP = "a real model's block shapes through the loopback ring: delivery, memory, decode, TTFT, predictions"
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "  # 14 tokens in SmolLM2's vocabulary
+ANSWER_ROOM = 64  # context beyond the prompt
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from kafila.model.random_gguf import SHAPES
+
+    p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES), help="model shape (default llama3-8b)")
+    p.add_argument("--blocks", type=int, default=None, help="blocks in the file (default: the shape's, e.g. 6)")
+    p.add_argument("--prompt-tokens", type=int, default=2000, help="about this many tokens of prompt (default 2000)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens of the decode reply (default 32)")
+    p.add_argument("--throttles", default="1,2,4", help="EMULATION: slow-downs of the second ring (default 1,2,4)")
+    p.add_argument("--quic-mb", type=int, default=64, help="MB of the bare aioquic transfer (default 64)")
+
+
+def long_prompt(n_tokens: int) -> str:
+    """Text of about n_tokens tokens (the exact count is what the tokenizer says; both sides use it)."""
+    return SENTENCE * max(1, round(n_tokens / 14))
+
+
+def _target(value: float | None, limit: float, at_most: bool, text: str) -> dict[str, Any]:
+    met = None if value is None else (value <= limit if at_most else value >= limit)
+    return {"value": value, "target": text, "met": met}
+
+
+def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, threads: int, prompt: str,
+          tokens: int, progress: Any, label: str) -> dict[str, Any]:
+    """One ring session: settle, TTFT of the prompt, then (unthrottled only) decode; memory and delivery."""
+    from kafila.bench import scale_ring
+    from kafila.cli import _first_kafila_error
+    from kafila.errors import KafilaError
+
+    clock = scale_ring.DeliveryClock()
+    sampler = RssSampler(in_window=clock.delivering)
+    task = progress.add_task(f"{label}: starting", total=None)
+    bars: dict[str, Any] = {}
+
+    def show(state: Any) -> None:
+        progress.update(task, description=f"{label}: {state.phase}")
+        for name, (sent, total) in list(state.delivery.items()):
+            if name not in bars:
+                bars[name] = progress.add_task(f"{label}: stage to {name}", total=total, bytes=True)
+            progress.update(bars[name], completed=sent, total=total)
+
+    reset_peak()
+    sampler.start()
+    out: dict[str, Any] = {}
+    try:
+        out = _serve(model, members, context, cache, threads, prompt, tokens, progress, label, task,
+                     [clock, show], sampler)
+        out["ok"] = True
+    except Exception as exc:  # e.g. a stage not delivered in the host's time: reported beside what was measured
+        # (the session may raise it inside a group, as the CLI's boundary unwraps it)
+        err = exc if isinstance(exc, KafilaError) else (
+            _first_kafila_error(exc) if isinstance(exc, BaseExceptionGroup) else None)
+        if err is None:
+            raise
+        out = {"ok": False, "error": str(err), "ttft": {"ok": False, "error": str(err)}, "peak_rss_mb": {}}
+        exc = err
+        progress.update(task, description=f"{label}: failed: {exc}")
+    finally:
+        sampler.stop()
+    progress.update(task, total=1, completed=1)
+    out["delivery"] = clock.report()
+    out["delivery_all"] = clock.span()
+    out["delivery_incomplete"] = clock.incomplete()
+    out["delivery_rss_mb"] = {n: {"before": sampler.first_kb[n] / 1024, "peak": sampler.window_peak_kb[n] / 1024,
+                                  "above": (sampler.window_peak_kb[n] - sampler.first_kb[n]) / 1024}
+                              for n in sampler.window_peak_kb}
+    return out
+
+
+def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, threads: int, prompt: str, tokens: int,
+           progress: Any, label: str, task: Any, listeners: list[Any], sampler: RssSampler) -> dict[str, Any]:
+    """Start the ring, wait for it, measure TTFT (and decode when no member is slowed) and peak memory."""
+    from kafila.bench import scale_ring
+    from kafila.errors import SessionError
+
+    with scale_ring.session(model, members, context, cache, threads) as s:
+        for listener in listeners:
+            s.state.subscribe(listener)
+        state = s.wait_settled(3600)
+        if state.phase != "admitted":
+            raise SessionError(f"the benchmark's ring was not admitted: {state.rejection}")
+        url = state.api_url or ""
+        progress.update(task, description=f"{label}: TTFT of the long prompt")
+        ttft = scale_ring.ttft(url, prompt)
+        out: dict[str, Any] = {"order": state.plan.get("order") if state.plan else None,
+                               "ranges": state.plan.get("ranges") if state.plan else None,
+                               "ttft": ttft, "plan_ttft_s": scale_ring.predicted_ttft(state.plan or {})}
+        if all(m.throttle == 1 for m in members):
+            progress.update(task, description=f"{label}: decode")
+            out["decode"] = scale_ring.decode(url, tokens)
+        out["peak_rss_mb"] = {"host (this process)": (status_kb(os.getpid(), "VmHWM") or 0) / 1024,
+                              **{k: v / 1024 for k, v in sampler.peaks_kb().items()}}
+    progress.update(task, description=f"{label}: done")
+    return out
+
+
+def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    """Every figure of the report (no targets yet)."""
+    from kafila.bench.local_context import local_context
+    from kafila.bench.quic_rate import kafila_datagram_size, one_way_rate
+    from kafila.model.random_gguf import cached_random_gguf, shape_named
+    from kafila.model.stage_cache import default_cache_root
+    from kafila.session.demo import DemoMember
+    from kafila.session.host import N_BATCH
+
+    shape = shape_named(args.shape)
+    blocks = args.blocks or shape.default_blocks
+    task = progress.add_task(f"model file: {shape.name}, {blocks} blocks (made once, then cached)", total=None)
+    model = cached_random_gguf(shape, blocks, default_cache_root())
+    progress.update(task, total=1, completed=1)
+    prompt = long_prompt(args.prompt_tokens)
+    context = args.prompt_tokens + args.prompt_tokens // 4 + ANSWER_ROOM
+    threads = os.cpu_count() or 1  # one request at a time: the stages compute one after another
+    names = ("ada", "bo", "cy")
+    throttles = [float(t) for t in args.throttles.split(",")]
+    scratch = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=default_cache_root()))
+    try:
+        plain = _ring(model, tuple(DemoMember(n) for n in names), context, scratch, threads, prompt, args.tokens,
+                      progress, "ring, no slow-down")
+        slow: dict[str, Any] = {"ok": False, "ttft": {"ok": False, "error": "not run: the ring without slow-downs "
+                                                                       "failed"}, "delivery": {}}
+        if plain["ok"]:
+            slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False)), context,
+                         scratch, threads, prompt, args.tokens, progress, f"ring, slow-downs {args.throttles}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    task = progress.add_task("aioquic alone, one connection", total=None)
+    datagram = kafila_datagram_size()
+    quic = one_way_rate(args.quic_mb << 20, datagram)
+    progress.update(task, total=1, completed=1)
+    task = progress.add_task("one local llama.cpp context", total=None)
+    local = local_context(model, prompt, context, N_BATCH, args.tokens)
+    progress.update(task, total=1, completed=1)
+    return {"shape": shape.name, "blocks": blocks, "model_bytes": model.stat().st_size, "model": model.name,
+            "context": context, "n_batch": N_BATCH, "threads": threads, "throttles": throttles,
+            "ring": plain, "ring_slowed": slow, "aioquic": quic, "local": local}
+
+
+def judge(r: dict[str, Any]) -> dict[str, Any]:
+    """Each figure beside its target (issue 11's acceptance), met or missed (None: not measured)."""
+    ring, slow, local, quic = r["ring"], r["ring_slowed"], r["local"], r["aioquic"]
+    t: dict[str, Any] = {}
+    ttft = ring["ttft"].get("ttft_s")
+    t["ttft_vs_local"] = _target(ttft / local["ttft_s"] if ttft else None, 1.3, True, "ring TTFT <= 1.3x local")
+    # an unpipelined ring takes the sum of the stages' prefill times: each stage's share of the
+    # blocks of the local prefill, times its slow-down (estimated from the local context)
+    ranges = slow.get("ranges") or {}
+    throttle = dict(zip(("ada", "bo", "cy"), r["throttles"], strict=False))
+    unpiped = sum(local["ttft_s"] * (e - s) / r["blocks"] * throttle.get(n, 1.0) for n, (s, e) in ranges.items())
+    slow_ttft = slow["ttft"].get("ttft_s")
+    t["ttft_slowed_vs_unpipelined"] = _target(slow_ttft / unpiped if slow_ttft and unpiped else None, 0.7, True,
+                                              "slowed ring TTFT <= 0.7x sum of stage prefill times (estimate)")
+    errors = [e["error"] for e in r["stage_times"].values()]
+    t["stage_time_error"] = _target(statistics.median(errors) if errors else None, 0.10, True,
+                                    "median |pred - meas| / meas <= 10%")
+    pred = ring.get("plan_ttft_s")
+    t["ttft_prediction_error"] = _target(abs(pred - ttft) / ttft if pred and ttft else None, 0.25, True,
+                                         "|pred - meas| / meas <= 25% (TTFT)")
+    rates = [d["mb_per_s"] for d in ring["delivery"].values()]
+    t["delivery_vs_aioquic"] = _target(statistics.median(rates) / quic["mb_per_s"] if rates else None, 0.9, False,
+                                       "median member delivery >= 0.9x aioquic one connection")
+    above = [d["above"] for d in ring["delivery_rss_mb"].values()]
+    t["delivery_rss_above_idle_mb"] = _target(max(above) if above else None, 200, True,
+                                              "peak RSS during delivery <= 200 MB above before")
+    ring_ms = (ring.get("decode") or {}).get("ms_per_token")
+    t["decode_vs_local"] = _target(local["decode_ms_per_token"] / ring_ms if ring_ms else None, 0.6, False,
+                                   "ring tok/s >= 0.6x local")
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from kafila.bench import scale_ring
+    from kafila.bench.report import emit, envelope
+
+    console = Console(stderr=True)
+    class Bytes(DownloadColumn):
+        """Sizes for the stage transfers only (the other steps have no unit)."""
+
+        def render(self, task: Any) -> Any:
+            return super().render(task) if task.fields.get("bytes") else ""
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), Bytes(),
+                  TimeElapsedColumn(), console=console) as progress:
+        results = measure(args, progress)
+    results["stage_times"] = scale_ring.stage_errors((results["ring"].get("decode") or {}).get("stages") or {})
+    results["targets"] = judge(results)
+    emit(envelope("scale", results), args.json, args.out)
+    if not args.json:
+        print_report(results, Console())
+    return 0
+
+
+def print_report(r: dict[str, Any], out: Any) -> None:
+    from rich.table import Table
+
+    ring, slow, local, quic = r["ring"], r["ring_slowed"], r["local"], r["aioquic"]
+    out.print(f"{r['shape']}, {r['blocks']} blocks, {r['model_bytes'] / 1e6:.0f} MB (random weights, Q4_0); "
+              f"context {r['context']}, n_batch {r['n_batch']}, {r['threads']} threads")
+    for label, run in (("ring without slow-downs", ring), ("ring with slow-downs", slow)):
+        if not run.get("ok"):
+            out.print(f"[red]{label} failed:[/] {run.get('error') or run['ttft'].get('error')}")
+    table = Table("member", "stage MB", "cut s", "delivery s", "MB/s", "until loaded s",
+                  "RSS before → peak in delivery (MB)",
+                  title=f"stage delivery (aioquic alone: {quic['mb_per_s']:.1f} MB/s, "
+                        f"{quic['datagram_bytes']}-byte datagrams)")
+    for n, d in ring["delivery"].items():
+        m = ring["delivery_rss_mb"].get(n)
+        table.add_row(n, f"{d['bytes'] / 1e6:.1f}", f"{d['cut_s']:.1f}", f"{d['delivery_s']:.1f}",
+                      f"{d['mb_per_s']:.1f}", "—" if d["loaded_s"] is None else f"{d['loaded_s']:.1f}",
+                      f"{m['before']:.0f} → {m['peak']:.0f}" if m else "too quick to sample")
+    out.print(table)
+    for n, d in ring["delivery_incomplete"].items():
+        out.print(f"stage to {n}: {d['bytes_sent'] / 1e6:.1f} of {d['bytes'] / 1e6:.1f} MB sent in "
+                  f"{d['seconds']:.0f} s, then the session ended")
+    table = Table("process", "peak RSS MB", title="peak memory (unthrottled ring; local context)")
+    for n, mb in ring["peak_rss_mb"].items():
+        table.add_row(n, f"{mb:.0f}")
+    table.add_row("local context", f"{local['peak_rss_mb']:.0f}")
+    out.print(table)
+    table = Table("figure", "ring", "local", "", title="decode and time to first token")
+    dec = (ring.get("decode") or {}).get("ms_per_token")
+    table.add_row("decode ms/token (median)", f"{dec:.1f}" if dec else "—", f"{local['decode_ms_per_token']:.1f}", "")
+    for label, t in (("TTFT s, no slow-down", ring["ttft"]), (f"TTFT s, slow-downs {r['throttles']}", slow["ttft"])):
+        table.add_row(f"{label} ({local['prompt_tokens']} tokens)",
+                      f"{t['ttft_s']:.1f}" if t.get("ok") else f"failed: {t.get('error')}", f"{local['ttft_s']:.1f}",
+                      "")
+    out.print(table)
+    if r["stage_times"]:
+        table = Table("stage", "predicted ms", "measured ms", "error", title="predicted vs measured stage time")
+        for n, e in r["stage_times"].items():
+            table.add_row(n, f"{e['predicted_ms']:.1f}", f"{e['measured_ms']:.1f}", f"{e['error']:.0%}")
+        out.print(table)
+    table = Table("target", "value", "", title="issue 11's targets")
+    for t in r["targets"].values():
+        v = t["value"]
+        table.add_row(t["target"], "—" if v is None else f"{v:.2f}",
+                      {True: "[green]met[/]", False: "[red]missed[/]", None: "not measured"}[t["met"]])
+    out.print(table)

@@ -1,0 +1,73 @@
+"""`kafila bench scale` end to end on the smallest shape: the report's structure and its internal consistency
+(rates are bytes over seconds, both sides tokenised the same prompt, targets agree with their values);
+no speed thresholds (those are the benchmark's to report)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tests.conftest import run_kafila
+
+TOKENS = 8
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6)
+
+
+def test_bench_scale_report(tmp_path: Path) -> None:
+    out = run_kafila("bench", "scale", "--shape", "tiny", "--prompt-tokens", "150", "--tokens", str(TOKENS),
+                     "--quic-mb", "4", "--json", "--out", str(tmp_path / "scale.json"),
+                     env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc == json.loads((tmp_path / "scale.json").read_text())
+    assert doc["bench"] == "scale" and doc["shape"] == "tiny" and doc["blocks"] == 3
+    assert (tmp_path / "cache" / "models" / doc["model"]).stat().st_size == doc["model_bytes"]
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("bench-scale-")]  # scratch removed
+    ring, local, quic = doc["ring"], doc["local"], doc["aioquic"]
+    members = {"ada", "bo", "cy"}
+
+    # stage delivery: every member got its stage; rates are bytes over seconds
+    assert set(ring["delivery"]) == members
+    for d in ring["delivery"].values():
+        assert d["bytes"] > 0 and d["cut_s"] >= 0 and d["delivery_s"] > 0
+        assert close(d["mb_per_s"], d["bytes"] / d["delivery_s"] / 1e6)
+        assert d["loaded_s"] is not None and d["loaded_s"] >= d["delivery_s"]
+    span = ring["delivery_all"]
+    assert span["bytes"] == sum(d["bytes"] for d in ring["delivery"].values())
+    assert span["seconds"] >= max(d["delivery_s"] for d in ring["delivery"].values())
+    assert close(span["mb_per_s"], span["bytes"] / span["seconds"] / 1e6)
+    assert quic["bytes"] == 4 << 20 and close(quic["mb_per_s"], quic["bytes"] / quic["seconds"] / 1e6)
+    for m in ring["delivery_rss_mb"].values():
+        assert 0 < m["before"] <= m["peak"] and close(m["above"], m["peak"] - m["before"])
+
+    # memory of every process, each member by name
+    assert members | {"rendezvous", "host (this process)"} <= set(ring["peak_rss_mb"])
+    assert all(mb > 0 for mb in ring["peak_rss_mb"].values()) and local["peak_rss_mb"] > 0
+
+    # the same prompt, tokenised alike by the ring's head and the local context, reached a first token
+    for t in (ring["ttft"], doc["ring_slowed"]["ttft"]):
+        assert t["ok"], t
+        assert t["ttft_s"] > 0 and t["prompt_tokens"] == local["prompt_tokens"] >= 100
+    assert local["ttft_s"] > 0 and local["decode_ms_per_token"] > 0
+
+    # decode: a random model never ends a reply early (its control tokens' output rows are zero)
+    assert ring["decode"]["completion_tokens"] == TOKENS and ring["decode"]["ms_per_token"] > 0
+    assert set(doc["stage_times"]) == members
+    for e in doc["stage_times"].values():
+        assert close(e["error"], abs(e["predicted_ms"] - e["measured_ms"]) / e["measured_ms"])
+
+    # every target: met exactly when its value is on the right side of its limit
+    t = doc["targets"]
+    assert close(t["ttft_vs_local"]["value"], ring["ttft"]["ttft_s"] / local["ttft_s"])
+    assert t["ttft_vs_local"]["met"] == (t["ttft_vs_local"]["value"] <= 1.3)
+    assert close(t["decode_vs_local"]["value"], local["decode_ms_per_token"] / ring["decode"]["ms_per_token"])
+    assert t["decode_vs_local"]["met"] == (t["decode_vs_local"]["value"] >= 0.6)
+    assert t["delivery_vs_aioquic"]["met"] == (t["delivery_vs_aioquic"]["value"] >= 0.9)
+    assert t["stage_time_error"]["met"] == (t["stage_time_error"]["value"] <= 0.10)
+    for target in t.values():
+        assert set(target) == {"value", "target", "met"}
+        assert (target["met"] is None) == (target["value"] is None)

@@ -1,0 +1,78 @@
+"""Random-weight GGUFs with real block shapes: the shapes match a real file's, llama.cpp loads them, and a
+random model never picks a control token (so benchmark replies run to their limit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from kafila.engine.reference import ReferenceContext
+from kafila.engine.stage import ContextConfig, Rows
+from kafila.errors import ModelError
+from kafila.model.embedded import default_model_path
+from kafila.model.random_gguf import SHAPES, cached_random_gguf, shape_named, write_random_gguf
+
+
+def shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    return {t.name: tuple(int(n) for n in t.shape) for t in gguf.GGUFReader(path).tensors}
+
+
+def test_smollm2_shape_matches_the_real_file(tmp_path: Path) -> None:
+    real = shapes(default_model_path())
+    made = shapes(write_random_gguf(tmp_path / "s.gguf", SHAPES["smollm2"], 2))
+    assert {n: s for n, s in made.items() if n.startswith("blk.")} == \
+        {n: s for n, s in real.items() if n.startswith(("blk.0.", "blk.1."))}
+    assert made["token_embd.weight"] == real["token_embd.weight"]
+    assert made["output.weight"] == real["token_embd.weight"]  # untied: the output matrix written apart
+
+
+def test_qwen3_blocks_have_head_norms_and_128_wide_heads(tmp_path: Path) -> None:
+    s = shape_named("qwen3-32b")
+    assert s.key_dim == 128 and s.n_head * s.key_dim != s.n_embd  # why key_length is written
+    # block shapes of a Qwen3 file, computed without writing the multi-GB file
+    tiny_qwen = type(s)("q", "qwen3", 256, 4, 2, 512, 49152, 2, 1, head_dim=128)
+    made = shapes(write_random_gguf(tmp_path / "q.gguf", tiny_qwen, 1))
+    assert made["blk.0.attn_q.weight"] == (256, 4 * 128) and made["blk.0.attn_k.weight"] == (256, 2 * 128)
+    assert made["blk.0.attn_q_norm.weight"] == (128,)
+    ref = ReferenceContext(tmp_path / "q.gguf", ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=16))
+    try:  # llama.cpp's qwen3 loader takes it and computes finite logits
+        rows = Rows(np.zeros(3, np.int32), np.arange(3, dtype=np.int32), np.ones(3, bool))
+        assert np.isfinite(ref.run(np.array([100, 200, 300], np.int32), rows)).all()
+    finally:
+        ref.close()
+
+
+def test_llama_cpp_loads_it_and_greedy_never_picks_a_control_token(tmp_path: Path) -> None:
+    path = cached_random_gguf(SHAPES["tiny"], 3, tmp_path)
+    assert cached_random_gguf(SHAPES["tiny"], 3, tmp_path) == path  # made once
+    ref = ReferenceContext(path, ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=16))
+    try:
+        token = 1000
+        for pos in range(24):
+            logits = ref.run(np.array([token], np.int32),
+                             Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool)))[0]
+            assert np.isfinite(logits).all() and logits.shape == (SHAPES["tiny"].n_vocab,)
+            assert (logits[:17] == 0).all()  # SmolLM2's 17 control tokens: zero rows
+            token = int(np.argmax(logits))
+            assert token >= 17 and logits[token] > 0
+    finally:
+        ref.close()
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ModelError, match=r"unknown model shape 'llama9'.*llama3-8b"):
+        shape_named("llama9")
+    with pytest.raises(ModelError, match="at least one block"):
+        write_random_gguf(Path("unused.gguf"), SHAPES["tiny"], 0)
+
+
+def test_the_cache_lists_benchmark_models_and_not_other_models(tmp_path: Path) -> None:
+    from kafila.session.cache_inventory import inventory
+
+    made = cached_random_gguf(SHAPES["tiny"], 1, tmp_path)
+    other = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"  # a model the user fetched: not the cache's to list
+    other.write_bytes(b"GGUF")
+    assert [(e.kind, e.path) for e in inventory(tmp_path)] == [("bench model", made)]
