@@ -33,6 +33,7 @@ from kafila.session.api import ApiServer, Forwarder
 from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, manifest_for, read_chunk
+from kafila.session.local_model import MODEL_KEY, claimed_hash, judge_model
 from kafila.session.options import HostOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 
@@ -100,6 +101,15 @@ class HostRuntime:
             messages.ChatEvt: self._on_chat_evt,
         }
         self.builds = RingBuilds(self.my_build)
+        self._model_sha256: str | None = None  # hashed when a member first announces its own copy
+
+    async def _model_refusal(self, peer: VerifiedMember) -> str | None:
+        """Why a member's own model file (join --model) is refused: None when it has none or it is the host's."""
+        if MODEL_KEY not in peer.measurements:
+            return None
+        if self._model_sha256 is None:
+            self._model_sha256 = await asyncio.to_thread(self.cache.source_hash, self.model)
+        return judge_model(self._model_sha256, peer.name, peer.measurements)
 
     async def run(self) -> int:
         async with asyncio.TaskGroup() as tg:
@@ -128,8 +138,9 @@ class HostRuntime:
             peer = link.peer
             view = member_view(peer)
             verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
-            if not verdict.admitted:
-                reason = verdict.reason
+            refusal = verdict.reason if not verdict.admitted else await self._model_refusal(peer)
+            if refusal is not None:
+                reason = refusal
                 view.status, view.note = "refused", reason
                 self.state.upsert_member(view)
                 self.state.log(f"refused {peer.name}: {reason}")
@@ -213,14 +224,16 @@ class HostRuntime:
         assert j.manifest is not None and j.stage_path is not None
         total = j.manifest.size
         sent = total - len(chunks) * j.manifest.chunk_size
+        sent_bytes = 0
         for i in chunks:
             data = await asyncio.to_thread(read_chunk, j.stage_path, j.manifest, i)
             await j.link.send(messages.chunk(i, data))
             sent += len(data)
+            sent_bytes += len(data)
             self.state.delivery[j.peer.name] = (min(max(sent, 0), total), total)
             self.state.changed()
         self.state.delivery[j.peer.name] = (total, total)
-        self.state.changed()
+        self.state.log(f"stage delivered to {j.peer.name}: {sent_bytes} bytes sent")
 
     # -- one epoch: plan, deliver, admit, watch -------------------------------------------------
     async def _epoch(self) -> int | None:
@@ -286,9 +299,12 @@ class HostRuntime:
             loop = asyncio.get_running_loop()
             j.loaded, j.ready = loop.create_future(), loop.create_future()
             self.state.delivery[name] = (0, j.manifest.size)
+            cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
+            if cut_local:
+                self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
             await j.link.send(messages.encode(messages.Assign(
                 self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-                self.state.plan or {}, model_label(self.model), j.manifest)))
+                self.state.plan or {}, model_label(self.model), j.manifest, cut_local)))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
