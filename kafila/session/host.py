@@ -32,10 +32,11 @@ from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
 from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
-from kafila.session.delivery import StageManifest, manifest_for, read_chunk
+from kafila.session.delivery import StageManifest, manifest_for
 from kafila.session.local_model import MODEL_KEY, claimed_hash, judge_model
 from kafila.session.options import HostOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
+from kafila.session.transfer import send_stage
 
 log = logging.getLogger("kafila.host")
 N_BATCH = 128
@@ -222,17 +223,21 @@ class HostRuntime:
 
     async def _send_chunks(self, j: Joined, chunks: list[int]) -> None:
         assert j.manifest is not None and j.stage_path is not None
-        total = j.manifest.size
-        sent = total - len(chunks) * j.manifest.chunk_size
-        sent_bytes = 0
-        for i in chunks:
-            data = await asyncio.to_thread(read_chunk, j.stage_path, j.manifest, i)
-            await j.link.send(messages.chunk(i, data))
-            sent += len(data)
-            sent_bytes += len(data)
-            self.state.delivery[j.peer.name] = (min(max(sent, 0), total), total)
+        name, total = j.peer.name, j.manifest.size
+        done = total - len(chunks) * j.manifest.chunk_size
+
+        def progress(n: int) -> None:
+            nonlocal done
+            done += n
+            self.state.delivery[name] = (min(max(done, 0), total), total)
             self.state.changed()
-        self.state.delivery[j.peer.name] = (total, total)
+
+        try:
+            sent_bytes = await send_stage(j.link, j.stage_path, j.manifest, chunks, progress)
+        except NetworkError as exc:  # the member is gone: its receive loop reports the loss, the epoch re-plans
+            log.info("stopped sending %s its stage: %s", name, exc)
+            return
+        self.state.delivery[name] = (total, total)
         self.state.log(f"stage delivered to {j.peer.name}: {sent_bytes} bytes sent")
 
     # -- one epoch: plan, deliver, admit, watch -------------------------------------------------
@@ -286,25 +291,39 @@ class HostRuntime:
         return await self._on_lost(who, reason)
 
     async def _assign(self, plan: Placement) -> None:
+        """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
+        stage is cut, and the host feeds several members concurrently (one sender each)."""
+        loop = asyncio.get_running_loop()
+        for name in plan.order:
+            j = self.joined[name]
+            j.loaded, j.ready = loop.create_future(), loop.create_future()
+        await asyncio.to_thread(self.cache.source_hash, self.model)  # once, before the cuts read it at once
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for name in plan.order:
+                    tg.create_task(self._assign_one(plan, name))
+        except* KafilaError as group:  # the CLI shows one error, not a group
+            raise group.exceptions[0] from None
+
+    async def _assign_one(self, plan: Placement, name: str) -> None:
         order = list(plan.order)
         config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": N_BATCH}
-        for name in order:
-            start, end = plan.ranges[name]
-            spec = StageSpec(start, end, head=(name == plan.head))
-            j = self.joined[name]
-            j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, spec)
-            if self.use is not None:
-                self.use.add(j.stage_path)
-            j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
-            loop = asyncio.get_running_loop()
-            j.loaded, j.ready = loop.create_future(), loop.create_future()
-            self.state.delivery[name] = (0, j.manifest.size)
-            cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
-            if cut_local:
-                self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
+        start, end = plan.ranges[name]
+        j = self.joined[name]
+        j.stage_path = await asyncio.to_thread(self.cache.stage, self.model, StageSpec(start, end, name == plan.head))
+        if self.use is not None:
+            self.use.add(j.stage_path)
+        j.manifest = await asyncio.to_thread(manifest_for, j.stage_path)
+        self.state.delivery[name] = (0, j.manifest.size)
+        cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
+        if cut_local:
+            self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
+        try:
             await j.link.send(messages.encode(messages.Assign(
                 self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
                 self.state.plan or {}, model_label(self.model), j.manifest, cut_local)))
+        except NetworkError as exc:
+            self.lost.put_nowait((name, str(exc)))  # the epoch plans again without it
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""

@@ -18,7 +18,7 @@ from typing import Any
 from kafila.engine.embedding import Embedder
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.errors import DiskFullError, EngineError, KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.model.cut import StageSpec
 from kafila.model.embedded import default_model_path, resolve_model
 from kafila.model.gguf_file import GGUFFile
@@ -36,6 +36,7 @@ from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
 from kafila.session.stage_runtime import StageWorker
 from kafila.session.state import SessionState, StageStats, member_view
+from kafila.session.transfer import receive_stage
 
 log = logging.getLogger("kafila.member")
 RECV_TIMEOUT_S = 60.0
@@ -174,8 +175,13 @@ class MemberRuntime:
         start, end = msg.ranges[me]
         is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
-        path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
-                      else self._receive_stage(msg.stage))
+        try:
+            path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
+                          else self._receive_stage(msg.stage))
+        except DiskFullError as exc:  # the host plans again without this member
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(me, str(exc), msg.epoch))
+            raise SessionError(f"{me} left the session: {exc}") from None
         if self.use is not None:
             self.use.add(path)
         config = self._config()
@@ -221,22 +227,21 @@ class MemberRuntime:
     async def _receive_stage(self, manifest: StageManifest) -> Path:
         me = self.opts.name
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
-        missing = receiver.missing()
+        missing = await asyncio.to_thread(receiver.missing)
+        receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
         await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))
         total = manifest.size
-        self.state.delivery[me] = (total - len(missing) * manifest.chunk_size if missing else total, total)
+        self.state.delivery[me] = (total - receiver.bytes_missing, total)
         self.state.changed()
-        while not receiver.complete:
-            raw = await self.control.recv(timeout=RECV_TIMEOUT_S)
-            if messages.kind(raw) != "chunk":
-                self._pending.append(messages.decode(raw))  # handled after the transfer
-                continue
-            index, data = messages.parse_chunk(raw)
-            receiver.accept(index, data)
-            done = min(len(receiver.have) * manifest.chunk_size, total)
-            self.state.delivery[me] = (done, total)
+
+        def progress(have: int) -> None:
+            self.state.delivery[me] = (min(have * manifest.chunk_size, total), total)
             self.state.changed()
-        path = await asyncio.to_thread(receiver.finish)
+
+        def aside(raw: bytes) -> None:
+            self._pending.append(messages.decode(raw))  # handled after the transfer
+
+        path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
         self.state.delivery[me] = (total, total)
         self.state.log(f"stage {manifest.sha256[:12]} verified ({total / 1e6:.1f} MB)")
         return path
