@@ -293,6 +293,9 @@ class HostRuntime:
     async def _assign(self, plan: Placement) -> None:
         """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
         stage is cut, and the host feeds several members concurrently (one sender each)."""
+        for j in self.joined.values():
+            for task in list(j.sending):
+                task.cancel()  # a stage of an earlier epoch is no longer wanted
         loop = asyncio.get_running_loop()
         for name in plan.order:
             j = self.joined[name]

@@ -9,6 +9,7 @@ be the host's model, so silently sending gigabytes instead would hide a mistake.
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 from kafila.errors import SessionError
 from kafila.model.cut import StageSpec
 from kafila.model.stage_cache import StageCache
-from kafila.session.delivery import StageManifest, manifest_for
+from kafila.session.delivery import StageManifest, manifest_for, no_space
 
 MODEL_KEY = "model_sha256"  # the announcement's measurement naming the member's own model file
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -50,7 +51,12 @@ def judge_model(host_sha256: str, name: str, measurements: Mapping[str, Any]) ->
 
 def cut_locally(cache: StageCache, model: Path, spec: StageSpec, manifest: StageManifest) -> Path:
     """Cut this member's stage from its own model file and verify it as a delivered stage is verified."""
-    path = cache.stage(model, spec)
+    try:
+        path = cache.stage(model, spec)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # said as a delivery says it: the host plans again without us
+            raise no_space(cache.root, manifest.size) from None
+        raise
     got = manifest_for(path)
     if got != manifest:
         raise SessionError(f"the stage cut locally from {model} has sha256 {got.sha256} ({got.size} bytes), but the "

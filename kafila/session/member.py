@@ -36,7 +36,7 @@ from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
 from kafila.session.stage_runtime import StageWorker
 from kafila.session.state import SessionState, StageStats, member_view
-from kafila.session.transfer import receive_stage
+from kafila.session.transfer import Superseded, receive_stage
 
 log = logging.getLogger("kafila.member")
 RECV_TIMEOUT_S = 60.0
@@ -178,6 +178,9 @@ class MemberRuntime:
         try:
             path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
                           else self._receive_stage(msg.stage))
+        except Superseded:  # e.g. another member was lost before this one's chunks came: the host re-planned
+            self.state.log(f"epoch {msg.epoch}'s stage is no longer wanted: the host planned again")
+            return
         except DiskFullError as exc:  # the host plans again without this member
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(me, str(exc), msg.epoch))
@@ -239,7 +242,10 @@ class MemberRuntime:
             self.state.changed()
 
         def aside(raw: bytes) -> None:
-            self._pending.append(messages.decode(raw))  # handled after the transfer
+            msg = messages.decode(raw)
+            self._pending.append(msg)  # handled after the transfer
+            if isinstance(msg, messages.Assign):
+                raise Superseded(msg.epoch)
 
         path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
         self.state.delivery[me] = (total, total)

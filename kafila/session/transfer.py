@@ -17,6 +17,11 @@ from kafila.session import messages
 from kafila.session.delivery import StageManifest, StageReceiver, read_chunk
 
 
+class Superseded(Exception):
+    """The host assigned a newer epoch while this stage was arriving: the transfer is abandoned (its `.part`
+    stays, so a later assignment of the same stage resumes it)."""
+
+
 async def send_stage(link: Link, path: Path, manifest: StageManifest, chunks: Sequence[int],
                      progress: Callable[[int], None] | None = None) -> int:
     """Send the chunks a member asked for; returns the stage bytes sent (`progress` gets each chunk's size)."""
