@@ -91,3 +91,7 @@ RENDEZVOUS_CODES: dict[str, type[RendezvousError]] = {
     "bad_mac": RejoinRefused,
     "bad_request": RendezvousError,
 }
+
+
+class DiskFullError(SessionError):
+    """A stage does not fit on this machine's disk (checked before a transfer, or ENOSPC while writing)."""

@@ -24,6 +24,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=socket.gethostname(), help="this member's name (default: the host name)")
     p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; 0: any; -1: none)")
     p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default 0: all cores)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="this machine's copy of the host's model (GGUF path or name): the stage is cut here "
+                        "instead of sent, after the host checks the file's sha256 against its own")
     p.add_argument("--throttle", type=float, default=1.0, help="EMULATION: run this many times slower")
     p.add_argument("--memory", type=float, default=None, metavar="GB", help="EMULATION: report at most this memory")
 
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     opts = MemberOptions(
         code=str(code), rendezvous=parse_addr(args.rendezvous), name=args.name,
         api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory,
-        threads=args.threads,
+        threads=args.threads, model=Path(args.model) if args.model else None,
         trace_path=Path(trace) if trace else None,
     )
     return run_printing(lambda state: run_member(opts, state))

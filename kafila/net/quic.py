@@ -47,6 +47,8 @@ MAX_MESSAGE = 256 * 1024 * 1024
 HELLO = b"kafila-hello-v1"
 WELCOME = b"kafila-welcome-v1"
 SEND_BUFFER_HIGH = 8 * 1024 * 1024  # send() waits while more than this is unacknowledged
+# The receive windows: at most this much arrives ahead of what is reassembled (e.g. after a lost datagram).
+STREAM_WINDOW = 32 * 1024 * 1024
 
 
 def fingerprint(cert: x509.Certificate) -> bytes:
@@ -86,8 +88,8 @@ def configuration(identity: Identity, is_client: bool, idle_timeout_s: float) ->
         idle_timeout=idle_timeout_s,
         # Long-RTT links carry multi-MB activations and stage files: 1 MiB windows would cap
         # throughput at 1 MiB per round trip.
-        max_data=64 * 1024 * 1024,
-        max_stream_data=32 * 1024 * 1024,
+        max_data=2 * STREAM_WINDOW,
+        max_stream_data=STREAM_WINDOW,
         server_name="kafila",
     )
 

@@ -33,10 +33,12 @@ from kafila.session import messages
 from kafila.session.api import ApiServer, Forwarder
 from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
-from kafila.session.delivery import CHUNK_SIZE, StageManifest, manifest_for, read_chunk
+from kafila.session.delivery import CHUNK_SIZE, StageManifest, manifest_for
+from kafila.session.local_model import MODEL_KEY, claimed_hash, judge_model
 from kafila.session.options import HostOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 from kafila.session.stoppable import run_stoppable
+from kafila.session.transfer import send_stage
 
 log = logging.getLogger("kafila.host")
 N_BATCH = 128
@@ -102,6 +104,15 @@ class HostRuntime:
             messages.ChatEvt: self._on_chat_evt,
         }
         self.builds = RingBuilds(self.my_build)
+        self._model_sha256: str | None = None  # hashed when a member first announces its own copy
+
+    async def _model_refusal(self, peer: VerifiedMember) -> str | None:
+        """Why a member's own model file (join --model) is refused: None when it has none or it is the host's."""
+        if MODEL_KEY not in peer.measurements:
+            return None
+        if self._model_sha256 is None:
+            self._model_sha256 = await asyncio.to_thread(self.cache.source_hash, self.model)
+        return judge_model(self._model_sha256, peer.name, peer.measurements)
 
     async def run(self) -> int:
         async with asyncio.TaskGroup() as tg:
@@ -130,8 +141,9 @@ class HostRuntime:
             peer = link.peer
             view = member_view(peer)
             verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
-            if not verdict.admitted:
-                reason = verdict.reason
+            refusal = verdict.reason if not verdict.admitted else await self._model_refusal(peer)
+            if refusal is not None:
+                reason = refusal
                 view.status, view.note = "refused", reason
                 self.state.upsert_member(view)
                 self.state.log(f"refused {peer.name}: {reason}")
@@ -213,16 +225,22 @@ class HostRuntime:
 
     async def _send_chunks(self, j: Joined, chunks: list[int]) -> None:
         assert j.manifest is not None and j.stage_path is not None
-        total = j.manifest.size
-        sent = total - len(chunks) * j.manifest.chunk_size
-        for i in chunks:
-            data = await asyncio.to_thread(read_chunk, j.stage_path, j.manifest, i)
-            await j.link.send(messages.chunk(i, data))
-            sent += len(data)
-            self.state.delivery[j.peer.name] = (min(max(sent, 0), total), total)
+        name, total = j.peer.name, j.manifest.size
+        done = total - len(chunks) * j.manifest.chunk_size
+
+        def progress(n: int) -> None:
+            nonlocal done
+            done += n
+            self.state.delivery[name] = (min(max(done, 0), total), total)
             self.state.changed()
-        self.state.delivery[j.peer.name] = (total, total)
-        self.state.changed()
+
+        try:
+            sent_bytes = await send_stage(j.link, j.stage_path, j.manifest, chunks, progress)
+        except NetworkError as exc:  # the member is gone: its receive loop reports the loss, the epoch re-plans
+            log.info("stopped sending %s its stage: %s", name, exc)
+            return
+        self.state.delivery[name] = (total, total)
+        self.state.log(f"stage delivered to {j.peer.name}: {sent_bytes} bytes sent")
 
     # -- one epoch: plan, deliver, admit, watch -------------------------------------------------
     async def _epoch(self) -> int | None:
@@ -275,23 +293,44 @@ class HostRuntime:
         return await self._on_lost(who, reason)
 
     async def _assign(self, plan: Placement) -> None:
+        """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
+        stage is cut, and the host feeds several members concurrently (one sender each)."""
+        for j in self.joined.values():
+            for task in list(j.sending):
+                task.cancel()  # a stage of an earlier epoch is no longer wanted
+        loop = asyncio.get_running_loop()
+        for name in plan.order:
+            j = self.joined[name]
+            j.loaded, j.ready = loop.create_future(), loop.create_future()
+        await run_stoppable(partial(self.cache.source_hash, self.model))  # once, before the cuts read it at once
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for name in plan.order:
+                    tg.create_task(self._assign_one(plan, name))
+        except* KafilaError as group:  # the CLI shows one error, not a group
+            raise group.exceptions[0] from None
+
+    async def _assign_one(self, plan: Placement, name: str) -> None:
         order = list(plan.order)
         config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": N_BATCH}
-        for name in order:
-            start, end = plan.ranges[name]
-            spec = StageSpec(start, end, head=(name == plan.head))
-            j = self.joined[name]
-            # cut and hashed on a worker thread that stops with this task (a SIGTERM mid-cut)
-            j.stage_path = path = await run_stoppable(partial(self.cache.stage, self.model, spec))
-            if self.use is not None:
-                self.use.add(path)
-            j.manifest = manifest = await run_stoppable(partial(manifest_for, path, CHUNK_SIZE))
-            loop = asyncio.get_running_loop()
-            j.loaded, j.ready = loop.create_future(), loop.create_future()
-            self.state.delivery[name] = (0, manifest.size)
+        start, end = plan.ranges[name]
+        j = self.joined[name]
+        # cut and hashed on a worker thread that stops with this task (a SIGTERM mid-cut)
+        spec = StageSpec(start, end, head=(name == plan.head))
+        j.stage_path = await run_stoppable(partial(self.cache.stage, self.model, spec))
+        if self.use is not None:
+            self.use.add(j.stage_path)
+        j.manifest = await run_stoppable(partial(manifest_for, j.stage_path, CHUNK_SIZE))
+        self.state.delivery[name] = (0, j.manifest.size)
+        cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
+        if cut_local:
+            self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
+        try:
             await j.link.send(messages.encode(messages.Assign(
                 self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-                self.state.plan or {}, model_label(self.model), manifest)))
+                self.state.plan or {}, model_label(self.model), j.manifest, cut_local)))
+        except NetworkError as exc:
+            self.lost.put_nowait((name, str(exc)))  # the epoch plans again without it
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""

@@ -11,14 +11,16 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kafila.engine.embedding import Embedder
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionError
-from kafila.model.embedded import default_model_path
+from kafila.errors import DiskFullError, EngineError, KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.model.cut import StageSpec
+from kafila.model.embedded import default_model_path, resolve_model
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint, RingEdges
@@ -29,10 +31,12 @@ from kafila.session.api import ApiServer, Forwarder
 from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, StageReceiver
 from kafila.session.head import Head
+from kafila.session.local_model import cut_locally, model_claim
 from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
 from kafila.session.stage_runtime import StageWorker
 from kafila.session.state import SessionState, StageStats, member_view
+from kafila.session.transfer import Superseded, receive_stage
 
 log = logging.getLogger("kafila.member")
 RECV_TIMEOUT_S = 60.0
@@ -171,7 +175,16 @@ class MemberRuntime:
         start, end = msg.ranges[me]
         is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
-        path = await self._receive_stage(msg.stage)
+        try:
+            path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
+                          else self._receive_stage(msg.stage))
+        except Superseded:  # e.g. another member was lost before this one's chunks came: the host re-planned
+            self.state.log(f"epoch {msg.epoch}'s stage is no longer wanted: the host planned again")
+            return
+        except DiskFullError as exc:  # the host plans again without this member
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(me, str(exc), msg.epoch))
+            raise SessionError(f"{me} left the session: {exc}") from None
         if self.use is not None:
             self.use.add(path)
         config = self._config()
@@ -203,25 +216,38 @@ class MemberRuntime:
         await self.send_host(messages.Ready(self._assigned.epoch, edge))
         self.state.update_member(self.opts.name, status="ready")
 
+    async def _cut_stage(self, msg: messages.Assign, spec: StageSpec) -> Path:
+        """This member's stage cut from its own copy of the model (the host checked the whole file's sha256)."""
+        if self.opts.model is None:
+            raise ProtocolError("the host asked this member to cut its stage, but it was given no --model")
+        self.state.log(f"cutting blocks [{spec.start}, {spec.end}) from {self.opts.model}")
+        path = await asyncio.to_thread(cut_locally, self.cache, self.opts.model, spec, msg.stage)
+        await self.send_host(messages.Need(msg.epoch, ()))  # nothing to send: the host counts 0 bytes
+        self.state.delivery[self.opts.name] = (msg.stage.size, msg.stage.size)
+        self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
+        return path
+
     async def _receive_stage(self, manifest: StageManifest) -> Path:
         me = self.opts.name
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
-        missing = receiver.missing()
+        missing = await asyncio.to_thread(receiver.missing)
+        receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
         await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))
         total = manifest.size
-        self.state.delivery[me] = (total - len(missing) * manifest.chunk_size if missing else total, total)
+        self.state.delivery[me] = (total - receiver.bytes_missing, total)
         self.state.changed()
-        while not receiver.complete:
-            raw = await self.control.recv(timeout=RECV_TIMEOUT_S)
-            if messages.kind(raw) != "chunk":
-                self._pending.append(messages.decode(raw))  # handled after the transfer
-                continue
-            index, data = messages.parse_chunk(raw)
-            receiver.accept(index, data)
-            done = min(len(receiver.have) * manifest.chunk_size, total)
-            self.state.delivery[me] = (done, total)
+
+        def progress(have: int) -> None:
+            self.state.delivery[me] = (min(have * manifest.chunk_size, total), total)
             self.state.changed()
-        path = await asyncio.to_thread(receiver.finish)
+
+        def aside(raw: bytes) -> None:
+            msg = messages.decode(raw)
+            self._pending.append(msg)  # handled after the transfer
+            if isinstance(msg, messages.Assign):
+                raise Superseded(msg.epoch)
+
+        path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
         self.state.delivery[me] = (total, total)
         self.state.log(f"stage {manifest.sha256[:12]} verified ({total / 1e6:.1f} MB)")
         return path
@@ -342,18 +368,25 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
     """Join a session with a code and serve in it until the host ends it; returns an exit status."""
     state.role, state.me, state.code = "member", opts.name, opts.code
     cache = StageCache(opts.cache_dir)
+    if opts.model is not None:
+        opts = replace(opts, model=resolve_model(opts.model))  # a name or path, checked before anything else
     with start_cache_use(cache.root) as use:
         return await _serve_member(opts, state, cache, use)
 
 
 async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCache, use: InUse) -> int:
     emulation = Emulation(opts.throttle, opts.memory_gb)
+    claim: dict[str, str] = {}
+    if opts.model is not None:
+        state.set_phase("measuring", f"hashing {opts.model} (once per file: the hash is cached)")
+        claim = await asyncio.to_thread(model_claim, cache, opts.model)
+        state.log(f"holding the model {opts.model.name} (sha256 {claim['model_sha256']})")
     state.set_phase("measuring", "measuring this machine")
     result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct) as ep:
         report = await ep.probe_nat(opts.rendezvous)
-        meas = {**measurements(result, emulation), "role": "member"}
+        meas = {**measurements(result, emulation), "role": "member", **claim}
         await ep.join_session(opts.rendezvous, opts.code)
         me = await ep.announce(meas)
         view = member_view(me)

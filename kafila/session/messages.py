@@ -13,7 +13,9 @@ that may be null; fields this build does not know are ignored):
                               ranges {name: [start, end)} for every name in order,
                               config {n_ctx_per_seq, n_seq_max, n_batch}, plan (the planner's JSON;
                               its "stage_seconds" {name: s} are read), model (the name to show),
-                              stage {sha256, size, chunk_size, chunks [sha256 per chunk]}
+                              stage {sha256, size, chunk_size, chunks [sha256 per chunk]},
+                              cut_local (true: the member holds the host's model file, announced by
+                              its sha256, and cuts the stage itself; no chunks are sent)
     need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
     loaded    member → host   epoch (stage received, verified and loaded into llama.cpp)
     connect   host → member   epoch (every stage is loaded: open the ring edges now)
@@ -105,6 +107,7 @@ class Assign(Control):
     plan: dict[str, Any]
     model: str
     stage: StageManifest
+    cut_local: bool = False
 
     @property
     def stage_seconds(self) -> dict[str, float]:
@@ -230,6 +233,12 @@ def _str(max_len: int, min_len: int = 0) -> Check:
     return check
 
 
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{where} must be true or false")
+    return v
+
+
 def _null_or(inner: Check) -> Check:
     def check(v: Any, where: str) -> Any:
         return None if v is None else inner(v, where)
@@ -324,7 +333,8 @@ _STAGE_TIME = _record(StageTime, {"predicted_s": _SECONDS, "measured_s": _null_o
 # The one decode table: each type's class and a check per field.
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "assign": (Assign, {"epoch": _EPOCH, "order": _NAMES, "head": _NAME, "ranges": _map(_range),
-                        "config": _config, "plan": _plan, "model": _TEXT, "stage": _manifest}),
+                        "config": _config, "plan": _plan, "model": _TEXT, "stage": _manifest,
+                        "cut_local": _bool}),
     "need": (Need, {"epoch": _EPOCH, "chunks": _list(_int(0, MAX_INDEX))}),
     "loaded": (Loaded, {"epoch": _EPOCH}),
     "connect": (Connect, {"epoch": _EPOCH}),

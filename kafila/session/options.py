@@ -38,6 +38,7 @@ class MemberOptions:
     allow_direct: bool = True
     trace_path: Path | None = None  # as the head: record every batch (for exactness tests)
     threads: int = 0  # llama.cpp threads (0: all cores); several members on one machine must share them
+    model: Path | None = None  # this machine's own copy of the host's model: the stage is cut here, not sent
 
 
 @dataclass(frozen=True)

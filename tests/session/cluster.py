@@ -67,14 +67,22 @@ class Proc:
 
 
 class Cluster:
-    """rendezvous + host + members; `members` is a list of (name, extra join args)."""
+    """rendezvous + host + members; `members` is a list of (name, extra join args).
 
-    def __init__(self, tmp: Path, members: list[tuple[str, list[str]]], host_args: list[str] | None = None) -> None:
+    `member_env` adds environment variables for some members (e.g. a cache of their own); `member_prefix`
+    runs some members under a command (e.g. in a mount namespace with a small filesystem).
+    """
+
+    def __init__(self, tmp: Path, members: list[tuple[str, list[str]]], host_args: list[str] | None = None,
+                 member_env: dict[str, dict[str, str]] | None = None,
+                 member_prefix: dict[str, list[str]] | None = None) -> None:
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
                     "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
         shared_probe(tmp / "cache")
         self.procs: list[Proc] = []
+        self.member_env = member_env or {}
+        self.member_prefix = member_prefix or {}
         try:
             self._start(members, host_args or [])
         except BaseException:
@@ -107,7 +115,9 @@ class Cluster:
         self.procs.append(self.host)
         self.code = m.group(1)
         self.members = {name: Proc(name, ["join", self.code, "--rendezvous", self.rdv, "--name", name,
-                                          "--api-port", "-1", *args], self.env) for name, args in members}
+                                          "--api-port", "-1", *args], {**self.env, **self.member_env.get(name, {})},
+                                     self.member_prefix.get(name))
+                        for name, args in members}
         self.procs += self.members.values()
 
     def headers(self) -> dict[str, str]:
