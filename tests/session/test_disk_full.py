@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing_tool
 from tests.session.cluster import REPO, Cluster
 
 NO_SPACE = re.compile(r"no space left on (\S+): need ([\d.]+) MB, have ([\d.]+) MB")
@@ -30,7 +31,7 @@ def can_mount(tmp_path: Path) -> None:
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     if not ok:
-        pytest.skip("this machine does not let a test mount a tmpfs in a namespace of its own (unshare -rm)")
+        missing_tool("this machine does not let a test mount a tmpfs in a namespace of its own (unshare -rm)")
 
 
 def test_a_member_whose_disk_is_too_small_says_so_and_the_host_replans(tmp_path: Path, can_mount: None) -> None:
