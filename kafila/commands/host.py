@@ -17,6 +17,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; -1: none)")
     p.add_argument("--mixed-builds", action="store_true",
                    help="admit members whose llama.cpp build differs from this one (the ring is then not bit-exact)")
+    p.add_argument("--coordinate-only", action="store_true",
+                   help="only coordinate: this machine holds no stage (run `kafila join` beside it to serve)")
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
 
 

@@ -169,6 +169,18 @@ class HostRuntime:
             if name in self.joined:
                 self.lost.put_nowait((name, str(exc)))
 
+    async def _tell(self, name: str, msg: messages.Control | bytes) -> bool:
+        """Send to a member; a failed send is that member's loss (queued like any other), not an error."""
+        j = self.joined.get(name)
+        if j is None:
+            return False
+        try:
+            await j.link.send(msg if isinstance(msg, bytes) else messages.encode(msg))
+        except NetworkError as exc:
+            self.lost.put_nowait((name, str(exc)))
+            return False
+        return True
+
     # -- control messages from members (one handler per type) -----------------------------------
     def _on_need(self, j: Joined, msg: messages.Need) -> None:
         if msg.epoch != self.epoch:
@@ -207,7 +219,8 @@ class HostRuntime:
         sent = total - len(chunks) * j.manifest.chunk_size
         for i in chunks:
             data = await asyncio.to_thread(read_chunk, j.stage_path, j.manifest, i)
-            await j.link.send(messages.chunk(i, data))
+            if not await self._tell(j.peer.name, messages.chunk(i, data)):
+                return
             sent += len(data)
             self.state.delivery[j.peer.name] = (min(max(sent, 0), total), total)
             self.state.changed()
@@ -247,7 +260,7 @@ class HostRuntime:
         loss = await self._wait_all(order, "loaded")
         if loss is None:
             for n in order:
-                await self.joined[n].link.send(messages.encode(messages.Connect(self.epoch)))
+                await self._tell(n, messages.Connect(self.epoch))
             self.state.set_phase("connecting", "every stage is loaded; opening the ring's edges")
             loss = await self._wait_all(order, "ready")
         if loss is not None:
@@ -257,12 +270,19 @@ class HostRuntime:
         if self.api is not None:
             self.api.chat = self.forwarder.chat
         for n in order:
-            await self.joined[n].link.send(messages.encode(messages.Admit(self.epoch)))
+            await self._tell(n, messages.Admit(self.epoch))
             self.state.update_member(n, status="serving")
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
-        who, reason = await self.lost.get()
+        who, reason = await self._next_loss()
         return await self._on_lost(who, reason)
+
+    async def _next_loss(self) -> tuple[str, str]:
+        """The next loss of a member still in the session (a late report of an earlier loss is no news)."""
+        while True:
+            who, reason = await self.lost.get()
+            if who in self.joined:
+                return who, reason
 
     async def _assign(self, plan: Placement) -> None:
         order = list(plan.order)
@@ -278,9 +298,9 @@ class HostRuntime:
             loop = asyncio.get_running_loop()
             j.loaded, j.ready = loop.create_future(), loop.create_future()
             self.state.delivery[name] = (0, j.manifest.size)
-            await j.link.send(messages.encode(messages.Assign(
+            await self._tell(name, messages.Assign(
                 self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-                self.state.plan or {}, model_label(self.model), j.manifest)))
+                self.state.plan or {}, model_label(self.model), j.manifest))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
@@ -289,7 +309,7 @@ class HostRuntime:
             fut = self.joined[n].loaded if kind == "loaded" else self.joined[n].ready
             assert fut is not None
             waits[n] = fut
-        lost_wait = asyncio.ensure_future(self.lost.get())
+        lost_wait = asyncio.ensure_future(self._next_loss())
         try:
             pending: set[asyncio.Future[Any]] = set(waits.values())
             deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
@@ -327,13 +347,15 @@ class HostRuntime:
             self.forwarder.fail_all(f"member {who} was lost: {reason}", lost=who)
         if self.api is not None:
             self.api.chat = None
+        for j in self.joined.values():  # chunks of this epoch's stages must not reach the next epoch
+            for task in list(j.sending):
+                task.cancel()
         gone = self.joined.pop(who, None)
         if gone is not None:
             with contextlib.suppress(KafilaError):
                 await gone.link.close()
-        for j in self.joined.values():
-            with contextlib.suppress(KafilaError):
-                await j.link.send(messages.encode(messages.Lost(who, reason, self.epoch)))
+        for name in list(self.joined):
+            await self._tell(name, messages.Lost(who, reason, self.epoch))
         # the same loss is often reported by its neighbours and by its own link: keep other losses only
         others = [self.lost.get_nowait() for _ in range(self.lost.qsize())]
         for other in others:

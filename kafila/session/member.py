@@ -172,6 +172,8 @@ class MemberRuntime:
         is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
         path = await self._receive_stage(msg.stage)
+        if path is None:
+            return
         if self.use is not None:
             self.use.add(path)
         config = self._config()
@@ -195,7 +197,17 @@ class MemberRuntime:
         missing = [n for n in order if n not in by_name]
         if missing:
             raise SessionError(f"ring members {missing} are not in the verified member list")
-        self.edges = await self.ep.open_ring([by_name[n] for n in order])
+        me = order.index(self.opts.name)
+        succ, pred = order[(me + 1) % len(order)], order[me - 1]
+        try:
+            self.edges = await self.ep.open_ring([by_name[n] for n in order])
+        except KafilaError as exc:  # a neighbour gone before admission: the host's to handle, not an exit
+            await self._report_edge_failure(pred, str(exc))
+            return
+        r = self.edges.report
+        if len(order) > 1 and self.edges.next is None:
+            await self._report_edge_failure(succ, r.error if r is not None and r.error else "no link")
+            return
         edge = None
         if self.edges.report is not None:
             r = self.edges.report
@@ -203,7 +215,18 @@ class MemberRuntime:
         await self.send_host(messages.Ready(self._assigned.epoch, edge))
         self.state.update_member(self.opts.name, status="ready")
 
-    async def _receive_stage(self, manifest: StageManifest) -> Path:
+    async def _report_edge_failure(self, peer: str, reason: str) -> None:
+        """Tell the host that a ring edge to `peer` could not open; it plans again (or ends the session)."""
+        if self.edges is not None:
+            for link in (self.edges.next, self.edges.prev):
+                if link is not None:
+                    await link.close()
+            self.edges = None
+        self.state.log(f"ring edge to {peer} failed: {reason}; waiting for the host")
+        await self.send_host(messages.Lost(peer, f"its ring edge could not open: {reason}", self._assigned.epoch))
+
+    async def _receive_stage(self, manifest: StageManifest) -> Path | None:
+        """The stage file, received and verified; None when the host gave the epoch up meanwhile."""
         me = self.opts.name
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
         missing = receiver.missing()
@@ -212,9 +235,15 @@ class MemberRuntime:
         self.state.delivery[me] = (total - len(missing) * manifest.chunk_size if missing else total, total)
         self.state.changed()
         while not receiver.complete:
-            raw = await self.control.recv(timeout=RECV_TIMEOUT_S)
+            try:
+                raw = await self.control.recv(timeout=RECV_TIMEOUT_S)
+            except TimeoutError:
+                raise SessionError(f"the host sent no part of the stage for {RECV_TIMEOUT_S:.0f} s") from None
             if messages.kind(raw) != "chunk":
-                self._pending.append(messages.decode(raw))  # handled after the transfer
+                msg = messages.decode(raw)
+                self._pending.append(msg)  # handled after the transfer ...
+                if isinstance(msg, messages.Lost | messages.Assign | messages.Reject | messages.Bye):
+                    return None  # ... or at once: the host has given this epoch up
                 continue
             index, data = messages.parse_chunk(raw)
             receiver.accept(index, data)

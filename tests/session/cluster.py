@@ -28,11 +28,13 @@ class Proc:
     """A kafila process whose output is collected line by line."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str],
-                 prefix: list[str] | None = None) -> None:
+                 prefix: list[str] | None = None, script: str | None = None) -> None:
         self.name = name
         self.lines: list[str] = []
+        # `script`: Python run with -c in place of kafila.py (it calls kafila.cli.main itself, after a patch)
+        program = ["-c", script] if script is not None else [str(REPO / "kafila.py")]
         self.popen = subprocess.Popen(
-            [*(prefix or []), sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE,
+            [*(prefix or []), sys.executable, *program, *args], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -67,9 +69,16 @@ class Proc:
 
 
 class Cluster:
-    """rendezvous + host + members; `members` is a list of (name, extra join args)."""
+    """rendezvous + host + members; `members` is a list of (name, extra join args).
 
-    def __init__(self, tmp: Path, members: list[tuple[str, list[str]]], host_args: list[str] | None = None) -> None:
+    The host only coordinates unless `serve_host` (then its machine is a member too, named "host").
+    `scripts` runs the named members with -c SCRIPT in place of kafila.py.
+    """
+
+    def __init__(self, tmp: Path, members: list[tuple[str, list[str]]], host_args: list[str] | None = None,
+                 scripts: dict[str, str] | None = None, serve_host: bool = False) -> None:
+        self.scripts = scripts or {}
+        self.serve_host = serve_host
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
                     "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
@@ -101,9 +110,10 @@ class Cluster:
         for _ in range(PORT_TRIES):
             self.api_port = _free_tcp_port()
             self.url = f"http://127.0.0.1:{self.api_port}"
+            role = ["--name", "host"] if self.serve_host else ["--coordinate-only"]
             self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
                                       "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
-                                      *host_args], self.env)
+                                      *role, *host_args], self.env)
             if (m := self.host.wait_for_either(CODE_RE, 60)) and self._api_answers(m.group(1)):
                 break
             self._drop(self.host)
@@ -112,7 +122,8 @@ class Cluster:
         self.procs.append(self.host)
         self.code = m.group(1)
         self.members = {name: Proc(name, ["join", self.code, "--rendezvous", self.rdv, "--name", name,
-                                          "--api-port", "-1", *args], self.env) for name, args in members}
+                                          "--api-port", "-1", *args], self.env, script=self.scripts.get(name))
+                        for name, args in members}
         self.procs += self.members.values()
 
     def headers(self) -> dict[str, str]:

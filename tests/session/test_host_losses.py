@@ -1,0 +1,53 @@
+"""The host meets losses as ordinary events, with real processes on loopback: a member lost between
+planning and admission makes the host plan again over the others (never an internal error)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.session.cluster import Cluster
+
+PROMPT = "What is the capital of France?"
+MAX_TOKENS = 8
+
+# `kafila join`, killed (SIGKILL, as `kill -9`) the moment the host's assignment reaches it: after
+# planning, before admission.
+DIES_ON_ASSIGN = """
+import os, signal, sys
+import kafila.session.member as member
+async def die(self, msg):
+    os.kill(os.getpid(), signal.SIGKILL)
+member.MemberRuntime._on_assign = die
+from kafila.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def capital(smollm: Path) -> str:
+    """Ground truth: llama-cpp-python's own greedy reply on the whole file."""
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), n_ctx=512, verbose=False)
+    try:
+        return str(model.create_chat_completion([{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS,
+                                                temperature=0)["choices"][0]["message"]["content"])
+    finally:
+        model.close()
+
+
+def test_member_killed_between_planning_and_admission_is_an_ordinary_loss(tmp_path: Path, capital: str) -> None:
+    with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", [])], scripts={"cy": DIES_ON_ASSIGN}) as cluster:
+        state = cluster.wait_phase({"admitted"})
+        assert sorted(state["plan"]["order"]) == ["ada", "bo"], cluster.host.output
+        assert cluster.members["cy"].popen.wait(60) == -9
+        assert "member cy was lost" in cluster.host.output
+        for text in ("internal error", "ExceptionGroup", "Traceback"):
+            assert text not in cluster.host.output, cluster.host.output
+        reply = cluster.chat(PROMPT, MAX_TOKENS)
+        assert reply["choices"][0]["message"]["content"] == capital, reply
