@@ -389,8 +389,7 @@ async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info:
         state.set_phase("waiting", f"session open; join code {code}")
         api = None
         if opts.api_port is not None:
-            api = ApiServer(state, port=opts.api_port)
-            await api.start()
+            api = await ApiServer(state, port=opts.api_port).start_or_none()
         try:
             return await HostRuntime(ep, opts, state, model, info, cache, api, use).run()
         finally:

@@ -395,8 +395,7 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         control = await ep.connect(host)
         api = None
         if opts.api_port is not None:
-            api = ApiServer(state, port=opts.api_port)
-            await api.start()
+            api = await ApiServer(state, port=opts.api_port).start_or_none()
         try:
             return await MemberRuntime(ep, control, state, opts, cache, api, use).run()
         finally:

@@ -20,6 +20,7 @@ from kafila.net.ports import free_udp_pair
 REPO = Path(__file__).resolve().parents[2]
 CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
 LISTENING_RE = re.compile(r"rendezvous listening on")
+API_RE = re.compile(r"the chat API serves on (http://\S+)")
 PORT_TRIES = 5
 STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("kafila: interrupted")
 
@@ -109,13 +110,15 @@ class Cluster:
         self.rdv = f"127.0.0.1:{self.port}"
         for _ in range(PORT_TRIES):
             self.api_port = _free_tcp_port()
-            self.url = f"http://127.0.0.1:{self.api_port}"
             role = ["--name", "host"] if self.serve_host else ["--coordinate-only"]
             self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
                                       "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
                                       *role, *host_args], self.env)
-            if (m := self.host.wait_for_either(CODE_RE, 60)) and self._api_answers(m.group(1)):
-                break
+            # the port asked may be taken meanwhile: the host then serves on another and says which
+            if (m := self.host.wait_for_either(CODE_RE, 60)) and (api := self.host.wait_for_either(API_RE, 60)):
+                self.url = api.group(1)
+                if self._api_answers(m.group(1)):
+                    break
             self._drop(self.host)
         else:
             raise AssertionError(f"the host never served its API:\n{self.host.output}")

@@ -1,12 +1,18 @@
-"""The host meets losses as ordinary events, with real processes on loopback: a member lost between
-planning and admission makes the host plan again over the others (never an internal error)."""
+"""Losses and clashes are ordinary events, with real processes on loopback: a member lost between planning
+and admission makes the host plan again over the others (never an internal error); a chat API port in
+use moves the API to the next free port (never ends a session)."""
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from kafila.session.api_token import read_token
 from tests.session.cluster import Cluster
 
 PROMPT = "What is the capital of France?"
@@ -51,3 +57,22 @@ def test_member_killed_between_planning_and_admission_is_an_ordinary_loss(tmp_pa
             assert text not in cluster.host.output, cluster.host.output
         reply = cluster.chat(PROMPT, MAX_TOKENS)
         assert reply["choices"][0]["message"]["content"] == capital, reply
+
+
+def test_a_port_in_use_moves_the_chat_api_and_says_where(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # another program holds the port the member asks for
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # the member's --api-port comes after the cluster's own "-1", so it is the one taken
+        with Cluster(tmp_path, [("ada", ["--api-port", str(port)])]) as cluster:
+            ada = cluster.members["ada"]
+            said = ada.wait_for(re.compile(rf"port {port} is in use: the chat API serves on (http://\S+) instead"), 240)
+            url = said.group(1)
+            assert url != f"http://127.0.0.1:{port}"
+            req = urllib.request.Request(url + "/kafila/state", headers={"Authorization": f"Bearer {read_token(url)}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                state = json.loads(r.read())
+            assert state["me"] == "ada" and state["api_url"] == url
+            cluster.wait_phase({"admitted"})
+            assert ada.popen.poll() is None  # the session goes on
