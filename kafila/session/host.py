@@ -1,8 +1,9 @@
 """The host: opens a session, waits for members, plans, delivers stages, admits or rejects, watches the ring.
 
-The host coordinates; it holds the GGUF but serves no blocks itself (run `kafila join` beside it
-to put its machine in the ring too). After a member is lost it plans again over the others when
-the model still fits (a new epoch), so new requests are served by the smaller ring.
+The host coordinates, and its machine serves too: `run_host` runs an ordinary member in the same
+process (its own endpoint, measured, planned and given a stage like any other), unless
+`coordinate_only`. After a member is lost it plans again over the others when the model still fits
+(a new epoch), so new requests are served by the smaller ring.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from kafila.session.api import ApiServer, Forwarder
 from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, manifest_for, read_chunk
-from kafila.session.options import HostOptions
+from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 
 log = logging.getLogger("kafila.host")
 N_BATCH = 128
 READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
 EXIT_REJECTED = 3
+OWN_MEMBER_STOP_S = 5.0  # how long the host's own member may take to close after the host's goodbye
 
 
 def model_label(model: Path) -> str:
@@ -130,21 +132,27 @@ class HostRuntime:
                 continue
             if peer.name in self.joined or (self.plan is not None and self.state.phase == "admitted"):
                 with contextlib.suppress(KafilaError):
-                    why = "a member of that name is already in the session" if peer.name in self.joined else \
+                    why = "a member of that name is already in the session (join with another --name)" \
+                        if peer.name in self.joined else \
                         "the session is already planned"
                     await link.send(messages.encode(messages.Refused(why)))
                 continue
             self.joined[peer.name] = Joined(peer, link)
             self.builds.add(peer.name, verdict)
             self.state.upsert_member(view)
-            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.opts.members})")
+            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.expected})")
             self._tg.create_task(self._recv_loop(peer.name, link))
             self._arrived.set()
+
+    @property
+    def expected(self) -> int:
+        """How many members to wait for: those asked for, and the host's own machine unless it only coordinates."""
+        return self.opts.members + (0 if self.opts.coordinate_only else 1)
 
     async def _wait_for_members(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.opts.wait_s
-        while len(self.joined) < self.opts.members:
+        while len(self.joined) < self.expected:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
@@ -390,8 +398,42 @@ async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info:
         api = None
         if opts.api_port is not None:
             api = await ApiServer(state, port=opts.api_port).start_or_none()
+        # not in a TaskGroup: the host's own errors must reach the CLI as they are, not wrapped in a group
+        own = None if opts.coordinate_only else asyncio.create_task(_own_member(opts, str(code), state))
         try:
             return await HostRuntime(ep, opts, state, model, info, cache, api, use).run()
         finally:
+            if own is not None:  # it has had the host's goodbye; it ends with the host in any case
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(own), OWN_MEMBER_STOP_S)
+                own.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await own
             if api is not None:
                 await api.stop()
+
+
+async def _own_member(opts: HostOptions, code: str, host_state: SessionState) -> None:
+    """This machine as an ordinary member of its own session (its events go to the host's log).
+
+    Its end is not the session's: the host sees it as a lost member, like any other.
+    """
+    from kafila.session.member import run_member
+
+    mine = SessionState()
+    shown = 0
+
+    def relay(s: SessionState) -> None:
+        nonlocal shown
+        for _, text in s.events[shown:]:
+            host_state.log(f"{opts.name} (this machine): {text}")
+        shown = len(s.events)
+
+    mine.subscribe(relay)
+    member_opts = MemberOptions(code=code, rendezvous=opts.rendezvous, name=opts.name, api_port=None,
+                                cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
+                                allow_direct=opts.allow_direct, threads=opts.threads)
+    try:
+        await run_member(member_opts, mine)
+    except KafilaError as exc:
+        host_state.log(f"{opts.name} (this machine) left the ring: {exc}")

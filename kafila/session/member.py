@@ -193,7 +193,8 @@ class MemberRuntime:
         """Open this member's two ring edges (when the host says every stage is loaded)."""
         order = self._assigned.order
         self.state.set_phase("connecting", "opening ring edges")
-        by_name = {vm.name: vm for vm in (await self.ep.members()).verified}
+        # members only: a host's coordinating endpoint may share its machine's name with the member beside it
+        by_name = {vm.name: vm for vm in (await self.ep.members()).verified if vm.measurements.get("role") != "host"}
         missing = [n for n in order if n not in by_name]
         if missing:
             raise SessionError(f"ring members {missing} are not in the verified member list")

@@ -22,6 +22,7 @@ CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
 LISTENING_RE = re.compile(r"rendezvous listening on")
 API_RE = re.compile(r"the chat API serves on (http://\S+)")
 PORT_TRIES = 5
+HOST_MEMBER = "hal"  # the serving host's name as a ring member
 STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("kafila: interrupted")
 
 
@@ -72,7 +73,7 @@ class Proc:
 class Cluster:
     """rendezvous + host + members; `members` is a list of (name, extra join args).
 
-    The host only coordinates unless `serve_host` (then its machine is a member too, named "host").
+    The host only coordinates unless `serve_host` (then its machine is a member too, named HOST_MEMBER).
     `scripts` runs the named members with -c SCRIPT in place of kafila.py.
     """
 
@@ -110,7 +111,7 @@ class Cluster:
         self.rdv = f"127.0.0.1:{self.port}"
         for _ in range(PORT_TRIES):
             self.api_port = _free_tcp_port()
-            role = ["--name", "host"] if self.serve_host else ["--coordinate-only"]
+            role = ["--name", HOST_MEMBER] if self.serve_host else ["--coordinate-only"]
             self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
                                       "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
                                       *role, *host_args], self.env)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kafila.session.api_token import read_token
-from tests.session.cluster import Cluster
+from tests.session.cluster import HOST_MEMBER, Cluster
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 8
@@ -76,3 +76,14 @@ def test_a_port_in_use_moves_the_chat_api_and_says_where(tmp_path: Path) -> None
             assert state["me"] == "ada" and state["api_url"] == url
             cluster.wait_phase({"admitted"})
             assert ada.popen.poll() is None  # the session goes on
+
+
+def test_the_host_serves_a_stage_by_default(tmp_path: Path, capital: str) -> None:
+    with Cluster(tmp_path, [("ada", [])], serve_host=True) as cluster:
+        state = cluster.wait_phase({"admitted"})
+        assert sorted(state["plan"]["order"]) == sorted(["ada", HOST_MEMBER]), cluster.host.output
+        assert all(state["members"][n]["status"] == "serving" for n in ("ada", HOST_MEMBER)), state["members"]
+        assert f"{HOST_MEMBER} joined" in cluster.host.output  # counted besides --members 1: 2 in all
+        reply = cluster.chat(PROMPT, MAX_TOKENS)
+        assert reply["choices"][0]["message"]["content"] == capital, reply
+        assert set(reply["kafila"]["stages"]) == {"ada", HOST_MEMBER}
