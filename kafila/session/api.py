@@ -74,10 +74,10 @@ class Forwarder:
             queue.put_nowait(msg.evt)
         return True
 
-    def fail_all(self, reason: str, lost: str | None = None) -> None:
+    def fail_all(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
         """End the requests waiting on the head: member `lost` was lost (the API server may resume them)."""
         for queue in self._queues.values():
-            queue.put_nowait({"error": reason, "resumable": True, "lost": lost})
+            queue.put_nowait({"error": reason, "resumable": resumable, "lost": lost})
 
 
 class ApiServer:
@@ -167,7 +167,8 @@ class ApiServer:
             async with asyncio.timeout(RESUME_WAIT_S):
                 while not (self._chat is not None and self._epoch > epoch):
                     if self.state.phase in ("rejected", "closed"):
-                        return f"the session cannot go on ({self.state.rejection or self.state.phase})"
+                        why = self.state.rejection or self.state.lost or self.state.phase
+                        return f"the session cannot go on ({why})"
                     self._ring_changed.clear()
                     await self._ring_changed.wait()
         except TimeoutError:

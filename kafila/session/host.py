@@ -378,6 +378,7 @@ class HostRuntime:
 async def run_host(opts: HostOptions, state: SessionState) -> int:
     """Open a session and run it until it ends; returns an exit status (3: rejected)."""
     state.role, state.me = "host", "host"
+    state.coordinator = "host"
     model = resolve_model(opts.model)
     info = describe_model(model)
     state.model = model_label(model)

@@ -17,7 +17,7 @@ from typing import Any
 from kafila.engine.embedding import Embedder
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionEnded, SessionError
 from kafila.model.embedded import default_model_path
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
@@ -36,6 +36,7 @@ from kafila.session.state import SessionState, StageStats, member_view
 
 log = logging.getLogger("kafila.member")
 RECV_TIMEOUT_S = 60.0
+END_GRACE_S = 1.0  # a session that cannot go on: how long clients get to read why before this process ends
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
@@ -58,6 +59,13 @@ async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
         raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
 
+def _first(group: BaseException) -> BaseException:
+    """The first exception in a (nested) exception group."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
 async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
     """Move every message arriving on `link` into `inbox` until the link fails."""
     while True:
@@ -78,6 +86,7 @@ class MemberRuntime:
         self.assignment: messages.Assign | None = None
         self._serving: asyncio.Task[None] | None = None
         self._pending: list[messages.Control] = []
+        self._ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
         # what each of the host's messages does; a handler returns an exit status to end the session
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[int | None]]] = {
             messages.Assign: self._on_assign,
@@ -120,7 +129,10 @@ class MemberRuntime:
             self._tg = tg
             try:
                 while True:
-                    msg = await self._next_control()
+                    try:
+                        msg = await self._next_control()
+                    except NetworkError as exc:  # the host is gone: the ring may well serve on without it
+                        return await self._without_coordinator(str(exc))
                     handler = self._handlers.get(type(msg))
                     if handler is None:
                         log.warning("ignored a %r message from the host", msg.T)
@@ -158,6 +170,38 @@ class MemberRuntime:
     async def _on_bye(self, msg: messages.Bye) -> int:
         self.state.set_phase("closed", f"the host closed the session: {msg.reason}")
         return 0
+
+    # -- the host gone ---------------------------------------------------------------------------
+    async def _without_coordinator(self, reason: str) -> int:
+        """Serve on after the host left, for as long as the ring holds; returns when it cannot go on.
+
+        Every member makes the same choice of who coordinates now: the head. Re-planning after a
+        loss needs the model's bytes to cut new stages, and only the host held them, so the next
+        loss (or one already suffered) ends the session with that reason, on every member.
+        """
+        left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
+        self.state.coordinator_left = left
+        if self.assignment is not None and self._serving is not None and not self._serving.done():
+            self.state.coordinator = self.assignment.head
+            self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._serving  # until the ring itself breaks
+            why = f"{self.state.lost or 'the ring broke'}, after {left}"
+        elif self.state.lost is not None:
+            why = f"{self.state.lost}, and {left}"
+        else:
+            why = f"{left} before the ring was admitted"
+        if self._ended is not None:
+            why = self._ended  # the first member to end said why; every member says the same
+        elif self.assignment is not None:
+            why += ("; the ring cannot be re-planned without the model's file, which only the host held "
+                    "(a member started with it, `kafila join CODE --model PATH`, could take over)")
+        self.state.lost = why
+        self.state.set_phase("closed", f"the session cannot go on: {why}")
+        self._fail_requests(why, resumable=False)
+        await self._say_bye_on_ring(why)
+        await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
+        raise SessionError(why)
 
     # -- setting up an epoch --------------------------------------------------------------------
     async def _setup(self, msg: messages.Assign) -> None:
@@ -284,6 +328,12 @@ class MemberRuntime:
                         self.api.chat = self.forwarder.chat
                     tg.create_task(self._stage_loop(inbox))
                 self.state.update_member(self.opts.name, status="serving")
+        except* SessionEnded as group:  # a neighbour ended the session; pass the word on around the ring
+            why = str(_first(group))
+            self._ended = why
+            self.state.lost = why
+            self._fail_requests(why, resumable=False)
+            await self._say_bye_on_ring(why)
         except* (NetworkError, ProtocolError) as group:
             reason = "; ".join(str(e) for e in group.exceptions)
             peer = self._failed_peer()
@@ -293,18 +343,25 @@ class MemberRuntime:
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
 
+    async def _say_bye_on_ring(self, why: str) -> None:
+        """Tell the next member along the ring that the session cannot go on, and why (it tells the next)."""
+        nxt = self.edges.next if self.edges is not None else None
+        if nxt is not None:
+            with contextlib.suppress(KafilaError):
+                await nxt.send(messages.encode(messages.Bye(why)))
+
     def _failed_peer(self) -> str:
         for link in (self.edges.prev, self.edges.next) if self.edges else ():
             if link is not None and link.closed is not None:
                 return link.peer.name
         return "a ring neighbour"
 
-    def _fail_requests(self, reason: str, lost: str | None = None) -> None:
+    def _fail_requests(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
         # resumable: the API servers send them again once the host has planned a ring without the lost member
         if self.head is not None:
-            self.head.fail_all(reason, resumable=True)
-        if self.forwarder is not None:
-            self.forwarder.fail_all(reason, lost=lost)  # the API server does not re-send what the lost head held
+            self.head.fail_all(reason, resumable=resumable)
+        if self.forwarder is not None:  # the API server does not re-send what the lost head held
+            self.forwarder.fail_all(reason, lost=lost, resumable=resumable)
         if self.api:
             self.api.chat = None
 
@@ -331,6 +388,8 @@ class MemberRuntime:
                 await nxt.send(frames.encode(frame.passed(out, ns)))
                 continue
             c = messages.decode(msg)
+            if isinstance(c, messages.Bye):
+                raise SessionEnded(c.reason)
             if isinstance(c, messages.Free):
                 await self.worker.free(c.seq)
             elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
@@ -347,7 +406,10 @@ class MemberRuntime:
                     self.state.stages[name].measured_s = s.measured_s
             self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
             self.state.changed()
-            await self.send_host(stats)
+            try:
+                await self.send_host(stats)
+            except NetworkError:  # the host is gone: the ring serves on without it (see run)
+                return
 
     async def _stop_serving(self, reason: str | None) -> None:
         if reason:
@@ -394,6 +456,7 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
         host = await find_host(ep, opts.join_timeout_s)
         control = await ep.connect(host)
+        state.coordinator = host.name
         api = None
         if opts.api_port is not None:
             api = await ApiServer(state, port=opts.api_port).start_or_none()

@@ -130,11 +130,15 @@ class Cluster:
                         for name, args in members}
         self.procs += self.members.values()
 
-    def headers(self) -> dict[str, str]:
-        """What the host's API asks of a client: JSON, and the bearer token from the host's token file."""
+    def headers(self, url: str | None = None) -> dict[str, str]:
+        """What an API asks of a client (the host's, or the one at `url`): JSON, and the bearer token from its file."""
         from kafila.session.api_token import read_token
 
-        return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(self.url)}"}
+        return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(url or self.url)}"}
+
+    def member_url(self, name: str, timeout: float = 240) -> str:
+        """Where member `name` serves its chat API (it was started with --api-port)."""
+        return self.members[name].wait_for(API_RE, timeout).group(1)
 
     def _api_answers(self, code: str) -> bool:
         """Whether our host serves the API on the port asked (not another process, and not failed to bind)."""
@@ -152,8 +156,10 @@ class Cluster:
             proc.popen.kill()
         proc.popen.wait()
 
-    def state(self) -> dict[str, Any]:
-        req = urllib.request.Request(self.url + "/kafila/state", headers=self.headers())
+    def state(self, url: str | None = None) -> dict[str, Any]:
+        """/kafila/state of the host's API, or of the API at `url` (a member's)."""
+        url = url or self.url
+        req = urllib.request.Request(url + "/kafila/state", headers=self.headers(url))
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
@@ -171,10 +177,13 @@ class Cluster:
             time.sleep(0.3)
         raise AssertionError(f"phase never became {phases} (last {last and last['phase']}):\n{self.host.output}")
 
-    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300) -> dict:
+    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300,
+             url: str | None = None) -> dict:
+        """A chat through the host's API, or through the one at `url`."""
+        url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": temperature}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
+        req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return json.loads(r.read())
@@ -182,14 +191,16 @@ class Cluster:
             return json.loads(exc.read())
 
     def stream_chat(self, content: str, max_tokens: int, timeout: float = 300,
-                    streaming: threading.Event | None = None) -> list[tuple[float, Any]]:
+                    streaming: threading.Event | None = None, url: str | None = None) -> list[tuple[float, Any]]:
         """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line.
 
-        `streaming` is set once the first piece of the reply's text has arrived.
+        `streaming` is set once the first piece of the reply's text has arrived. Through the host's
+        API, or the one at `url`.
         """
+        url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": 0.0, "stream": True}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
+        req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         out: list[tuple[float, Any]] = []
         with urllib.request.urlopen(req, timeout=timeout) as r:
             for raw in r:

@@ -4,11 +4,16 @@ use moves the API to the next free port (never ends a session)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import socket
+import threading
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +92,74 @@ def test_the_host_serves_a_stage_by_default(tmp_path: Path, capital: str) -> Non
         reply = cluster.chat(PROMPT, MAX_TOKENS)
         assert reply["choices"][0]["message"]["content"] == capital, reply
         assert set(reply["kafila"]["stages"]) == {"ada", HOST_MEMBER}
+
+
+REMEDY = "`kafila join CODE --model PATH`"
+STORY = "Tell me a long story about a dragon."
+
+
+def _wait_state(cluster: Cluster, url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.state(url)
+        if done(state):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"the state at {url} never got there: {state}")
+
+
+def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path: Path, capital: str) -> None:
+    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo", "cy")]) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        head = plan["head"]
+        other = next(n for n in plan["order"] if n != head)
+        urls = {n: cluster.member_url(n) for n in plan["order"]}
+        cluster.host.popen.kill()  # kill -9
+        cluster.host.popen.wait()
+        # asked at once, before the members can even notice: serving never waits on the host
+        reply = cluster.chat(PROMPT, MAX_TOKENS, url=urls[head])
+        assert reply["choices"][0]["message"]["content"] == capital, reply
+        # every member says the coordinator left, and names the same successor: the head
+        for name, url in urls.items():
+            state = _wait_state(cluster, url, lambda s: s["coordinator_left"] is not None)
+            assert state["coordinator"] == head and state["phase"] == "admitted", (name, state)
+            assert "the coordinator (host) left the session" in state["coordinator_left"]
+        # it keeps working once they know, along the ring too (a member forwards to the head)
+        again = cluster.chat(PROMPT, 2, url=urls[other])
+        assert capital.startswith(again["choices"][0]["message"]["content"]), again
+        assert all(m.popen.poll() is None for m in cluster.members.values())
+        # a later loss: no survivor holds the model to cut new stages, so the session ends, saying why
+        cluster.members[other].popen.kill()
+        for name in plan["order"]:
+            if name != other:
+                member = cluster.members[name]
+                assert member.popen.wait(60) == 1, member.output
+                member.reader.join(5)
+                assert f"{other} lost" in member.output and REMEDY in member.output, member.output
+                assert "Traceback" not in member.output
+
+
+def test_serving_host_killed_with_no_member_holding_the_model_ends_every_client_clearly(tmp_path: Path) -> None:
+    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo")], serve_host=True) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        assert HOST_MEMBER in plan["order"]
+        urls = {n: cluster.member_url(n) for n in ("ada", "bo")}
+        streaming = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(cluster.stream_chat, STORY, 400, 120, streaming, urls["ada"])
+            while not streaming.wait(0.1):
+                if pending.done():
+                    raise AssertionError(f"the reply ended before the kill: {pending.result()}")
+            cluster.host.popen.kill()  # kill -9: the host and its machine's stage
+            killed_at = time.monotonic()
+            chunks = pending.result(timeout=120)
+        errors = [(t, c["error"]["message"]) for t, c in chunks if isinstance(c, dict) and "error" in c]
+        assert len(errors) == 1, chunks[-3:]
+        errored_at, message = errors[0]
+        assert errored_at - killed_at < 10, (errored_at - killed_at, message)
+        assert f"{HOST_MEMBER} lost" in message and "left the session" in message and REMEDY in message, message
+        for name in ("ada", "bo"):  # nothing hangs: every member ends, saying why
+            member = cluster.members[name]
+            assert member.popen.wait(60) == 1, member.output
+            member.reader.join(5)
+            assert REMEDY in member.output and "Traceback" not in member.output, member.output
