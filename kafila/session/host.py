@@ -280,6 +280,9 @@ class HostRuntime:
         for n in order:
             await self._tell(n, messages.Admit(self.epoch))
             self.state.update_member(n, status="serving")
+        roster = self._roster(order)
+        for n in order:  # the coordinator's state, so that the ring outlives the host (member.py)
+            await self._tell(n, roster)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
         who, reason = await self._next_loss()
@@ -291,6 +294,15 @@ class HostRuntime:
             who, reason = await self.lost.get()
             if who in self.joined:
                 return who, reason
+
+    def _roster(self, order: list[str]) -> messages.Roster:
+        """Who serves and what each measured, as the planner saw them (replicated to every member)."""
+        measured = {}
+        for n in order:
+            m = planner_member(self.joined[n].peer)
+            measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
+                                            m.nat.value, self.joined[n].peer.rtt_ms)
+        return messages.Roster(self.state.me or "host", model_label(self.model), measured)
 
     async def _assign(self, plan: Placement) -> None:
         order = list(plan.order)

@@ -84,6 +84,7 @@ class MemberRuntime:
         self.forwarder: Forwarder | None = None
         self.edges: RingEdges | None = None
         self.assignment: messages.Assign | None = None
+        self.roster: messages.Roster | None = None  # the coordinator's replicated state
         self._serving: asyncio.Task[None] | None = None
         self._pending: list[messages.Control] = []
         self._ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
@@ -97,6 +98,7 @@ class MemberRuntime:
             messages.Lost: self._on_lost,
             messages.Chat: self._on_chat,
             messages.Bye: self._on_bye,
+            messages.Roster: self._on_roster,
         }
 
     @property
@@ -166,6 +168,14 @@ class MemberRuntime:
     async def _on_chat(self, msg: messages.Chat) -> None:
         if self.head is not None:
             self.head.serve_remote(msg, self.control.send)
+
+    async def _on_roster(self, msg: messages.Roster) -> None:
+        """The coordinator's state: kept, so that this member knows the ring without its host."""
+        self.roster = msg
+        self.state.coordinator = self.state.coordinator or msg.coordinator
+        for name, m in msg.members.items():
+            self.state.update_member(name, bandwidth_bytes_per_s=m.bw, dispatch_s=m.disp, memory_bytes=m.mem,
+                                     nat=m.nat, rtt_ms=m.rtt_ms)
 
     async def _on_bye(self, msg: messages.Bye) -> int:
         self.state.set_phase("closed", f"the host closed the session: {msg.reason}")

@@ -124,6 +124,8 @@ def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path
             state = _wait_state(cluster, url, lambda s: s["coordinator_left"] is not None)
             assert state["coordinator"] == head and state["phase"] == "admitted", (name, state)
             assert "the coordinator (host) left the session" in state["coordinator_left"]
+            # the coordinator's state was replicated: every member of the ring, as the planner measured it
+            assert all(state["members"][n]["bandwidth_bytes_per_s"] for n in plan["order"]), state["members"]
         # it keeps working once they know, along the ring too (a member forwards to the head)
         again = cluster.chat(PROMPT, 2, url=urls[other])
         assert capital.startswith(again["choices"][0]["message"]["content"]), again
