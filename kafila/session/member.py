@@ -194,8 +194,7 @@ class MemberRuntime:
         if self.assignment is not None and self._serving is not None and not self._serving.done():
             self.state.coordinator = self.assignment.head
             self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._serving  # until the ring itself breaks
+            await asyncio.wait({self._serving})  # until the ring itself breaks (our own cancellation still ends us)
             why = f"{self.state.lost or 'the ring broke'}, after {left}"
         elif self.state.lost is not None:
             why = f"{self.state.lost}, and {left}"
