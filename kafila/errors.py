@@ -33,6 +33,10 @@ class SessionError(KafilaError):
     """A session could not be joined, admitted, or kept alive."""
 
 
+class SessionEnded(SessionError):
+    """A ring neighbour said the session cannot go on (a `bye` on a ring edge); the message says why."""
+
+
 class RendezvousError(SessionError):
     """The rendezvous refused a request; `code` is the machine-readable reason from its reply."""
 

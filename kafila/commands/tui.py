@@ -29,7 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                       "http://127.0.0.1:8711)")
     p.add_argument("--rendezvous", metavar="HOST:PORT", help="the rendezvous to use (default 127.0.0.1:3478)")
     p.add_argument("--name", help="this member's name (--join; default: the host name)")
-    p.add_argument("--members", type=int, default=None, help="members to wait for (--host)")
+    p.add_argument("--members", type=int, default=None, help="members to wait for, besides this machine (--host)")
+    p.add_argument("--coordinate-only", action="store_true", default=None,
+                   help="(--host) only coordinate: this machine holds no stage (by default it serves one)")
     p.add_argument("--mixed-builds", action="store_true", default=None,
                    help="admit members of another llama.cpp build (--host, --demo; the ring is then not bit-exact)")
     p.add_argument("--concurrency", type=int, default=None, help="concurrent requests to admit")

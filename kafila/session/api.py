@@ -14,6 +14,7 @@ generated so far, to the ring the host plans over the others (`ApiServer.events`
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import logging
@@ -36,6 +37,7 @@ log = logging.getLogger("kafila.api")
 Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
 EVENT_TIMEOUT_S = 30.0  # no event for this long from the head: the request ends with an error
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
+PORT_TRIES = 20  # a port in use: the chat API takes the next free one of this many
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
 
 
@@ -76,10 +78,10 @@ class Forwarder:
             queue.put_nowait(msg.evt)
         return True
 
-    def fail_all(self, reason: str, lost: str | None = None) -> None:
+    def fail_all(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
         """End the requests waiting on the head: member `lost` was lost (the API server may resume them)."""
         for queue in self._queues.values():
-            queue.put_nowait({"error": reason, "resumable": True, "lost": lost})
+            queue.put_nowait({"error": reason, "resumable": resumable, "lost": lost})
 
 
 class ApiServer:
@@ -170,7 +172,8 @@ class ApiServer:
             async with asyncio.timeout(RESUME_WAIT_S):
                 while not (self._chat is not None and self._epoch > epoch):
                     if self.state.phase in ("rejected", "closed"):
-                        return f"the session cannot go on ({self.state.rejection or self.state.phase})"
+                        why = self.state.rejection or self.state.lost or self.state.phase
+                        return f"the session cannot go on ({why})"
                     self._ring_changed.clear()
                     await self._ring_changed.wait()
         except TimeoutError:
@@ -178,15 +181,30 @@ class ApiServer:
         return None
 
     async def start(self) -> str:
-        """Start serving; returns the base URL (port 0 picks a free one). The token file is written here."""
+        """Start serving; returns the base URL (port 0 picks a free one). The token file is written here.
+
+        A port in use is no reason to end a session: the next free one of PORT_TRIES is taken, and the
+        session's log says which. NetworkError only when none of them can be bound.
+        """
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError as exc:
+        tries = [self.port] if self.port == 0 else list(range(self.port, min(self.port + PORT_TRIES, 65536)))
+        failure = ""
+        for port in tries:
+            site = web.TCPSite(self._runner, self.host, port)
+            try:
+                await site.start()
+                break
+            except OSError as exc:
+                await site.stop()  # no longer one of the runner's sites
+                failure = f"cannot serve the chat API on {self.host}:{port}: {exc.strerror}"
+                if exc.errno != errno.EADDRINUSE:
+                    break
+        else:
+            failure = f"cannot serve the chat API: ports {tries[0]} to {tries[-1]} on {self.host} are all in use"
+        if not self._runner.addresses:
             await self._runner.cleanup()
-            raise NetworkError(f"cannot serve the chat API on {self.host}:{self.port}: {exc.strerror}") from None
+            raise NetworkError(failure)
         port = self._runner.addresses[0][1]  # the real port when 0 asked for any
         self.guard.port = port
         if self.token is not None:
@@ -199,8 +217,20 @@ class ApiServer:
                                      "client passes that file's text as its api_key")
         self.url = f"http://{self.host}:{port}"
         self.state.api_url = self.url
-        self.state.changed()
+        if self.port not in (0, port):
+            self.state.log(f"port {self.port} is in use: the chat API serves on {self.url} instead")
+        else:
+            self.state.log(f"the chat API serves on {self.url}")
         return self.url
+
+    async def start_or_none(self) -> ApiServer | None:
+        """start(); when no port can be bound, the session goes on without a chat API and its log says why."""
+        try:
+            await self.start()
+        except NetworkError as exc:
+            self.state.log(f"serving no chat API: {exc}")
+            return None
+        return self
 
     async def stop(self) -> None:
         if self._runner is not None:

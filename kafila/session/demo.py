@@ -154,6 +154,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                     model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
                     concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port,
                     cache_dir=cache.root, strategy=opts.strategy, mixed_builds=opts.mixed_builds,
+                    coordinate_only=True,  # the ring is the emulated members: the host's own would be a fourth
                 ), state))
                 code_wait = tg.create_task(code_known.wait())
                 await asyncio.wait({host, code_wait}, timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)

@@ -9,11 +9,12 @@ the whole ring and comes back; only then is the slot reused, so no stage ever mi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, SessionError
+from kafila.errors import EngineError, NetworkError, SessionEnded, SessionError
 from kafila.session import frames, messages
 from kafila.session.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
 from kafila.session.frames import ActivationHeader, Frame, Phase
@@ -126,6 +127,7 @@ class Head:
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
             messages.Free: self._on_free,
             messages.Chat: self._on_chat,
+            messages.Bye: self._on_bye,
         }
 
     # -- requests -------------------------------------------------------------------------------
@@ -342,6 +344,9 @@ class Head:
             return
         await handler(msg)
 
+    async def _on_bye(self, msg: messages.Bye) -> None:
+        raise SessionEnded(msg.reason)  # a neighbour ended the session: so does this ring (member.py)
+
     async def _on_free(self, msg: messages.Free) -> None:
         await self._release(msg.seq)
 
@@ -353,14 +358,18 @@ class Head:
         """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
 
         async def answer() -> None:
-            async for evt in self._guarded(msg.body):
-                await reply(messages.encode(messages.ChatEvt(msg.id, msg.origin, evt)))
+            async with contextlib.aclosing(self._guarded(msg.body)) as events:
+                try:
+                    async for evt in events:
+                        await reply(messages.encode(messages.ChatEvt(msg.id, msg.origin, evt)))
+                except NetworkError as exc:  # the asker is gone (a host that left, say): not the ring's failure
+                    log.info("chat %s from %s: its answer cannot be sent (%s)", msg.id, msg.origin, exc)
 
         if self._tg is None:
             raise SessionError("the head is not running")
         self._tg.create_task(answer())
 
-    async def _guarded(self, body: Any) -> AsyncIterator[dict[str, Any]]:
+    async def _guarded(self, body: Any) -> AsyncGenerator[dict[str, Any], None]:
         """`chat`'s events; a failure on one request ends that request with an error, never the head."""
         try:
             async for evt in self.chat(body):

@@ -1,8 +1,9 @@
 """The host: opens a session, waits for members, plans, delivers stages, admits or rejects, watches the ring.
 
-The host coordinates; it holds the GGUF but serves no blocks itself (run `kafila join` beside it
-to put its machine in the ring too). After a member is lost it plans again over the others when
-the model still fits (a new epoch), so new requests are served by the smaller ring.
+The host coordinates, and its machine serves too: `run_host` runs an ordinary member in the same
+process (its own endpoint, measured, planned and given a stage like any other), unless
+`coordinate_only`. After a member is lost it plans again over the others when the model still fits
+(a new epoch), so new requests are served by the smaller ring.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kafila.session.builds import RingBuilds, build_tag, judge_member
 from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import CHUNK_SIZE, StageManifest, manifest_for
 from kafila.session.local_model import MODEL_KEY, claimed_hash, judge_model
-from kafila.session.options import HostOptions
+from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 from kafila.session.stoppable import run_stoppable
 from kafila.session.transfer import send_stage
@@ -44,6 +45,7 @@ log = logging.getLogger("kafila.host")
 N_BATCH = 128
 READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
 EXIT_REJECTED = 3
+OWN_MEMBER_STOP_S = 5.0  # how long the host's own member may take to close after the host's goodbye
 
 
 def model_label(model: Path) -> str:
@@ -152,21 +154,27 @@ class HostRuntime:
                 continue
             if peer.name in self.joined or (self.plan is not None and self.state.phase == "admitted"):
                 with contextlib.suppress(KafilaError):
-                    why = "a member of that name is already in the session" if peer.name in self.joined else \
+                    why = "a member of that name is already in the session (join with another --name)" \
+                        if peer.name in self.joined else \
                         "the session is already planned"
                     await link.send(messages.encode(messages.Refused(why)))
                 continue
             self.joined[peer.name] = Joined(peer, link)
             self.builds.add(peer.name, verdict)
             self.state.upsert_member(view)
-            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.opts.members})")
+            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.expected})")
             self._tg.create_task(self._recv_loop(peer.name, link))
             self._arrived.set()
+
+    @property
+    def expected(self) -> int:
+        """How many members to wait for: those asked for, and the host's own machine unless it only coordinates."""
+        return self.opts.members + (0 if self.opts.coordinate_only else 1)
 
     async def _wait_for_members(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.opts.wait_s
-        while len(self.joined) < self.opts.members:
+        while len(self.joined) < self.expected:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
@@ -190,6 +198,18 @@ class HostRuntime:
         except (NetworkError, ProtocolError) as exc:
             if name in self.joined:
                 self.lost.put_nowait((name, str(exc)))
+
+    async def _tell(self, name: str, msg: messages.Control | bytes) -> bool:
+        """Send to a member; a failed send is that member's loss (queued like any other), not an error."""
+        j = self.joined.get(name)
+        if j is None:
+            return False
+        try:
+            await j.link.send(msg if isinstance(msg, bytes) else messages.encode(msg))
+        except NetworkError as exc:
+            self.lost.put_nowait((name, str(exc)))
+            return False
+        return True
 
     # -- control messages from members (one handler per type) -----------------------------------
     def _on_need(self, j: Joined, msg: messages.Need) -> None:
@@ -236,8 +256,9 @@ class HostRuntime:
 
         try:
             sent_bytes = await send_stage(j.link, j.stage_path, j.manifest, chunks, progress)
-        except NetworkError as exc:  # the member is gone: its receive loop reports the loss, the epoch re-plans
+        except NetworkError as exc:  # the member is gone: a loss like any other, the epoch re-plans
             log.info("stopped sending %s its stage: %s", name, exc)
+            self.lost.put_nowait((name, str(exc)))
             return
         self.state.delivery[name] = (total, total)
         self.state.log(f"stage delivered to {j.peer.name}: {sent_bytes} bytes sent")
@@ -275,7 +296,7 @@ class HostRuntime:
         loss = await self._wait_all(order, "loaded")
         if loss is None:
             for n in order:
-                await self.joined[n].link.send(messages.encode(messages.Connect(self.epoch)))
+                await self._tell(n, messages.Connect(self.epoch))
             self.state.set_phase("connecting", "every stage is loaded; opening the ring's edges")
             loss = await self._wait_all(order, "ready")
         if loss is not None:
@@ -285,12 +306,31 @@ class HostRuntime:
         if self.api is not None:
             self.api.chat = self.forwarder.chat
         for n in order:
-            await self.joined[n].link.send(messages.encode(messages.Admit(self.epoch)))
+            await self._tell(n, messages.Admit(self.epoch))
             self.state.update_member(n, status="serving")
+        roster = self._roster(order)
+        for n in order:  # the coordinator's state, so that the ring outlives the host (member.py)
+            await self._tell(n, roster)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
-        who, reason = await self.lost.get()
+        who, reason = await self._next_loss()
         return await self._on_lost(who, reason)
+
+    async def _next_loss(self) -> tuple[str, str]:
+        """The next loss of a member still in the session (a late report of an earlier loss is no news)."""
+        while True:
+            who, reason = await self.lost.get()
+            if who in self.joined:
+                return who, reason
+
+    def _roster(self, order: list[str]) -> messages.Roster:
+        """Who serves and what each measured, as the planner saw them (replicated to every member)."""
+        measured = {}
+        for n in order:
+            m = planner_member(self.joined[n].peer)
+            measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
+                                            m.nat.value, self.joined[n].peer.rtt_ms)
+        return messages.Roster(self.state.me or "host", model_label(self.model), measured)
 
     async def _assign(self, plan: Placement) -> None:
         """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
@@ -325,12 +365,9 @@ class HostRuntime:
         cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
         if cut_local:
             self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
-        try:
-            await j.link.send(messages.encode(messages.Assign(
-                self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-                self.state.plan or {}, model_label(self.model), j.manifest, cut_local)))
-        except NetworkError as exc:
-            self.lost.put_nowait((name, str(exc)))  # the epoch plans again without it
+        await self._tell(name, messages.Assign(
+            self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
+            self.state.plan or {}, model_label(self.model), j.manifest, cut_local))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
@@ -339,7 +376,7 @@ class HostRuntime:
             fut = self.joined[n].loaded if kind == "loaded" else self.joined[n].ready
             assert fut is not None
             waits[n] = fut
-        lost_wait = asyncio.ensure_future(self.lost.get())
+        lost_wait = asyncio.ensure_future(self._next_loss())
         try:
             pending: set[asyncio.Future[Any]] = set(waits.values())
             deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
@@ -377,13 +414,15 @@ class HostRuntime:
             self.forwarder.fail_all(f"member {who} was lost: {reason}", lost=who)
         if self.api is not None:
             self.api.chat = None
+        for j in self.joined.values():  # chunks of this epoch's stages must not reach the next epoch
+            for task in list(j.sending):
+                task.cancel()
         gone = self.joined.pop(who, None)
         if gone is not None:
             with contextlib.suppress(KafilaError):
                 await gone.link.close()
-        for j in self.joined.values():
-            with contextlib.suppress(KafilaError):
-                await j.link.send(messages.encode(messages.Lost(who, reason, self.epoch)))
+        for name in list(self.joined):
+            await self._tell(name, messages.Lost(who, reason, self.epoch))
         # the same loss is often reported by its neighbours and by its own link: keep other losses only
         others = [self.lost.get_nowait() for _ in range(self.lost.qsize())]
         for other in others:
@@ -398,6 +437,7 @@ class HostRuntime:
 async def run_host(opts: HostOptions, state: SessionState) -> int:
     """Open a session and run it until it ends; returns an exit status (3: rejected)."""
     state.role, state.me = "host", "host"
+    state.coordinator = "host"
     model = resolve_model(opts.model)
     info = describe_model(model)
     state.model = model_label(model)
@@ -417,10 +457,43 @@ async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info:
         state.set_phase("waiting", f"session open; join code {code}")
         api = None
         if opts.api_port is not None:
-            api = ApiServer(state, port=opts.api_port)
-            await api.start()
+            api = await ApiServer(state, port=opts.api_port).start_or_none()
+        # not in a TaskGroup: the host's own errors must reach the CLI as they are, not wrapped in a group
+        own = None if opts.coordinate_only else asyncio.create_task(_own_member(opts, str(code), state))
         try:
             return await HostRuntime(ep, opts, state, model, info, cache, api, use).run()
         finally:
+            if own is not None:  # it has had the host's goodbye; it ends with the host in any case
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(own), OWN_MEMBER_STOP_S)
+                own.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await own
             if api is not None:
                 await api.stop()
+
+
+async def _own_member(opts: HostOptions, code: str, host_state: SessionState) -> None:
+    """This machine as an ordinary member of its own session (its events go to the host's log).
+
+    Its end is not the session's: the host sees it as a lost member, like any other.
+    """
+    from kafila.session.member import run_member
+
+    mine = SessionState()
+    shown = 0
+
+    def relay(s: SessionState) -> None:
+        nonlocal shown
+        for _, text in s.events[shown:]:
+            host_state.log(f"{opts.name} (this machine): {text}")
+        shown = len(s.events)
+
+    mine.subscribe(relay)
+    member_opts = MemberOptions(code=code, rendezvous=opts.rendezvous, name=opts.name, api_port=None,
+                                cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
+                                allow_direct=opts.allow_direct, threads=opts.threads)
+    try:
+        await run_member(member_opts, mine)
+    except KafilaError as exc:
+        host_state.log(f"{opts.name} (this machine) left the ring: {exc}")

@@ -18,7 +18,15 @@ from typing import Any
 from kafila.engine.embedding import Embedder
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.engine.vocab import Vocab
-from kafila.errors import DiskFullError, EngineError, KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.errors import (
+    DiskFullError,
+    EngineError,
+    KafilaError,
+    NetworkError,
+    ProtocolError,
+    SessionEnded,
+    SessionError,
+)
 from kafila.model.cut import StageSpec
 from kafila.model.embedded import default_model_path, resolve_model
 from kafila.model.gguf_file import GGUFFile
@@ -40,6 +48,7 @@ from kafila.session.transfer import Superseded, receive_stage
 
 log = logging.getLogger("kafila.member")
 RECV_TIMEOUT_S = 60.0
+END_GRACE_S = 1.0  # a session that cannot go on: how long clients get to read why before this process ends
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
@@ -62,6 +71,13 @@ async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
         raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
 
+def _first(group: BaseException) -> BaseException:
+    """The first exception in a (nested) exception group."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
 async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
     """Move every message arriving on `link` into `inbox` until the link fails."""
     while True:
@@ -80,8 +96,10 @@ class MemberRuntime:
         self.forwarder: Forwarder | None = None
         self.edges: RingEdges | None = None
         self.assignment: messages.Assign | None = None
+        self.roster: messages.Roster | None = None  # the coordinator's replicated state
         self._serving: asyncio.Task[None] | None = None
         self._pending: list[messages.Control] = []
+        self._ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
         # what each of the host's messages does; a handler returns an exit status to end the session
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[int | None]]] = {
             messages.Assign: self._on_assign,
@@ -92,6 +110,7 @@ class MemberRuntime:
             messages.Lost: self._on_lost,
             messages.Chat: self._on_chat,
             messages.Bye: self._on_bye,
+            messages.Roster: self._on_roster,
         }
 
     @property
@@ -124,7 +143,10 @@ class MemberRuntime:
             self._tg = tg
             try:
                 while True:
-                    msg = await self._next_control()
+                    try:
+                        msg = await self._next_control()
+                    except NetworkError as exc:  # the host is gone: the ring may well serve on without it
+                        return await self._without_coordinator(str(exc))
                     handler = self._handlers.get(type(msg))
                     if handler is None:
                         log.warning("ignored a %r message from the host", msg.T)
@@ -159,9 +181,48 @@ class MemberRuntime:
         if self.head is not None:
             self.head.serve_remote(msg, self.control.send)
 
+    async def _on_roster(self, msg: messages.Roster) -> None:
+        """The coordinator's state: kept, so that this member knows the ring without its host."""
+        self.roster = msg
+        self.state.coordinator = self.state.coordinator or msg.coordinator
+        for name, m in msg.members.items():
+            self.state.update_member(name, bandwidth_bytes_per_s=m.bw, dispatch_s=m.disp, memory_bytes=m.mem,
+                                     nat=m.nat, rtt_ms=m.rtt_ms)
+
     async def _on_bye(self, msg: messages.Bye) -> int:
         self.state.set_phase("closed", f"the host closed the session: {msg.reason}")
         return 0
+
+    # -- the host gone ---------------------------------------------------------------------------
+    async def _without_coordinator(self, reason: str) -> int:
+        """Serve on after the host left, for as long as the ring holds; returns when it cannot go on.
+
+        Every member makes the same choice of who coordinates now: the head. Re-planning after a
+        loss needs the model's bytes to cut new stages, and only the host held them, so the next
+        loss (or one already suffered) ends the session with that reason, on every member.
+        """
+        left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
+        self.state.coordinator_left = left
+        if self.assignment is not None and self._serving is not None and not self._serving.done():
+            self.state.coordinator = self.assignment.head
+            self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
+            await asyncio.wait({self._serving})  # until the ring itself breaks (our own cancellation still ends us)
+            why = f"{self.state.lost or 'the ring broke'}, after {left}"
+        elif self.state.lost is not None:
+            why = f"{self.state.lost}, and {left}"
+        else:
+            why = f"{left} before the ring was admitted"
+        if self._ended is not None:
+            why = self._ended  # the first member to end said why; every member says the same
+        elif self.assignment is not None:
+            why += ("; the ring cannot be re-planned without its host, which alone cuts and assigns stages "
+                    "(a member's takeover of that is not built yet): open a new session with `kafila host`")
+        self.state.lost = why
+        self.state.set_phase("closed", f"the session cannot go on: {why}")
+        self._fail_requests(why, resumable=False)
+        await self._say_bye_on_ring(why)
+        await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
+        raise SessionError(why)
 
     # -- setting up an epoch --------------------------------------------------------------------
     async def _setup(self, msg: messages.Assign) -> None:
@@ -178,7 +239,7 @@ class MemberRuntime:
         try:
             path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
                           else self._receive_stage(msg.stage))
-        except Superseded:  # e.g. another member was lost before this one's chunks came: the host re-planned
+        except Superseded:  # the host gave this epoch up (a member lost, a newer plan) before the stage came
             self.state.log(f"epoch {msg.epoch}'s stage is no longer wanted: the host planned again")
             return
         except DiskFullError as exc:  # the host plans again without this member
@@ -204,11 +265,22 @@ class MemberRuntime:
         """Open this member's two ring edges (when the host says every stage is loaded)."""
         order = self._assigned.order
         self.state.set_phase("connecting", "opening ring edges")
-        by_name = {vm.name: vm for vm in (await self.ep.members()).verified}
+        # members only: a host's coordinating endpoint may share its machine's name with the member beside it
+        by_name = {vm.name: vm for vm in (await self.ep.members()).verified if vm.measurements.get("role") != "host"}
         missing = [n for n in order if n not in by_name]
         if missing:
             raise SessionError(f"ring members {missing} are not in the verified member list")
-        self.edges = await self.ep.open_ring([by_name[n] for n in order])
+        me = order.index(self.opts.name)
+        succ, pred = order[(me + 1) % len(order)], order[me - 1]
+        try:
+            self.edges = await self.ep.open_ring([by_name[n] for n in order])
+        except KafilaError as exc:  # a neighbour gone before admission: the host's to handle, not an exit
+            await self._report_edge_failure(pred, str(exc))
+            return
+        r = self.edges.report
+        if len(order) > 1 and self.edges.next is None:
+            await self._report_edge_failure(succ, r.error if r is not None and r.error else "no link")
+            return
         edge = None
         if self.edges.report is not None:
             r = self.edges.report
@@ -227,7 +299,18 @@ class MemberRuntime:
         self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
         return path
 
+    async def _report_edge_failure(self, peer: str, reason: str) -> None:
+        """Tell the host that a ring edge to `peer` could not open; it plans again (or ends the session)."""
+        if self.edges is not None:
+            for link in (self.edges.next, self.edges.prev):
+                if link is not None:
+                    await link.close()
+            self.edges = None
+        self.state.log(f"ring edge to {peer} failed: {reason}; waiting for the host")
+        await self.send_host(messages.Lost(peer, f"its ring edge could not open: {reason}", self._assigned.epoch))
+
     async def _receive_stage(self, manifest: StageManifest) -> Path:
+        """The stage file, received and verified; raises Superseded when the host gives the epoch up meanwhile."""
         me = self.opts.name
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
         missing = await asyncio.to_thread(receiver.missing)
@@ -243,9 +326,9 @@ class MemberRuntime:
 
         def aside(raw: bytes) -> None:
             msg = messages.decode(raw)
-            self._pending.append(msg)  # handled after the transfer
-            if isinstance(msg, messages.Assign):
-                raise Superseded(msg.epoch)
+            self._pending.append(msg)  # handled after the transfer, or at once: the host gave this epoch up
+            if isinstance(msg, messages.Lost | messages.Assign | messages.Reject | messages.Bye):
+                raise Superseded(type(msg).__name__)
 
         path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
         self.state.delivery[me] = (total, total)
@@ -280,6 +363,12 @@ class MemberRuntime:
                         self.api.chat = self.forwarder.chat
                     tg.create_task(self._stage_loop(inbox))
                 self.state.update_member(self.opts.name, status="serving")
+        except* SessionEnded as group:  # a neighbour ended the session; pass the word on around the ring
+            why = str(_first(group))
+            self._ended = why
+            self.state.lost = why
+            self._fail_requests(why, resumable=False)
+            await self._say_bye_on_ring(why)
         except* (NetworkError, ProtocolError) as group:
             reason = "; ".join(str(e) for e in group.exceptions)
             peer = self._failed_peer()
@@ -289,18 +378,25 @@ class MemberRuntime:
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
 
+    async def _say_bye_on_ring(self, why: str) -> None:
+        """Tell the next member along the ring that the session cannot go on, and why (it tells the next)."""
+        nxt = self.edges.next if self.edges is not None else None
+        if nxt is not None:
+            with contextlib.suppress(KafilaError):
+                await nxt.send(messages.encode(messages.Bye(why)))
+
     def _failed_peer(self) -> str:
         for link in (self.edges.prev, self.edges.next) if self.edges else ():
             if link is not None and link.closed is not None:
                 return link.peer.name
         return "a ring neighbour"
 
-    def _fail_requests(self, reason: str, lost: str | None = None) -> None:
+    def _fail_requests(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
         # resumable: the API servers send them again once the host has planned a ring without the lost member
         if self.head is not None:
-            self.head.fail_all(reason, resumable=True)
-        if self.forwarder is not None:
-            self.forwarder.fail_all(reason, lost=lost)  # the API server does not re-send what the lost head held
+            self.head.fail_all(reason, resumable=resumable)
+        if self.forwarder is not None:  # the API server does not re-send what the lost head held
+            self.forwarder.fail_all(reason, lost=lost, resumable=resumable)
         if self.api:
             self.api.chat = None
 
@@ -327,6 +423,8 @@ class MemberRuntime:
                 await nxt.send(frames.encode(frame.passed(out, ns)))
                 continue
             c = messages.decode(msg)
+            if isinstance(c, messages.Bye):
+                raise SessionEnded(c.reason)
             if isinstance(c, messages.Free):
                 await self.worker.free(c.seq)
             elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
@@ -343,7 +441,10 @@ class MemberRuntime:
                     self.state.stages[name].measured_s = s.measured_s
             self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
             self.state.changed()
-            await self.send_host(stats)
+            try:
+                await self.send_host(stats)
+            except NetworkError:  # the host is gone: the ring serves on without it (see run)
+                return
 
     async def _stop_serving(self, reason: str | None) -> None:
         if reason:
@@ -397,10 +498,10 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
         host = await find_host(ep, opts.join_timeout_s)
         control = await ep.connect(host)
+        state.coordinator = host.name
         api = None
         if opts.api_port is not None:
-            api = ApiServer(state, port=opts.api_port)
-            await api.start()
+            api = await ApiServer(state, port=opts.api_port).start_or_none()
         try:
             return await MemberRuntime(ep, control, state, opts, cache, api, use).run()
         finally:

@@ -32,7 +32,10 @@ that may be null; fields this build does not know are ignored):
                               an earlier ring generated), forwarded to the head
     chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
                               {"error": str, "resumable": bool}
-    bye       any             reason (closing on purpose)
+    roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}}
+                              (the coordinator's state, replicated at each admission: who serves and
+                              what each measured, so that the ring outlives its host)
+    bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
 
 decode() checks every field's type and range from one table (SCHEMA); anything malformed is a
 ProtocolError naming what is wrong, never another exception.
@@ -205,6 +208,26 @@ class Bye(_Reason):
     T = "bye"
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One member as the planner saw it: its measurements (kafila.planner.Member's numbers)."""
+
+    bw: float
+    disp: float
+    mem: int
+    ubw: float
+    nat: str
+    rtt_ms: float | None
+
+
+@dataclass(frozen=True)
+class Roster(Control):
+    T = "roster"
+    coordinator: str
+    model: str
+    members: dict[str, Measured]
+
+
 # -- field checks: (value, where) -> the decoded value, or ProtocolError --------------------------
 Check = Callable[[Any, str], Any]
 
@@ -328,6 +351,8 @@ def _event(v: Any, where: str) -> dict[str, Any]:
 
 _EDGE = _record(EdgeOutcome, {"predicted": _NAME, "actual": _NAME, "ready_ms": _null_or(_SECONDS),
                               "error": _null_or(_TEXT)})
+_MEASURED = _record(Measured, {"bw": _num(0.0, 1e15), "disp": _SECONDS, "mem": _int(0, 1 << 60),
+                              "ubw": _num(0.0, 1e15), "nat": _NAME, "rtt_ms": _null_or(_SECONDS)})
 _STAGE_TIME = _record(StageTime, {"predicted_s": _SECONDS, "measured_s": _null_or(_SECONDS)})
 
 # The one decode table: each type's class and a check per field.
@@ -349,6 +374,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
     "chat_evt": (ChatEvt, {"id": _NAME, "dest": _NAME, "evt": _event}),
     "bye": (Bye, {"reason": _TEXT}),
+    "roster": (Roster, {"coordinator": _NAME, "model": _TEXT, "members": _map(_MEASURED)}),
 }
 
 
@@ -391,7 +417,7 @@ def _plain(v: Any) -> Any:
     """A message field as JSON data."""
     if isinstance(v, StageManifest):
         return v.as_dict()
-    if isinstance(v, EdgeOutcome | StageTime):
+    if isinstance(v, EdgeOutcome | StageTime | Measured):
         return {f.name: getattr(v, f.name) for f in fields(v)}
     if isinstance(v, tuple | list):
         return [_plain(x) for x in v]

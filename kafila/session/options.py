@@ -47,7 +47,10 @@ class HostOptions:
 
     model: Path | None = None  # None: the embedded SmolLM2
     rendezvous: tuple[str, int] = DEFAULT_RENDEZVOUS
-    members: int = 3  # how many members to wait for
+    members: int = 3  # how many members to wait for, besides the host's own machine
+    coordinate_only: bool = False  # True: this machine holds no stage (the ring is the members alone)
+    name: str = field(default_factory=socket.gethostname)  # the host's machine's name as a ring member
+    threads: int = 0  # llama.cpp threads of the host's own stage (0: all cores)
     wait_s: float = 120.0  # then plan with whoever joined (at least one)
     concurrency: int = 4
     context: int = 2048

@@ -100,7 +100,9 @@ class SessionState:
     network_share: float | None = None  # fraction of a token's ring time spent outside compute
     tokens_per_s: float | None = None
     api_url: str | None = None
-    lost: str | None = None  # which member was lost, and what happened
+    lost: str | None = None  # which member was lost, and what happened (or why the session cannot go on)
+    coordinator: str | None = None  # who coordinates the session: the host, or the head once the host left
+    coordinator_left: str | None = None  # the host left the session: when and why, for a person
     events: list[tuple[float, str]] = field(default_factory=list)
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False, compare=False)
 

@@ -18,8 +18,8 @@ from kafila.session.delivery import StageManifest, StageReceiver, read_chunk
 
 
 class Superseded(Exception):
-    """The host assigned a newer epoch while this stage was arriving: the transfer is abandoned (its `.part`
-    stays, so a later assignment of the same stage resumes it)."""
+    """The host gave this epoch up (a newer plan, a loss, the end) while this stage was arriving: the transfer
+    is abandoned (its `.part` stays, so a later assignment of the same stage resumes it)."""
 
 
 async def send_stage(link: Link, path: Path, manifest: StageManifest, chunks: Sequence[int],

@@ -34,8 +34,8 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
         from kafila.session.host import run_host
 
         model = Path(args.host).expanduser() if args.host else None
-        opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, mixed_builds=mixed),
-                           **common)
+        opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, mixed_builds=mixed,
+                                    coordinate_only=getattr(args, "coordinate_only", None)), **common)
         return partial(run_host, opts), "host"
     from kafila.session.member import run_member
 

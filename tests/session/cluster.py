@@ -20,7 +20,9 @@ from kafila.net.ports import free_udp_pair
 REPO = Path(__file__).resolve().parents[2]
 CODE_RE = re.compile(r"join code ([a-z0-9-]+)")
 LISTENING_RE = re.compile(r"rendezvous listening on")
+API_RE = re.compile(r"the chat API serves on (http://\S+)")
 PORT_TRIES = 5
+HOST_MEMBER = "hal"  # the serving host's name as a ring member
 STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("kafila: interrupted")
 
 
@@ -28,11 +30,13 @@ class Proc:
     """A kafila process whose output is collected line by line."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str],
-                 prefix: list[str] | None = None) -> None:
+                 prefix: list[str] | None = None, script: str | None = None) -> None:
         self.name = name
         self.lines: list[str] = []
+        # `script`: Python run with -c in place of kafila.py (it calls kafila.cli.main itself, after a patch)
+        program = ["-c", script] if script is not None else [str(REPO / "kafila.py")]
         self.popen = subprocess.Popen(
-            [*(prefix or []), sys.executable, str(REPO / "kafila.py"), *args], stdout=subprocess.PIPE,
+            [*(prefix or []), sys.executable, *program, *args], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -70,12 +74,17 @@ class Cluster:
     """rendezvous + host + members; `members` is a list of (name, extra join args).
 
     `member_env` adds environment variables for some members (e.g. a cache of their own); `member_prefix`
-    runs some members under a command (e.g. in a mount namespace with a small filesystem).
+    runs some members under a command (e.g. in a mount namespace with a small filesystem); `scripts` runs
+    the named members with -c SCRIPT in place of kafila.py. The host only coordinates unless `serve_host`
+    (then its machine is a member too, named HOST_MEMBER).
     """
 
     def __init__(self, tmp: Path, members: list[tuple[str, list[str]]], host_args: list[str] | None = None,
                  member_env: dict[str, dict[str, str]] | None = None,
-                 member_prefix: dict[str, list[str]] | None = None) -> None:
+                 member_prefix: dict[str, list[str]] | None = None,
+                 scripts: dict[str, str] | None = None, serve_host: bool = False) -> None:
+        self.scripts = scripts or {}
+        self.serve_host = serve_host
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
                     "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
@@ -103,12 +112,15 @@ class Cluster:
         self.rdv = f"127.0.0.1:{self.port}"
         for _ in range(PORT_TRIES):
             self.api_port = _free_tcp_port()
-            self.url = f"http://127.0.0.1:{self.api_port}"
+            role = ["--name", HOST_MEMBER] if self.serve_host else ["--coordinate-only"]
             self.host = Proc("host", ["host", "--rendezvous", self.rdv, "--members", str(len(members)),
                                       "--api-port", str(self.api_port), "--context", "512", "--wait", "300",
-                                      *host_args], self.env)
-            if (m := self.host.wait_for_either(CODE_RE, 60)) and self._api_answers(m.group(1)):
-                break
+                                      *role, *host_args], self.env)
+            # the port asked may be taken meanwhile: the host then serves on another and says which
+            if (m := self.host.wait_for_either(CODE_RE, 60)) and (api := self.host.wait_for_either(API_RE, 60)):
+                self.url = api.group(1)
+                if self._api_answers(m.group(1)):
+                    break
             self._drop(self.host)
         else:
             raise AssertionError(f"the host never served its API:\n{self.host.output}")
@@ -116,15 +128,19 @@ class Cluster:
         self.code = m.group(1)
         self.members = {name: Proc(name, ["join", self.code, "--rendezvous", self.rdv, "--name", name,
                                           "--api-port", "-1", *args], {**self.env, **self.member_env.get(name, {})},
-                                     self.member_prefix.get(name))
+                                     self.member_prefix.get(name), script=self.scripts.get(name))
                         for name, args in members}
         self.procs += self.members.values()
 
-    def headers(self) -> dict[str, str]:
-        """What the host's API asks of a client: JSON, and the bearer token from the host's token file."""
+    def headers(self, url: str | None = None) -> dict[str, str]:
+        """What an API asks of a client (the host's, or the one at `url`): JSON, and the bearer token from its file."""
         from kafila.session.api_token import read_token
 
-        return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(self.url)}"}
+        return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(url or self.url)}"}
+
+    def member_url(self, name: str, timeout: float = 240) -> str:
+        """Where member `name` serves its chat API (it was started with --api-port)."""
+        return self.members[name].wait_for(API_RE, timeout).group(1)
 
     def _api_answers(self, code: str) -> bool:
         """Whether our host serves the API on the port asked (not another process, and not failed to bind)."""
@@ -142,8 +158,10 @@ class Cluster:
             proc.popen.kill()
         proc.popen.wait()
 
-    def state(self) -> dict[str, Any]:
-        req = urllib.request.Request(self.url + "/kafila/state", headers=self.headers())
+    def state(self, url: str | None = None) -> dict[str, Any]:
+        """/kafila/state of the host's API, or of the API at `url` (a member's)."""
+        url = url or self.url
+        req = urllib.request.Request(url + "/kafila/state", headers=self.headers(url))
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
@@ -161,10 +179,13 @@ class Cluster:
             time.sleep(0.3)
         raise AssertionError(f"phase never became {phases} (last {last and last['phase']}):\n{self.host.output}")
 
-    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300) -> dict:
+    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300,
+             url: str | None = None) -> dict:
+        """A chat through the host's API, or through the one at `url`."""
+        url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": temperature}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
+        req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return json.loads(r.read())
@@ -172,14 +193,16 @@ class Cluster:
             return json.loads(exc.read())
 
     def stream_chat(self, content: str, max_tokens: int, timeout: float = 300,
-                    streaming: threading.Event | None = None) -> list[tuple[float, Any]]:
+                    streaming: threading.Event | None = None, url: str | None = None) -> list[tuple[float, Any]]:
         """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line.
 
-        `streaming` is set once the first piece of the reply's text has arrived.
+        `streaming` is set once the first piece of the reply's text has arrived. Through the host's
+        API, or the one at `url`.
         """
+        url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                            "temperature": 0.0, "stream": True}).encode()
-        req = urllib.request.Request(self.url + "/v1/chat/completions", body, self.headers())
+        req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         out: list[tuple[float, Any]] = []
         with urllib.request.urlopen(req, timeout=timeout) as r:
             for raw in r:

@@ -64,6 +64,8 @@ controls = st.one_of(
     st.builds(m.Chat, names, names, st.dictionaries(st.text(max_size=8), json_values.filter(_finite := (
         lambda v: "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v))), max_size=4)),
     st.builds(m.ChatEvt, names, names, events),
+    st.builds(m.Roster, names, texts, st.dictionaries(names, st.builds(
+        m.Measured, seconds, seconds, st.integers(0, 2**40), seconds, names, st.none() | seconds), max_size=4)),
 )
 
 
@@ -92,7 +94,8 @@ def test_fuzz_bytes(raw: bytes) -> None:
 @FUZZ
 @given(st.sampled_from(sorted(m.SCHEMA)), st.dictionaries(st.sampled_from(
     ["epoch", "order", "head", "ranges", "config", "plan", "model", "stage", "chunks", "edge", "reason", "who",
-     "stages", "network_share", "tokens_per_s", "seq", "id", "origin", "body", "dest", "evt"]), json_values))
+     "stages", "network_share", "tokens_per_s", "seq", "id", "origin", "body", "dest", "evt", "coordinator",
+     "members"]), json_values))
 def test_fuzz_json_of_each_type(t: str, fields: dict[str, Any]) -> None:
     _decodes_or_refuses(json.dumps({"t": t, **fields}).encode())
 

@@ -33,3 +33,26 @@ def test_tui_host_and_demo_pass_mixed_builds_on() -> None:
     assert label == "demo" and flow.args[0].mixed_builds is True  # type: ignore[attr-defined]
     flow, _ = flow_for(argparse.Namespace(**{**vars(args), "mixed_builds": None}))
     assert flow.args[0].mixed_builds is False  # type: ignore[attr-defined]
+
+
+async def test_the_bar_says_who_coordinates_once_the_host_left() -> None:
+    state = states.admitted_state()
+    state.role, state.me, state.coordinator = "member", "bo", "host"
+    app = KafilaApp(state)
+    async with app.run_test(size=(240, 30)) as pilot:
+        await pilot.pause()
+        assert "coordinator host" in screen_text(app)
+        head = (state.plan or {})["head"]
+        state.coordinator, state.coordinator_left = head, "the coordinator (host) left the session: Idle timeout"
+        state.changed()
+        await pilot.pause(0.5)
+        assert f"host left: {head} coordinates" in screen_text(app)
+
+
+def test_tui_host_serves_unless_coordinate_only() -> None:
+    args = argparse.Namespace(rendezvous=None, concurrency=None, context=None, api_port=None, demo=False, host="",
+                              members=2, mixed_builds=None, join=None, name=None, coordinate_only=None)
+    flow, _ = flow_for(args)
+    assert flow.args[0].coordinate_only is False and flow.args[0].members == 2  # type: ignore[attr-defined]
+    flow, _ = flow_for(argparse.Namespace(**{**vars(args), "coordinate_only": True}))
+    assert flow.args[0].coordinate_only is True  # type: ignore[attr-defined]

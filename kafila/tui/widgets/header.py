@@ -1,4 +1,4 @@
-"""The one-line session bar at the top: role, phase, join code, model, members."""
+"""The one-line session bar at the top: role, phase, join code, model, members, who coordinates."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ class SessionBar(Static):
         parts.append(f"{len(state.members)} member{'s' if len(state.members) != 1 else ''}")
         if state.plan and state.plan.get("head"):
             parts.append(f"head {state.plan['head']}")
+        if state.coordinator_left and state.coordinator:
+            parts.append(f"host left: {state.coordinator} coordinates")
+        elif state.coordinator and state.role != "host":
+            parts.append(f"coordinator {state.coordinator}")
         if state.builds and state.builds.get("mode") == "mixed":
             parts.append(f"MIXED builds, not bit-exact ({', '.join(state.builds.get('differ') or {})} differ)")
         if state.tokens_per_s is not None and state.phase == "admitted":

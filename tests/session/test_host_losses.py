@@ -1,0 +1,167 @@
+"""Losses and clashes are ordinary events, with real processes on loopback: a member lost between planning
+and admission makes the host plan again over the others (never an internal error); a chat API port in
+use moves the API to the next free port (never ends a session)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafila.session.api_token import read_token
+from tests.session.cluster import HOST_MEMBER, Cluster
+
+PROMPT = "What is the capital of France?"
+MAX_TOKENS = 8
+
+# `kafila join`, killed (SIGKILL, as `kill -9`) the moment the host's assignment reaches it: after
+# planning, before admission.
+DIES_ON_ASSIGN = """
+import os, signal, sys
+import kafila.session.member as member
+async def die(self, msg):
+    os.kill(os.getpid(), signal.SIGKILL)
+member.MemberRuntime._on_assign = die
+from kafila.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def capital(smollm: Path) -> str:
+    """Ground truth: llama-cpp-python's own greedy reply on the whole file."""
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), n_ctx=512, verbose=False)
+    try:
+        return str(model.create_chat_completion([{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS,
+                                                temperature=0)["choices"][0]["message"]["content"])
+    finally:
+        model.close()
+
+
+def test_member_killed_between_planning_and_admission_is_an_ordinary_loss(tmp_path: Path, capital: str) -> None:
+    with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", [])], scripts={"cy": DIES_ON_ASSIGN}) as cluster:
+        state = cluster.wait_phase({"admitted"})
+        assert sorted(state["plan"]["order"]) == ["ada", "bo"], cluster.host.output
+        assert cluster.members["cy"].popen.wait(60) == -9
+        assert "member cy was lost" in cluster.host.output
+        for text in ("internal error", "ExceptionGroup", "Traceback"):
+            assert text not in cluster.host.output, cluster.host.output
+        reply = cluster.chat(PROMPT, MAX_TOKENS)
+        assert reply["choices"][0]["message"]["content"] == capital, reply
+
+
+def test_a_port_in_use_moves_the_chat_api_and_says_where(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # another program holds the port the member asks for
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # the member's --api-port comes after the cluster's own "-1", so it is the one taken
+        with Cluster(tmp_path, [("ada", ["--api-port", str(port)])]) as cluster:
+            ada = cluster.members["ada"]
+            said = ada.wait_for(re.compile(rf"port {port} is in use: the chat API serves on (http://\S+) instead"), 240)
+            url = said.group(1)
+            assert url != f"http://127.0.0.1:{port}"
+            req = urllib.request.Request(url + "/kafila/state", headers={"Authorization": f"Bearer {read_token(url)}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                state = json.loads(r.read())
+            assert state["me"] == "ada" and state["api_url"] == url
+            cluster.wait_phase({"admitted"})
+            assert ada.popen.poll() is None  # the session goes on
+
+
+def test_the_host_serves_a_stage_by_default(tmp_path: Path, capital: str) -> None:
+    with Cluster(tmp_path, [("ada", [])], serve_host=True) as cluster:
+        state = cluster.wait_phase({"admitted"})
+        assert sorted(state["plan"]["order"]) == sorted(["ada", HOST_MEMBER]), cluster.host.output
+        assert all(state["members"][n]["status"] == "serving" for n in ("ada", HOST_MEMBER)), state["members"]
+        assert f"{HOST_MEMBER} joined" in cluster.host.output  # counted besides --members 1: 2 in all
+        reply = cluster.chat(PROMPT, MAX_TOKENS)
+        assert reply["choices"][0]["message"]["content"] == capital, reply
+        assert set(reply["kafila"]["stages"]) == {"ada", HOST_MEMBER}
+
+
+REMEDY = "`kafila join CODE --model PATH`"
+STORY = "Tell me a long story about a dragon."
+
+
+def _wait_state(cluster: Cluster, url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.state(url)
+        if done(state):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"the state at {url} never got there: {state}")
+
+
+def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path: Path, capital: str) -> None:
+    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo", "cy")]) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        head = plan["head"]
+        other = next(n for n in plan["order"] if n != head)
+        urls = {n: cluster.member_url(n) for n in plan["order"]}
+        cluster.host.popen.kill()  # kill -9
+        cluster.host.popen.wait()
+        # asked at once, before the members can even notice: serving never waits on the host
+        reply = cluster.chat(PROMPT, MAX_TOKENS, url=urls[head])
+        assert reply["choices"][0]["message"]["content"] == capital, reply
+        # every member says the coordinator left, and names the same successor: the head
+        for name, url in urls.items():
+            state = _wait_state(cluster, url, lambda s: s["coordinator_left"] is not None)
+            assert state["coordinator"] == head and state["phase"] == "admitted", (name, state)
+            assert "the coordinator (host) left the session" in state["coordinator_left"]
+            # the coordinator's state was replicated: every member of the ring, as the planner measured it
+            assert all(state["members"][n]["bandwidth_bytes_per_s"] for n in plan["order"]), state["members"]
+        # it keeps working once they know, along the ring too (a member forwards to the head)
+        again = cluster.chat(PROMPT, 2, url=urls[other])
+        assert capital.startswith(again["choices"][0]["message"]["content"]), again
+        assert all(m.popen.poll() is None for m in cluster.members.values())
+        # a later loss: no survivor holds the model to cut new stages, so the session ends, saying why
+        cluster.members[other].popen.kill()
+        for name in plan["order"]:
+            if name != other:
+                member = cluster.members[name]
+                assert member.popen.wait(60) == 1, member.output
+                member.reader.join(5)
+                assert f"{other} lost" in member.output and REMEDY in member.output, member.output
+                assert "Traceback" not in member.output
+
+
+def test_serving_host_killed_with_no_member_holding_the_model_ends_every_client_clearly(tmp_path: Path) -> None:
+    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo")], serve_host=True) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        assert HOST_MEMBER in plan["order"]
+        urls = {n: cluster.member_url(n) for n in ("ada", "bo")}
+        streaming = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(cluster.stream_chat, STORY, 400, 120, streaming, urls["ada"])
+            while not streaming.wait(0.1):
+                if pending.done():
+                    raise AssertionError(f"the reply ended before the kill: {pending.result()}")
+            cluster.host.popen.kill()  # kill -9: the host and its machine's stage
+            killed_at = time.monotonic()
+            chunks = pending.result(timeout=120)
+        errors = [(t, c["error"]["message"]) for t, c in chunks if isinstance(c, dict) and "error" in c]
+        assert len(errors) == 1, chunks[-3:]
+        errored_at, message = errors[0]
+        assert errored_at - killed_at < 10, (errored_at - killed_at, message)
+        assert f"{HOST_MEMBER} lost" in message and "left the session" in message and REMEDY in message, message
+        for name in ("ada", "bo"):  # nothing hangs: every member ends, saying why
+            member = cluster.members[name]
+            assert member.popen.wait(60) == 1, member.output
+            member.reader.join(5)
+            assert REMEDY in member.output and "Traceback" not in member.output, member.output
