@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from kafila.model.cut import StageSpec
     from kafila.model.describe import describe_model
     from kafila.model.embedded import resolve_model
-    from kafila.model.shaped import shaped_model
+    from kafila.model.random_gguf import SHAPES, cached_random_gguf
     from kafila.model.stage_cache import StageCache
     from kafila.planner import ModelSpec
     from kafila.planner.cost import read_bytes
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     small = [(b, s) for b, s in fit.samples if b < 50e6]  # the embedded model's cuts
     b2, o2, _, _ = fit_cost(small)  # the two-term model on the small cuts alone
 
-    big = shaped_model(cache_models, "llama3-8b", args.blocks)
+    big = cached_random_gguf(SHAPES["llama3-8b"], args.blocks, cache_models, tokenizer=False)
     cuts = [(smol, n) for n in SMALL_CUTS] + [(big, n) for n in range(1, args.blocks + 1)]
     config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=8, n_threads=args.threads)
     engines = []
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     moe_rows: list[dict[str, Any]] = []
     if args.moe:
-        moe = shaped_model(cache_models, "qwen3-30b-a3b", 1)
+        moe = cached_random_gguf(SHAPES["qwen3-30b-a3b"], 1, cache_models, tokenizer=False)
         spec = ModelSpec.described(describe_model(moe))
         console.log("timing a Qwen3-30B-A3B-shaped MoE block at batch 1 and 4")
         engine = StageEngine(cache.stage(moe, StageSpec(0, 1, head=False)),

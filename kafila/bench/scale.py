@@ -136,7 +136,7 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     shape = shape_named(args.shape)
     blocks = args.blocks or shape.default_blocks
     task = progress.add_task(f"model file: {shape.name}, {blocks} blocks (made once, then cached)", total=None)
-    model = cached_random_gguf(shape, blocks, default_cache_root())
+    model = cached_random_gguf(shape, blocks, default_cache_root() / "models")
     progress.update(task, total=1, completed=1)
     prompt = long_prompt(args.prompt_tokens)
     context = args.prompt_tokens + args.prompt_tokens // 4 + ANSWER_ROOM

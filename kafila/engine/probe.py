@@ -27,11 +27,11 @@ from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import EngineError
 from kafila.model.cut import StageSpec
 from kafila.model.describe import describe_model
-from kafila.model.shaped import Shape, shaped_model
+from kafila.model.random_gguf import SHAPES, Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
-LARGE_SHAPE = "llama3-8b"  # the large-block file's shape (kafila.model.shaped)
+LARGE_SHAPE = SHAPES["llama3-8b"]  # the large-block file's shape (kafila.model.random_gguf)
 LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
@@ -157,7 +157,7 @@ def probe(
     on_step: Callable[[str, int, int], None] | None = None,
     threads: int = 0,
     large: tuple[int, ...] = LARGE_SIZES,
-    large_shape: Shape | str = LARGE_SHAPE,
+    large_shape: Shape = LARGE_SHAPE,
 ) -> ProbeResult:
     """Measure this machine with cuts of `model` of the given block counts and, unless `large` is empty,
     cuts of those block counts of a random-weight file with large (Llama-3.1-8B-shaped) blocks, on
@@ -174,7 +174,8 @@ def probe(
     if large:
         if on_step:
             on_step("writing a large-block model (once)", 0, total)
-        big = shaped_model(cache.root / "probe-models", large_shape, max(large))
+        # body stages only: the stub vocabulary spares the file a real-sized embedding no one reads
+        big = cached_random_gguf(large_shape, max(large), cache.root / "probe-models", tokenizer=False)
         big_info = describe_model(big)
         cuts += [(n, sum(big_info.blocks_bytes[:n])) for n in sorted(set(large))]
     try:

@@ -1,22 +1,26 @@
-"""Random-weight GGUF files with a real model's block shapes, for benchmarks at the size people run.
+"""Random-weight GGUF files with a real model's block shapes, for the probe and benchmarks (DESIGN §2c, §6).
 
 The work per token depends on the tensors' shapes and quantisation, not on their values, so a
-file with Llama-3.1-8B's hidden size, heads, KV heads, FFN size and vocabulary, a few blocks deep,
-costs per block what the real model does (DESIGN §2c, §6). Matrices are random Q4_0 bytes with a
-fixed per-block scale chosen so activations stay near unit size; norms are near 1. The tokenizer
-is the embedded SmolLM2's (so chats and prompts work), padded with plain `[PADn]` tokens up to the
-shape's vocabulary, so the head's unembedding reads a real-sized output matrix. The rows of the
-tokenizer's control tokens (end of turn among them) are zero in the output matrix: a random model
-never picks one, so replies run to their token limit.
+file with Llama-3.1-8B's hidden size, heads, KV heads and FFN size, a few blocks deep, costs per
+block what the real model does. Dense llama and qwen3 blocks and qwen3moe blocks (stacked experts
+and a router) are written. Matrices are random Q4_0 bytes with a fixed per-block scale chosen so
+activations stay near unit size; norms are near 1.
 
-Files are written tensor by tensor (memory stays small for multi-GB files) and cached under the
-user cache directory (`models/`), keyed by shape, block count and `FORMAT`.
+Two vocabularies: the embedded SmolLM2's tokenizer (so chats and prompts work), padded with plain
+`[PADn]` tokens up to the shape's vocabulary so the head's unembedding reads a real-sized output
+matrix, its control tokens' output rows zero (a random model never picks one, so replies run to
+their token limit); or, with `tokenizer=False`, a 32-token stub for files whose body stages alone
+are run (the probe), which keeps multi-block files free of a 0.3 GB embedding no one reads.
+
+Files are written tensor by tensor (memory stays small for multi-GB files) and cached by
+`cached_random_gguf`, keyed by shape, block count, vocabulary and `FORMAT`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 
 import gguf
@@ -24,28 +28,31 @@ import numpy as np
 
 from kafila.errors import ModelError
 
-FORMAT = 1  # bump when the writer's output changes, so cached files are made again
+FORMAT = 2  # bump when the writer's output changes, so cached files are made again
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
 QK = 32  # weights per Q4_0 block
 Q4_0_BYTES = 18  # f16 scale + 16 bytes of 4-bit values
 Q4_0_STD = 4.61  # std of (q - 8) for q uniform in 0..15
+STUB_TOKENS = [chr(ord("a") + i) for i in range(26)] + ["ab", " ", ".", "!", "<s>", "</s>"]
 
 
 @dataclass(frozen=True)
 class Shape:
-    """A model's block shapes (from its published config.json) and how many blocks to write by default."""
+    """A model's block shapes (its config.json's names in comments) and how many blocks to write by default."""
 
     name: str
-    arch: str  # llama.cpp architecture: "llama" or "qwen3"
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    n_ff: int
-    n_vocab: int
-    real_blocks: int
-    default_blocks: int
+    arch: str  # llama.cpp architecture: "llama", "qwen3" or "qwen3moe"
+    n_embd: int  # hidden_size
+    n_head: int  # num_attention_heads
+    n_head_kv: int  # num_key_value_heads
+    n_ff: int  # intermediate_size (MoE: moe_intermediate_size, one expert's width)
+    n_vocab: int = 49152  # vocab_size (with the real tokenizer); SmolLM2's, the smallest that holds it
+    real_blocks: int = 0  # num_hidden_layers of the real model (0: not a real model)
+    default_blocks: int = 2  # blocks `kafila bench scale` writes unless told
     head_dim: int | None = None  # when not n_embd / n_head (Qwen3)
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0  # rope_theta
+    experts: int = 0  # num_experts (qwen3moe)
+    experts_used: int = 0  # num_experts_per_tok
 
     @property
     def key_dim(self) -> int:
@@ -53,14 +60,19 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {s.name: s for s in (
-    Shape("llama3-8b", "llama", 4096, 32, 8, 14336, 128256, 32, 6, rope_base=500000.0),
+    Shape("llama3-8b", "llama", 4096, 32, 8, 14336, 128256, 32, 6, rope_base=500000.0),  # 123 MB per block
     Shape("llama3-70b", "llama", 8192, 64, 8, 28672, 128256, 80, 2, rope_base=500000.0),
     Shape("qwen3-8b", "qwen3", 4096, 32, 8, 12288, 151936, 36, 6, head_dim=128, rope_base=1000000.0),
     Shape("qwen3-32b", "qwen3", 5120, 64, 8, 25600, 151936, 64, 3, head_dim=128, rope_base=1000000.0),
+    # 128 experts of width 768, 8 per token: 350 MB per block at Q4_0, 31 MB of it read per token
+    Shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 768, 151936, 48, 2, head_dim=128, rope_base=1000000.0,
+          experts=128, experts_used=8),
     Shape("smollm2", "llama", 576, 9, 3, 1536, 49152, 30, 30),
     # not a real model: the smallest file that exercises everything, for tests
     Shape("tiny", "llama", 128, 4, 2, 256, 49152, 3, 3),
 )}
+# Wide enough to tell the per-block cost from bandwidth, small enough for tests: 5 MB blocks.
+TEST_SHAPE = Shape("test-wide", "llama", 1024, 8, 2, 2560)
 
 
 def shape_named(name: str) -> Shape:
@@ -71,15 +83,14 @@ def shape_named(name: str) -> Shape:
         raise ModelError(f"unknown model shape {name!r}; known: {', '.join(SHAPES)}") from None
 
 
-def _q4_0(rng: np.random.Generator, rows: int, cols: int, scale: float, zero_rows: int = 0) -> np.ndarray:
-    """Random Q4_0 bytes of a rows × cols matrix with every block's scale `scale` (rows < zero_rows: 0)."""
-    if cols % QK:
-        raise ModelError(f"a Q4_0 row must be whole blocks of {QK}; {cols} is not")
+def _q4_0(rng: np.random.Generator, dims: tuple[int, ...], scale: float, zero_rows: list[int]) -> np.ndarray:
+    """Random Q4_0 bytes of a matrix (or stack of matrices) `dims`, every block's scale `scale`, `zero_rows` 0."""
+    rows, cols = prod(dims[:-1]), dims[-1]
     data = rng.integers(0, 256, size=(rows, cols // QK, Q4_0_BYTES), dtype=np.uint8)
     d = np.full((rows, cols // QK), scale, np.float16)
-    d[:zero_rows] = 0
+    d[zero_rows] = 0
     data[:, :, :2] = d.view(np.uint8).reshape(rows, cols // QK, 2)
-    return data.reshape(rows, cols // QK * Q4_0_BYTES)
+    return data.reshape(*dims[:-1], cols // QK * Q4_0_BYTES)
 
 
 def _tokenizer(writer: gguf.GGUFWriter, n_vocab: int) -> list[int]:
@@ -108,74 +119,112 @@ def _tokenizer(writer: gguf.GGUFWriter, n_vocab: int) -> list[int]:
     return [i for i, t in enumerate(types) if t == gguf.TokenType.CONTROL]
 
 
-def write_random_gguf(path: Path, shape: Shape, n_blocks: int, seed: int = 0) -> Path:
-    """Write a random-weight Q4_0 model of `shape` with `n_blocks` blocks to `path`."""
+def _stub_tokenizer(writer: gguf.GGUFWriter) -> list[int]:
+    """A 32-token vocabulary (body stages never see token ids); return the control tokens' ids."""
+    n = len(STUB_TOKENS)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(STUB_TOKENS)
+    writer.add_token_types([gguf.TokenType.NORMAL] * (n - 2) + [gguf.TokenType.CONTROL] * 2)
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(n - 2)
+    writer.add_eos_token_id(n - 1)
+    return [n - 2, n - 1]
+
+
+def _plan(shape: Shape, n_blocks: int, n_vocab: int) -> list[tuple[str, tuple[int, ...], bool]]:
+    """(name, dims in numpy order (outputs, inputs), Q4_0 or f32) of every tensor, in file order."""
+    d, kd, ff = shape.n_embd, shape.key_dim, shape.n_ff
+    q_out, kv_out = shape.n_head * kd, shape.n_head_kv * kd
+    plan: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (n_vocab, d), True)]
+    for i in range(n_blocks):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", (d,), False), (p + "attn_q.weight", (q_out, d), True),
+                 (p + "attn_k.weight", (kv_out, d), True), (p + "attn_v.weight", (kv_out, d), True),
+                 (p + "attn_output.weight", (d, q_out), True)]
+        if shape.arch in ("qwen3", "qwen3moe"):
+            plan += [(p + "attn_q_norm.weight", (kd,), False), (p + "attn_k_norm.weight", (kd,), False)]
+        plan.append((p + "ffn_norm.weight", (d,), False))
+        if shape.experts:
+            n = shape.experts
+            plan += [(p + "ffn_gate_inp.weight", (n, d), False), (p + "ffn_gate_exps.weight", (n, ff, d), True),
+                     (p + "ffn_up_exps.weight", (n, ff, d), True), (p + "ffn_down_exps.weight", (n, d, ff), True)]
+        else:
+            plan += [(p + "ffn_gate.weight", (ff, d), True), (p + "ffn_up.weight", (ff, d), True),
+                     (p + "ffn_down.weight", (d, ff), True)]
+    return [*plan, ("output_norm.weight", (d,), False), ("output.weight", (n_vocab, d), True)]
+
+
+def write_random_gguf(path: Path, shape: Shape, n_blocks: int, seed: int = 0, tokenizer: bool = True) -> Path:
+    """Write a random-weight Q4_0 model of `shape` with `n_blocks` blocks to `path`; with `tokenizer`,
+    SmolLM2's tokenizer padded to the shape's vocabulary, else the 32-token stub."""
     if n_blocks < 1:
         raise ModelError(f"a model needs at least one block, not {n_blocks}")
+    if shape.arch not in ("llama", "qwen3", "qwen3moe") or (shape.arch == "qwen3moe") != bool(shape.experts):
+        raise ModelError(f"shape {shape.name!r}: arch {shape.arch!r} with {shape.experts} experts is not writable")
+    for dim in (shape.n_embd, shape.n_ff, shape.key_dim):
+        if dim % QK:
+            raise ModelError(f"shape {shape.name!r}: a Q4_0 row must be whole blocks of {QK}; {dim} is not")
     rng = np.random.default_rng(seed)
-    d, kd = shape.n_embd, shape.key_dim
-    q_out, kv_out = shape.n_head * kd, shape.n_head_kv * kd
+    n_vocab = shape.n_vocab if tokenizer else len(STUB_TOKENS)
+    kd = shape.key_dim
     writer = gguf.GGUFWriter(path, shape.arch)
     writer.add_name(f"random-{shape.name}-{n_blocks}-blocks")
     writer.add_block_count(n_blocks)
     writer.add_context_length(32768)
-    writer.add_embedding_length(d)
+    writer.add_embedding_length(shape.n_embd)
     writer.add_feed_forward_length(shape.n_ff)
     writer.add_head_count(shape.n_head)
     writer.add_head_count_kv(shape.n_head_kv)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(shape.rope_base)
     writer.add_rope_dimension_count(kd)
-    writer.add_vocab_size(shape.n_vocab)
+    writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     if shape.head_dim is not None:
         writer.add_key_length(kd)
         writer.add_value_length(kd)
-    control = _tokenizer(writer, shape.n_vocab)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.n_ff)
+    control = _tokenizer(writer, n_vocab) if tokenizer else _stub_tokenizer(writer)
 
-    # (name, rows, cols) of every matrix (rows = outputs), and (name, length) of every vector, in file order
-    plan: list[tuple[str, int, int] | tuple[str, int]] = [("token_embd.weight", shape.n_vocab, d)]
-    for i in range(n_blocks):
-        p = f"blk.{i}."
-        plan += [(p + "attn_norm.weight", d), (p + "attn_q.weight", q_out, d), (p + "attn_k.weight", kv_out, d),
-                 (p + "attn_v.weight", kv_out, d), (p + "attn_output.weight", d, q_out)]
-        if shape.arch == "qwen3":
-            plan += [(p + "attn_q_norm.weight", kd), (p + "attn_k_norm.weight", kd)]
-        plan += [(p + "ffn_norm.weight", d), (p + "ffn_gate.weight", shape.n_ff, d),
-                 (p + "ffn_up.weight", shape.n_ff, d), (p + "ffn_down.weight", d, shape.n_ff)]
-    plan += [("output_norm.weight", d), ("output.weight", shape.n_vocab, d)]
-    for item in plan:
-        if len(item) == 3:
-            writer.add_tensor_info(item[0], (item[1], item[2] // QK * Q4_0_BYTES), np.dtype(np.uint8),
-                                   item[1] * item[2] // QK * Q4_0_BYTES, raw_dtype=Q4_0)
+    plan = _plan(shape, n_blocks, n_vocab)
+    for name, dims, q4 in plan:
+        if q4:
+            nbytes = prod(dims) // QK * Q4_0_BYTES
+            writer.add_tensor_info(name, (*dims[:-1], dims[-1] // QK * Q4_0_BYTES), np.dtype(np.uint8), nbytes,
+                                   raw_dtype=Q4_0)
         else:
-            writer.add_tensor_info(item[0], (item[1],), np.dtype(np.float32), 4 * item[1])
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * prod(dims))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    # the tokenizer's control tokens sort first in SmolLM2's vocabulary: zero rows of the output never win
-    n_zero = max(control) + 1 if control and control == list(range(len(control))) else 0
-    for item in plan:
-        if len(item) == 2:
-            writer.write_tensor_data((1.0 + 0.05 * rng.standard_normal(item[1])).astype(np.float32))
-            continue
-        name, rows, cols = item
-        # embeddings near unit size; a matrix's outputs near unit size for unit-size inputs
-        scale = 0.2 if name == "token_embd.weight" else 1.0 / (Q4_0_STD * cols ** 0.5)
-        writer.write_tensor_data(_q4_0(rng, rows, cols, scale, n_zero if name == "output.weight" else 0))
+    for name, dims, q4 in plan:
+        if name.endswith("ffn_gate_inp.weight"):
+            # a random router: random inputs then spread over the experts about uniformly, as the model assumes
+            writer.write_tensor_data(rng.standard_normal(dims).astype(np.float32))
+        elif not q4:  # norms
+            writer.write_tensor_data((1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32))
+        else:
+            # embeddings near unit size; a matrix's outputs near unit size for unit-size inputs
+            scale = 0.2 if name == "token_embd.weight" else 1.0 / (Q4_0_STD * dims[-1] ** 0.5)
+            writer.write_tensor_data(_q4_0(rng, dims, scale, control if name == "output.weight" else []))
     writer.close()
     return path
 
 
-def cached_random_gguf(shape: Shape, n_blocks: int, root: Path) -> Path:
-    """The random model of `shape` with `n_blocks` blocks under `root/models/`, written once."""
-    path = root / "models" / f"random-{shape.name}-{n_blocks}b-q4_0-v{FORMAT}.gguf"
+def cached_random_gguf(shape: Shape, n_blocks: int, folder: Path, tokenizer: bool = True) -> Path:
+    """The random model of `shape` with `n_blocks` blocks (see write_random_gguf) in `folder`, written once."""
+    vocab = f"v{shape.n_vocab}" if tokenizer else "stub"
+    name = f"random-{shape.name}-{shape.n_embd}x{shape.n_ff}-{n_blocks}b-{vocab}-q4_0-f{FORMAT}.gguf"
+    path = folder / name
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        write_random_gguf(tmp, shape, n_blocks)
+        write_random_gguf(tmp, shape, n_blocks, tokenizer=tokenizer)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

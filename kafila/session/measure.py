@@ -17,7 +17,7 @@ from typing import Any
 
 from kafila.engine.build import build_identity
 from kafila.engine.probe import LARGE_SHAPE, ProbeResult, probe
-from kafila.model.shaped import Shape
+from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
 from kafila.session.builds import build_tag, wire_protocol
 
@@ -41,7 +41,7 @@ class Emulation:
 
 
 def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
-                 fresh: bool = False, threads: int = 0, large_shape: Shape | str = LARGE_SHAPE) -> ProbeResult:
+                 fresh: bool = False, threads: int = 0, large_shape: Shape = LARGE_SHAPE) -> ProbeResult:
     """The engine probe on `threads` threads (0: all), reused from the cache when recent and from this build.
 
     `large_shape`: the block shape of the probe's large-block cuts (tests pass a small one to save disk)."""

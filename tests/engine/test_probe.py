@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from kafila.engine.probe import ProbeResult, fit_cost, probe
 from kafila.errors import EngineError
-from kafila.model.shaped import Shape, shaped_model
+from kafila.model.random_gguf import Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
 
-WIDE = Shape("probe-test", 512, 8, 2, 1536)  # large-block stand-in for the test: 0.9 MB blocks, not 123 MB
+WIDE = Shape("probe-test", "llama", 512, 8, 2, 1536)  # large-block stand-in for the test: 0.9 MB blocks, not 123 MB
 
 
 @given(st.floats(1e8, 1e12), st.floats(0, 0.01))
@@ -100,7 +100,7 @@ def probe_retrying_noise(model: Path, cache: StageCache) -> ProbeResult:
 def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     result = probe_retrying_noise(smollm, stage_cache)
     blocks, unembed = gguf_sizes(smollm)
-    wide, _ = gguf_sizes(shaped_model(stage_cache.root / "probe-models", WIDE, 2))
+    wide, _ = gguf_sizes(cached_random_gguf(WIDE, 2, stage_cache.root / "probe-models", tokenizer=False))
     assert [s[0] for s in result.samples] == [sum(blocks[:2]), sum(blocks[:12]), wide[0], sum(wide)]
     assert result.sample_blocks == (2, 12, 1, 2)
     assert result.bandwidth_bytes_per_s > 0 and result.dispatch_s >= 0 and result.block_s >= 0

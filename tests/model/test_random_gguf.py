@@ -46,8 +46,8 @@ def test_qwen3_blocks_have_head_norms_and_128_wide_heads(tmp_path: Path) -> None
 
 
 def test_llama_cpp_loads_it_and_greedy_never_picks_a_control_token(tmp_path: Path) -> None:
-    path = cached_random_gguf(SHAPES["tiny"], 3, tmp_path)
-    assert cached_random_gguf(SHAPES["tiny"], 3, tmp_path) == path  # made once
+    path = cached_random_gguf(SHAPES["tiny"], 3, tmp_path / "models")
+    assert cached_random_gguf(SHAPES["tiny"], 3, tmp_path / "models") == path  # made once
     ref = ReferenceContext(path, ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=16))
     try:
         token = 1000
@@ -72,7 +72,40 @@ def test_bad_input_is_named() -> None:
 def test_the_cache_lists_benchmark_models_and_not_other_models(tmp_path: Path) -> None:
     from kafila.session.cache_inventory import inventory
 
-    made = cached_random_gguf(SHAPES["tiny"], 1, tmp_path)
+    made = cached_random_gguf(SHAPES["tiny"], 1, tmp_path / "models")
     other = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"  # a model the user fetched: not the cache's to list
     other.write_bytes(b"GGUF")
     assert [(e.kind, e.path) for e in inventory(tmp_path)] == [("bench model", made)]
+
+
+def test_moe_blocks_with_the_stub_vocabulary_load_and_compute(tmp_path: Path) -> None:
+    real = shape_named("qwen3-30b-a3b")
+    # Qwen3-30B-A3B's block layout, narrowed: 8 experts of width 128, 2 per token, 64-wide heads
+    moe = type(real)("m", "qwen3moe", 256, 4, 2, 128, head_dim=64, experts=8, experts_used=2)
+    path = write_random_gguf(tmp_path / "m.gguf", moe, 2, tokenizer=False)
+    made = shapes(path)
+    assert made["blk.1.ffn_gate_exps.weight"] == (256, 128, 8) and made["blk.1.ffn_down_exps.weight"] == (128, 256, 8)
+    assert made["blk.0.ffn_gate_inp.weight"] == (256, 8) and made["blk.0.attn_k_norm.weight"] == (64,)
+    assert made["token_embd.weight"] == (256, 32) and "blk.0.ffn_gate.weight" not in made
+    ref = ReferenceContext(path, ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=16))
+    try:  # llama.cpp's qwen3moe loader takes it and computes finite logits over the 32-token stub
+        rows = Rows(np.zeros(3, np.int32), np.arange(3, dtype=np.int32), np.ones(3, bool))
+        logits = ref.run(np.array([1, 2, 3], np.int32), rows)
+        assert logits.shape[-1] == 32 and np.isfinite(logits).all()
+    finally:
+        ref.close()
+
+
+def test_the_cache_keys_on_shape_blocks_and_vocabulary(tmp_path: Path) -> None:
+    stub = cached_random_gguf(SHAPES["tiny"], 1, tmp_path, tokenizer=False)
+    real = cached_random_gguf(SHAPES["tiny"], 1, tmp_path)
+    assert stub != real and stub.stat().st_size < real.stat().st_size
+    assert cached_random_gguf(SHAPES["tiny"], 2, tmp_path, tokenizer=False) != stub
+
+
+def test_unwritable_shapes_are_named() -> None:
+    dense = SHAPES["tiny"]
+    with pytest.raises(ModelError, match="arch 'qwen3moe' with 0 experts"):
+        write_random_gguf(Path("unused.gguf"), type(dense)("x", "qwen3moe", 128, 4, 2, 256), 1)
+    with pytest.raises(ModelError, match="whole blocks of 32; 100 is not"):
+        write_random_gguf(Path("unused.gguf"), type(dense)("x", "llama", 128, 4, 2, 100), 1)

@@ -266,7 +266,7 @@ def shared_probe(cache_root: Path) -> None:
     import tempfile
 
     from kafila.model.embedded import default_model_path
-    from kafila.model.shaped import TEST_SHAPE
+    from kafila.model.random_gguf import TEST_SHAPE
     from kafila.model.stage_cache import StageCache
     from kafila.session.measure import cached_probe
 

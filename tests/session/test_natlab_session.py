@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
-from kafila.model.shaped import TEST_SHAPE
+from kafila.model.random_gguf import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
 from kafila.planner.reachability import NatClass
 from kafila.session.measure import cached_probe

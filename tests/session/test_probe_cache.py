@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kafila.errors import KafilaError
-from kafila.model.shaped import TEST_SHAPE
+from kafila.model.random_gguf import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
 from kafila.session.measure import cached_probe
 
