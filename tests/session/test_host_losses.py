@@ -94,7 +94,7 @@ def test_the_host_serves_a_stage_by_default(tmp_path: Path, capital: str) -> Non
         assert set(reply["kafila"]["stages"]) == {"ada", HOST_MEMBER}
 
 
-REMEDY = "`kafila join CODE --model PATH`"
+REMEDY = "open a new session with `kafila host`"  # what the members say, since none can take the host's role over
 STORY = "Tell me a long story about a dragon."
 
 
