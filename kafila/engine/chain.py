@@ -72,9 +72,13 @@ class Batch:
 
 
 def take_batch(requests: Iterable[Request], budget: int) -> Batch | None:
-    """The next chunk of every ready request, `budget` rows at most in all; None when none is ready."""
+    """The next chunk of every ready request, `budget` rows at most in all; None when none is ready.
+
+    Decode steps go first and prompts fill what is left (chunked prefill): a long prompt then
+    never holds back the other requests' next tokens.
+    """
     taken: list[tuple[Request, Chunk]] = []
-    for r in requests:
+    for r in sorted(requests, key=lambda r: r.prefilling):  # stable: decoding first, then prefilling
         chunk = r.take(budget)
         if chunk is not None:
             taken.append((r, chunk))

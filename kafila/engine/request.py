@@ -3,6 +3,10 @@
 Transport-free, so the local chain and the ring scheduler drive requests the same way:
 `take(budget)` hands out the next chunk (a prefill slice of the prompt, or the last sampled token),
 `complete(logits)` consumes the logits of the chunk's last row when it asked for them.
+
+Prefill chunks may be taken while earlier ones are still being computed (a ring pipelines one
+prompt across its stages: every stage computes frames in the order the head sent them, so chunk
+k+1 always follows chunk k into the KV cache); a decode step waits for the logits before it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class Request:
     vocab: Vocab
     generated: list[int] = field(default_factory=list)
     fed: int = 0  # tokens whose rows have gone through the chain
-    in_flight: bool = False
+    sent: int = 0  # tokens handed out by take(): fed, plus those still being computed
+    pending: int = 0  # chunks handed out and not yet completed
     finish_reason: str | None = None  # "stop" (end token), "length" (max tokens or context)
 
     def __post_init__(self) -> None:
@@ -57,20 +62,29 @@ class Request:
 
     def take(self, budget: int) -> Chunk | None:
         """The next rows to run (at most `budget`), or None when waiting or finished."""
-        if self.done or self.in_flight or budget <= 0:
+        if self.done or budget <= 0:
             return None
-        if self.fed < len(self.prompt):
-            tokens = self.prompt[self.fed : self.fed + budget]
-            last = self.fed + len(tokens) == len(self.prompt)
+        start = self.sent
+        if start < len(self.prompt):
+            tokens = self.prompt[start : start + budget]
+            last = start + len(tokens) == len(self.prompt)
+        elif self.pending or not self.generated:
+            return None  # the next token is being computed
         else:
             tokens = [self.generated[-1]]
             last = True
-        self.in_flight = True
-        return Chunk(self.seq, tokens, self.fed, last)
+        self.sent += len(tokens)
+        self.pending += 1
+        return Chunk(self.seq, tokens, start, last)
+
+    @property
+    def prefilling(self) -> bool:
+        """Prompt rows are still to be handed out."""
+        return self.sent < len(self.prompt)
 
     def complete(self, chunk: Chunk, logits: np.ndarray | None) -> str:
         """Record a finished chunk; with logits, sample the next token. Returns new text."""
-        self.in_flight = False
+        self.pending -= 1
         self.fed += len(chunk.tokens)
         if not chunk.wants_logits:
             return ""

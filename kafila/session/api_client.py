@@ -8,7 +8,8 @@ The wire contract, as the session's head serves it (and every member forwards it
   ``"kafila": {"tokens_per_s", "stages": {name: {"predicted_s", "measured_s"}}, "network_share"}``;
   then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error;
   a chunk with no choices and ``"kafila": {"notice": …}`` is a line for the reader (a member was
-  lost and the reply resumes on the re-planned ring).
+  lost and the reply resumes on the re-planned ring); one with ``"kafila": {"progress":
+  {"prefilled", "prompt_tokens"}}`` tells how much of a long prompt the ring has computed so far.
 * Errors before the stream: HTTP 4xx/5xx with ``{"error": {"message", "type", "param", "code"}}``.
 * Every request carries ``Authorization: Bearer TOKEN``, the token the session wrote to a file only
   this user can read (kafila.session.api_token); without it the session answers 401.
@@ -85,6 +86,17 @@ class Notice:
     """A line for the reader in the middle of a reply (e.g. a member was lost and the reply resumes)."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How much of the prompt the ring has computed before the reply's first token."""
+
+    prefilled: int
+    prompt_tokens: int
+
+    def line(self) -> str:
+        return f"reading the prompt: {self.prefilled}/{self.prompt_tokens} tokens"
 
 
 @dataclass(frozen=True)
@@ -208,7 +220,7 @@ class ApiClient:
         model: str = "kafila",
         max_tokens: int = 512,
         temperature: float = 0.7,
-    ) -> AsyncIterator[str | Notice | ReplyStats]:
+    ) -> AsyncIterator[str | Notice | Progress | ReplyStats]:
         """Send a chat and yield the reply's text pieces (and `Notice`s) as they arrive, then its `ReplyStats`.
 
         Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
@@ -260,7 +272,7 @@ async def _read_body(resp: aiohttp.ClientResponse) -> Any:
         return text
 
 
-async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | ReplyStats]:
+async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | Progress | ReplyStats]:
     message = _error_message(body)
     if message is not None:
         raise ApiError(url, message)
@@ -274,7 +286,7 @@ async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | Repl
         yield ReplyStats.from_json(body["kafila"])
 
 
-async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str | Notice | ReplyStats]:
+async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str | Notice | Progress | ReplyStats]:
     """Parse the SSE stream: `data:` lines only (comments, `event:` and blank lines are skipped)."""
     async for raw in resp.content:
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -297,6 +309,11 @@ async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str |
         extra = chunk.get("kafila")
         if isinstance(extra, dict) and isinstance(extra.get("notice"), str):
             yield Notice(extra["notice"])
+        elif isinstance(extra, dict) and isinstance(extra.get("progress"), dict):
+            p = extra["progress"]
+            done, total = _num(p.get("prefilled")), _num(p.get("prompt_tokens"))
+            if done is not None and total is not None:
+                yield Progress(int(done), int(total))
         elif isinstance(extra, dict):
             yield ReplyStats.from_json(extra)
     raise ApiLost(url, "the stream ended before [DONE]")

@@ -1,9 +1,15 @@
 """The head: turns chat requests into tokens, sends rows around the ring, closes it, samples, streams text.
 
-Pipelining: each request has at most one chunk in flight (decode depends on the previous token),
-and several requests are in flight at once, each in its own KV-cache sequence (`seq`, carried per
-row in the frame's header). A finished request's sequence is freed by a `free` message that travels
-the whole ring and comes back; only then is the slot reused, so no stage ever mixes two requests.
+Pipelining: several requests are in flight at once, each in its own KV-cache sequence (`seq`,
+carried per row in the frame's header), and a long prompt goes round in chunks of at most `n_batch`
+rows, the next sent while the previous is still in later stages (every stage computes frames in the
+order it receives them, so the chunks enter each KV cache in order). At most `depth` frames are in
+the ring at once, one per stage and one on the wire: enough to keep every stage busy, few enough
+that a decode step, packed first into the next frame, never queues behind a whole prompt.
+While a prompt is prefilled its request gets `progress` events instead of text.
+
+A finished request's sequence is freed by a `free` message that travels the whole ring and comes
+back; only then is the slot reused, so no stage ever mixes two requests.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kafila.engine.chain import logit_rows, take_batch
+from kafila.engine.chain import Batch, logit_rows, take_batch
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
@@ -117,6 +123,7 @@ class Head:
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, which rows want logits, when it was sent)
         self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int]] = {}
+        self._depth = len(order) + 1  # frames in the ring at once: one per stage, one on the wire
         self._wake = asyncio.Event()
         self._ids = itertools.count()
         self._frame_ids = itertools.count()
@@ -131,6 +138,8 @@ class Head:
     # -- requests -------------------------------------------------------------------------------
     async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
         """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
+
+        While its prompt is prefilled, {"progress": {"prefilled": n, "prompt_tokens": total}} after each chunk.
 
         An error a lost member caused carries "resumable": the API server then sends the request
         again to the re-planned ring, with the tokens so far as body["resume"].
@@ -167,6 +176,8 @@ class Head:
             if pending or tokens:
                 yield {"delta": pending, "tokens": tokens}
                 pending, tokens, sent_at = "", [], time.perf_counter()
+            if "progress" in evt:
+                yield evt
             if "done" in evt or "error" in evt:
                 yield evt
                 return
@@ -224,11 +235,15 @@ class Head:
             await self._dispatch()
 
     async def _dispatch(self) -> None:
-        """Pack the next chunk of every ready request into one frame and send it into the ring."""
-        batch = take_batch([job.request for job in self._active.values() if job.request is not None],
-                           self.config.n_batch)
-        if batch is None:
-            return
+        """Send frames, each packing the next chunk of every ready request, while the ring has room."""
+        while len(self._in_flight) < self._depth and not self.failed:
+            batch = take_batch([job.request for job in self._active.values() if job.request is not None],
+                               self.config.n_batch)
+            if batch is None:
+                return
+            await self._send(batch)
+
+    async def _send(self, batch: Batch) -> None:
         rows = batch.rows
         embd = self.embedder.rows(batch.tokens)
         fid = next(self._frame_ids)
@@ -259,6 +274,7 @@ class Head:
         if entry is None:
             return  # sent before a failure reset the ring: stale
         taken, want, sent = entry
+        self._wake.set()  # the ring has room again: the next chunk can go while this frame is computed here
         try:
             logits, head_ns = await self.worker.run(frame, want)
         except EngineError as exc:
@@ -288,6 +304,9 @@ class Head:
                 job.token_times.append(time.perf_counter())
             if piece or new:
                 job.events.put_nowait({"delta": piece, "tokens": new})
+            elif not chunk.wants_logits:  # a prompt chunk went round: the request shows its progress
+                job.events.put_nowait({"progress": {"prefilled": job.request.fed,
+                                                    "prompt_tokens": len(job.request.prompt)}})
             if job.request.done:
                 await self._finish_job(slot, job)
         self._wake.set()

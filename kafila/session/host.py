@@ -35,7 +35,6 @@ from kafila.session.options import HostOptions
 from kafila.session.state import EdgeView, SessionState, StageStats, member_view
 
 log = logging.getLogger("kafila.host")
-N_BATCH = 128
 READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
 EXIT_REJECTED = 3
 
@@ -266,7 +265,7 @@ class HostRuntime:
 
     async def _assign(self, plan: Placement) -> None:
         order = list(plan.order)
-        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": N_BATCH}
+        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": self.opts.batch}
         for name in order:
             start, end = plan.ranges[name]
             spec = StageSpec(start, end, head=(name == plan.head))

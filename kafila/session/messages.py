@@ -29,7 +29,8 @@ that may be null; fields this build does not know are ignored):
     chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
                               an earlier ring generated), forwarded to the head
     chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
-                              {"error": str, "resumable": bool}
+                              {"error": str, "resumable": bool} | {"notice": str} |
+                              {"progress": {"prefilled": n, "prompt_tokens": n}}
     bye       any             reason (closing on purpose)
 
 decode() checks every field's type and range from one table (SCHEMA); anything malformed is a
@@ -312,8 +313,12 @@ def _event(v: Any, where: str) -> dict[str, Any]:
         _object(obj["done"], f"{where}.done")
     elif "error" in obj or "notice" in obj:
         _TEXT(obj.get("error", obj.get("notice")), f"{where}'s text")
+    elif "progress" in obj:
+        progress = _object(obj["progress"], f"{where}.progress")
+        for name in ("prefilled", "prompt_tokens"):
+            _int(0, MAX_INDEX)(progress.get(name), f"{where}.progress.{name}")
     else:
-        raise ProtocolError(f"{where} must carry one of delta, done, error, notice")
+        raise ProtocolError(f"{where} must carry one of delta, done, error, notice, progress")
     return obj
 
 

@@ -46,7 +46,7 @@ def plan_summary(state: SessionState) -> Table:
 def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                   echo: IO[str] | None = None) -> tuple[str, dict[str, Any]]:
     """One chat message through the session's API; returns the reply text and its stats block."""
-    from kafila.session.api_client import ApiClient, Notice, ReplyStats
+    from kafila.session.api_client import ApiClient, Notice, Progress, ReplyStats
 
     async def go() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
@@ -60,6 +60,8 @@ def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                 if isinstance(item, Notice):
                     if echo is not None:
                         echo.write(f"\n[{item.text}]\n")
+                    continue
+                if isinstance(item, Progress):  # the echo holds the reply's text only
                     continue
                 parts.append(item)
                 if echo is not None:
