@@ -149,9 +149,10 @@ class LocalChain:
         while any(not r.done for r in requests):
             yield from self.step(requests)
 
-    def free(self, seq: int) -> None:
+    def free(self, seq: int, keep: int = 0) -> None:
+        """Drop a sequence's KV cache on every stage from position `keep` on (0: all of it)."""
         for stage in self.stages:
-            stage.free(seq)
+            stage.free(seq, keep)
 
     def close(self) -> None:
         for stage in self.stages:

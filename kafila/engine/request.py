@@ -44,6 +44,7 @@ class Request:
     fed: int = 0  # tokens whose rows have gone through the chain
     sent: int = 0  # tokens handed out by take(): fed, plus those still being computed
     pending: int = 0  # chunks handed out and not yet completed
+    cached: int = 0  # prompt tokens whose KV cache an earlier request left (not computed again)
     finish_reason: str | None = None  # "stop" (end token), "length" (max tokens or context)
 
     def __post_init__(self) -> None:
@@ -81,6 +82,17 @@ class Request:
     def prefilling(self) -> bool:
         """Prompt rows are still to be handed out."""
         return self.sent < len(self.prompt)
+
+    def reuse(self, cached: int) -> None:
+        """Start after the first `cached` prompt tokens, whose KV cache the stages already hold."""
+        if self.sent or not 0 <= cached < len(self.prompt):
+            raise EngineError(f"cannot reuse {cached} cached tokens of a {len(self.prompt)}-token prompt")
+        self.fed = self.sent = self.cached = cached
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens whose rows are in the KV cache (positions 0..fed-1)."""
+        return (self.prompt + self.generated)[: self.fed]
 
     def complete(self, chunk: Chunk, logits: np.ndarray | None) -> str:
         """Record a finished chunk; with logits, sample the next token. Returns new text."""

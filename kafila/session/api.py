@@ -310,11 +310,16 @@ def _short_reason(exc: BaseException) -> str:
     return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
 
 
-def _usage(done: dict[str, Any]) -> dict[str, int]:
+def _usage(done: dict[str, Any]) -> dict[str, Any]:
     prompt, completion = done.get("prompt_tokens"), done.get("completion_tokens")
     prompt = prompt if isinstance(prompt, int) else 0
     completion = completion if isinstance(completion, int) else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    cached = done.get("cached_tokens")
+    if isinstance(cached, int):  # OpenAI's field: prompt tokens an earlier turn's KV cache held
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def _error_body(evt: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,11 @@ the ring at once, one per stage and one on the wire: enough to keep every stage 
 that a decode step, packed first into the next frame, never queues behind a whole prompt.
 While a prompt is prefilled its request gets `progress` events instead of text.
 
-A finished request's sequence is freed by a `free` message that travels the whole ring and comes
-back; only then is the slot reused, so no stage ever mixes two requests.
+A finished request's sequence keeps its KV cache on every stage (slots.py): the next request takes
+the slot whose tokens share the longest prefix with its prompt and prefills only the rest, after a
+`trim` message has dropped the slot's other positions on every stage (it travels ahead of the
+request's frames, and every link delivers in order). A request that fails has its sequence freed
+by a `free` message that travels the whole ring and comes back; only then is that slot reused.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from kafila.errors import EngineError, SessionError
 from kafila.session import frames, messages
 from kafila.session.chat_request import BadRequest, parse_chat
 from kafila.session.frames import ActivationHeader, Frame, Phase
+from kafila.session.slots import Slots
 from kafila.session.stage_runtime import StageWorker
 
 log = logging.getLogger("kafila.head")
@@ -118,7 +122,7 @@ class Head:
         self.send_next = send_next  # None for a ring of one
         self.inbox = inbox  # messages coming back from the last member (or from ourselves)
         self.stats = RingStats(predicted)
-        self._free_slots = list(range(config.n_seq_max))
+        self._slots = Slots.empty(config.n_seq_max)
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, which rows want logits, when it was sent)
@@ -132,6 +136,7 @@ class Head:
         self._tg: asyncio.TaskGroup | None = None
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
             messages.Free: self._on_free,
+            messages.Trim: self._on_trim,
             messages.Chat: self._on_chat,
         }
 
@@ -226,12 +231,15 @@ class Head:
             self._wake.clear()
             if self.failed:
                 continue
-            while self._waiting and self._free_slots:
+            while self._waiting and self._slots:
                 job = self._waiting.pop(0)
-                slot = self._free_slots.pop(0)
                 assert job.request is not None
-                job.request.seq = slot
-                self._active[slot] = job
+                taken = self._slots.take(job.request.prompt)
+                job.request.seq = taken.slot
+                job.request.reuse(taken.keep)
+                self._active[taken.slot] = job
+                if taken.trim:
+                    await self._trim(taken.slot, taken.keep)
             await self._dispatch()
 
     async def _dispatch(self) -> None:
@@ -319,11 +327,13 @@ class Head:
         gaps = np.diff(times)
         # the ring's running figures, then this request's own (its tokens/s, not the ring's)
         done = {**self.stats.as_dict(), "finish_reason": job.request.finish_reason, "completion_tokens": n,
-                "prompt_tokens": len(job.request.prompt),
+                "prompt_tokens": len(job.request.prompt), "cached_tokens": job.request.cached,
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         job.events.put_nowait({"done": done})
-        await self._free(slot)
+        del self._active[slot]
+        self._slots.put(slot, job.request.held)  # kept on every stage for the next turn
+        self._wake.set()
 
     async def _free(self, slot: int) -> None:
         """Forget the request in `slot`; its sequence is reused once the free has gone round the ring."""
@@ -337,8 +347,17 @@ class Head:
 
     async def _release(self, slot: int) -> None:
         await self.worker.free(slot)
-        self._free_slots.append(slot)
+        self._slots.put(slot)
         self._wake.set()
+
+    async def _trim(self, slot: int, keep: int) -> None:
+        """Drop `slot`'s positions from `keep` on, on every stage, before a new request's rows go in."""
+        if self.trace:
+            self.trace({"trim": slot, "keep": keep})
+        if self.send_next is None:
+            await self.worker.free(slot, keep)
+        else:
+            await self.send_next(messages.encode(messages.Trim(slot, keep)))
 
     async def _on_control(self, msg: messages.Control) -> None:
         handler = self._handlers.get(type(msg))
@@ -349,6 +368,9 @@ class Head:
 
     async def _on_free(self, msg: messages.Free) -> None:
         await self._release(msg.seq)
+
+    async def _on_trim(self, msg: messages.Trim) -> None:
+        await self.worker.free(msg.seq, msg.keep)  # back from the ring: the head's own stage last
 
     async def _on_chat(self, msg: messages.Chat) -> None:
         if self.send_next is not None:

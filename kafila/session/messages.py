@@ -26,6 +26,9 @@ that may be null; fields this build does not know are ignored):
     stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
                               tokens_per_s|null
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
+    trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
+                              reuses the rest; travels the ring back to the head, ahead of the frames
+                              that rely on it)
     chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
                               an earlier ring generated), forwarded to the head
     chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
@@ -181,6 +184,13 @@ class Stats(Control):
 class Free(Control):
     T = "free"
     seq: int
+
+
+@dataclass(frozen=True)
+class Trim(Control):
+    T = "trim"
+    seq: int
+    keep: int
 
 
 @dataclass(frozen=True)
@@ -341,6 +351,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "stats": (Stats, {"stages": _map(_STAGE_TIME), "network_share": _null_or(_num(0.0, 1.0)),
                       "tokens_per_s": _null_or(_num(0.0, 1e9))}),
     "free": (Free, {"seq": _int(0, 0xFFFF)}),
+    "trim": (Trim, {"seq": _int(0, 0xFFFF), "keep": _int(0, MAX_INDEX)}),
     "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
     "chat_evt": (ChatEvt, {"id": _NAME, "dest": _NAME, "evt": _event}),
     "bye": (Bye, {"reason": _TEXT}),
