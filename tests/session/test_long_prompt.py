@@ -23,9 +23,10 @@ from tests.session.test_ring_e2e import replay_on_one_context
 BATCH = 16
 LONG = ("Here are some numbers: " + ", ".join(str(i) for i in range(100, 260, 5))
         + ". Which number comes after 255 in this list?")
-LONGER = ("Here are some numbers: " + ", ".join(str(i) for i in range(100, 420, 5))
-          + ". Which number comes after 415 in this list?")  # ~370 tokens: 24 chunks
-SHORT = "Name three colours."
+# ~370 tokens (24 chunks), sharing no cached prefix with LONG beyond the chat template's
+LONGER = ("Count these values: " + "; ".join(str(i) for i in range(420, 100, -5))
+          + ". Which value comes after 105 in this list?")
+SHORT = "Count from 1 to 100, separated by commas."  # a long greedy reply
 MAX_TOKENS = 6
 # the module's ring starts (deliveries included) inside the first test's time; a shared, busy
 # machine makes that slow, so the bound is generous (no test asserts on time)
@@ -103,33 +104,33 @@ def test_long_prompt_pipelined_equals_llama_cpp(ring: Cluster, llama_cpp_long: d
 
 def test_short_request_streams_during_long_prefill(ring: Cluster, smollm: Path) -> None:
     start = trace_length(ring)
-    prefilling = threading.Event()
-    long_chunks: list[tuple[float, Any]] = []
-    worker = threading.Thread(target=lambda: long_chunks.extend(ring.stream_chat(LONGER, 1, prefilling=prefilling)))
+    streaming = threading.Event()
+    short_chunks: list[tuple[float, Any]] = []
+    worker = threading.Thread(target=lambda: short_chunks.extend(ring.stream_chat(SHORT, 60, streaming=streaming)))
     worker.start()
     try:
-        assert prefilling.wait(120), "the long prompt never showed progress"
-        short_chunks = ring.stream_chat(SHORT, 8)
+        assert streaming.wait(300), "the short request never streamed"
+        long_chunks = ring.stream_chat(LONGER, 1)  # sent while the short reply is streaming
     finally:
-        worker.join(300)
+        worker.join(600)
     assert short_chunks[-1][1] == "[DONE]" and long_chunks[-1][1] == "[DONE]"
     assert text_of(short_chunks) and text_of(long_chunks)
 
-    # The head's record, in the order it sent frames: the long request's sequence is the first one
-    # seen; tokens the short request sampled before the long prompt's last chunk was sent show that
-    # decode steps went on between prefill chunks.
+    # The head's record, in the order it sent frames: the short request's sequence is the first one
+    # seen; tokens it sampled in frames sent between the long prompt's first and last chunks show
+    # that decode steps went on between prefill chunks, packed into the same frames.
     frames = [e for e in trace_since(ring, start) if "tokens" in e]
-    long_seq = frames[0]["seqs"][0]
-    last_prefill = next(i for i, f in enumerate(frames)
-                        if any(s == long_seq and w for s, w in zip(f["seqs"], f["want"], strict=True)))
-    short_sampled = sum(w for f in frames[:last_prefill] for s, w in zip(f["seqs"], f["want"], strict=True)
-                        if s != long_seq)
-    assert short_sampled >= 2, f"the short request sampled {short_sampled} tokens during the long prefill"
-    mixed = [f for f in frames[:last_prefill] if len(set(f["seqs"])) == 2]
-    assert mixed and all(len(f["tokens"]) <= BATCH for f in frames)
+    short_seq = frames[0]["seqs"][0]
+    long_rows = [i for i, f in enumerate(frames) if any(s != short_seq for s in f["seqs"])]
+    first, last = long_rows[0], next(i for i in long_rows if any(
+        s != short_seq and w for s, w in zip(frames[i]["seqs"], frames[i]["want"], strict=True)))
+    during = frames[first:last]
+    sampled = sum(w for f in during for s, w in zip(f["seqs"], f["want"], strict=True) if s == short_seq)
+    assert sampled >= 2, f"the short request sampled {sampled} tokens during the long prefill"
+    assert any(len(set(f["seqs"])) == 2 for f in during)  # decode rows and prompt rows shared frames
+    assert all(len(f["tokens"]) <= BATCH for f in frames)
     frames_compared, identical = replay_on_one_context(smollm, ring.trace)
     assert identical == frames_compared
-
 
 def chat_messages(ring: Cluster, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
