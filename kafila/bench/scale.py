@@ -131,7 +131,7 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     from kafila.model.random_gguf import cached_random_gguf, shape_named
     from kafila.model.stage_cache import default_cache_root
     from kafila.session.demo import DemoMember
-    from kafila.session.host import N_BATCH
+    from kafila.session.options import HostOptions
 
     shape = shape_named(args.shape)
     blocks = args.blocks or shape.default_blocks
@@ -159,10 +159,10 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     quic = one_way_rate(args.quic_mb << 20, datagram)
     progress.update(task, total=1, completed=1)
     task = progress.add_task("one local llama.cpp context", total=None)
-    local = local_context(model, prompt, context, N_BATCH, args.tokens)
+    local = local_context(model, prompt, context, HostOptions.batch, args.tokens)
     progress.update(task, total=1, completed=1)
     return {"shape": shape.name, "blocks": blocks, "model_bytes": model.stat().st_size, "model": model.name,
-            "context": context, "n_batch": N_BATCH, "threads": threads, "throttles": throttles,
+            "context": context, "n_batch": HostOptions.batch, "threads": threads, "throttles": throttles,
             "ring": plain, "ring_slowed": slow, "aioquic": quic, "local": local}
 
 

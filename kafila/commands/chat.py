@@ -108,9 +108,10 @@ def _reply(console: Console, api: ApiClient, conv: Conversation, model: str, max
 
 
 async def _stream(api: ApiClient, conv: Conversation, model: str, max_tokens: int, temperature: float) -> str:
-    from kafila.session.api_client import Notice, ReplyStats
+    from kafila.session.api_client import Notice, Progress, ReplyStats
 
     summary, raw = "", None
+    progress = False  # a progress line is showing on stderr (rewritten in place, cleared by the reply)
     try:
         # a base model (no chat template) gets each line completed as raw text; the client says so once
         async for item in api.stream_reply(conv.history(), model=model, max_tokens=max_tokens,
@@ -121,6 +122,13 @@ async def _stream(api: ApiClient, conv: Conversation, model: str, max_tokens: in
             if isinstance(item, Notice):
                 print(f"\n[{item.text}]", file=sys.stderr, flush=True)
                 continue
+            if isinstance(item, Progress):
+                print(f"\r[{item.line()}]", end="", file=sys.stderr, flush=True)
+                progress = True
+                continue
+            if progress:
+                print("\r\033[K", end="", file=sys.stderr, flush=True)
+                progress = False
             conv.add_delta(item)
             sys.stdout.write(item)
             sys.stdout.flush()

@@ -16,6 +16,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for them (default 120)")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
+    p.add_argument("--batch", type=_positive, default=128,
+                   help="most prompt tokens per call: long prompts go round the ring in chunks of this size "
+                        "(default 128)")
     p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; -1: none)")
     p.add_argument("--mixed-builds", action="store_true",
                    help="admit members whose llama.cpp build differs from this one (the ring is then not bit-exact)")
@@ -37,7 +40,18 @@ def run(args: argparse.Namespace) -> int:
     opts = HostOptions(
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
         members=args.members, wait_s=args.wait, concurrency=args.concurrency, context=args.context,
+        batch=args.batch,
         api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan,
         mixed_builds=args.mixed_builds, coordinate_only=args.coordinate_only, name=args.name, threads=args.threads,
     )
     return run_printing(lambda state: run_host(opts, state))
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -72,9 +72,13 @@ class Batch:
 
 
 def take_batch(requests: Iterable[Request], budget: int) -> Batch | None:
-    """The next chunk of every ready request, `budget` rows at most in all; None when none is ready."""
+    """The next chunk of every ready request, `budget` rows at most in all; None when none is ready.
+
+    Decode steps go first and prompts fill what is left (chunked prefill): a long prompt then
+    never holds back the other requests' next tokens.
+    """
     taken: list[tuple[Request, Chunk]] = []
-    for r in requests:
+    for r in sorted(requests, key=lambda r: r.prefilling):  # stable: decoding first, then prefilling
         chunk = r.take(budget)
         if chunk is not None:
             taken.append((r, chunk))
@@ -145,9 +149,10 @@ class LocalChain:
         while any(not r.done for r in requests):
             yield from self.step(requests)
 
-    def free(self, seq: int) -> None:
+    def free(self, seq: int, keep: int = 0) -> None:
+        """Drop a sequence's KV cache on every stage from position `keep` on (0: all of it)."""
         for stage in self.stages:
-            stage.free(seq)
+            stage.free(seq, keep)
 
     def close(self) -> None:
         for stage in self.stages:

@@ -35,8 +35,9 @@ class ReferenceContext:
         n_out = int(rows.want.sum())
         return np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab)).copy()
 
-    def free(self, seq_id: int) -> None:
-        llama().llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+    def free(self, seq_id: int, keep: int = 0) -> None:
+        """Drop a sequence's KV cache from position `keep` on (0: all of it), as a stage does."""
+        assert llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1)
 
     def close(self) -> None:
         lc = llama()

@@ -3,6 +3,10 @@
 Transport-free, so the local chain and the ring scheduler drive requests the same way:
 `take(budget)` hands out the next chunk (a prefill slice of the prompt, or the last sampled token),
 `complete(logits)` consumes the logits of the chunk's last row when it asked for them.
+
+Prefill chunks may be taken while earlier ones are still being computed (a ring pipelines one
+prompt across its stages: every stage computes frames in the order the head sent them, so chunk
+k+1 always follows chunk k into the KV cache); a decode step waits for the logits before it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ class Request:
     vocab: Vocab
     generated: list[int] = field(default_factory=list)
     fed: int = 0  # tokens whose rows have gone through the chain
-    in_flight: bool = False
+    sent: int = 0  # tokens handed out by take(): fed, plus those still being computed
+    pending: int = 0  # chunks handed out and not yet completed
+    cached: int = 0  # prompt tokens whose KV cache an earlier request left (not computed again)
     finish_reason: str | None = None  # "stop" (end token or stop string), "length" (max tokens or context)
     stop: tuple[str, ...] = ()  # the text ends before the first of these strings (which is not returned)
 
@@ -59,20 +65,40 @@ class Request:
 
     def take(self, budget: int) -> Chunk | None:
         """The next rows to run (at most `budget`), or None when waiting or finished."""
-        if self.done or self.in_flight or budget <= 0:
+        if self.done or budget <= 0:
             return None
-        if self.fed < len(self.prompt):
-            tokens = self.prompt[self.fed : self.fed + budget]
-            last = self.fed + len(tokens) == len(self.prompt)
+        start = self.sent
+        if start < len(self.prompt):
+            tokens = self.prompt[start : start + budget]
+            last = start + len(tokens) == len(self.prompt)
+        elif self.pending or not self.generated:
+            return None  # the next token is being computed
         else:
             tokens = [self.generated[-1]]
             last = True
-        self.in_flight = True
-        return Chunk(self.seq, tokens, self.fed, last)
+        self.sent += len(tokens)
+        self.pending += 1
+        return Chunk(self.seq, tokens, start, last)
+
+    @property
+    def prefilling(self) -> bool:
+        """Prompt rows are still to be handed out."""
+        return self.sent < len(self.prompt)
+
+    def reuse(self, cached: int) -> None:
+        """Start after the first `cached` prompt tokens, whose KV cache the stages already hold."""
+        if self.sent or not 0 <= cached < len(self.prompt):
+            raise EngineError(f"cannot reuse {cached} cached tokens of a {len(self.prompt)}-token prompt")
+        self.fed = self.sent = self.cached = cached
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens whose rows are in the KV cache (positions 0..fed-1)."""
+        return (self.prompt + self.generated)[: self.fed]
 
     def complete(self, chunk: Chunk, logits: np.ndarray | None) -> str:
         """Record a finished chunk; with logits, sample the next token. Returns new text."""
-        self.in_flight = False
+        self.pending -= 1
         self.fed += len(chunk.tokens)
         if not chunk.wants_logits:
             return ""

@@ -151,9 +151,10 @@ class StageEngine:
         assert self._capture is not None
         return self._capture.rows(n)
 
-    def free(self, seq_id: int) -> None:
-        """Drop a finished request's KV cache."""
-        llama().llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+    def free(self, seq_id: int, keep: int = 0) -> None:
+        """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
+        if not llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1):
+            raise EngineError(f"llama.cpp could not drop sequence {seq_id} from position {keep}")
 
     def close(self) -> None:
         """Free the context and the model; safe to call twice."""

@@ -35,7 +35,6 @@ from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.api")
 Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
-EVENT_TIMEOUT_S = 30.0  # no event for this long from the head: the request ends with an error
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
 PORT_TRIES = 20  # a port in use: the chat API takes the next free one of this many
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
@@ -55,12 +54,11 @@ class Forwarder:
         self._queues[cid] = queue
         try:
             await self.send(messages.encode(messages.Chat(cid, self.me, body)))
+            # No silence timeout: a long prompt may legitimately take minutes (its request gets
+            # progress events meanwhile), and a lost head or member is detected by its links,
+            # which end these requests through fail_all.
             while True:
-                try:
-                    evt = await asyncio.wait_for(queue.get(), EVENT_TIMEOUT_S)
-                except TimeoutError:
-                    yield {"error": f"the head sent nothing for {EVENT_TIMEOUT_S:.0f} s"}
-                    return
+                evt = await queue.get()
                 yield evt
                 if "done" in evt or "error" in evt:
                     return

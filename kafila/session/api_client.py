@@ -8,7 +8,8 @@ The wire contract, as the session's head serves it (and every member forwards it
   ``"kafila": {"tokens_per_s", "stages": {name: {"predicted_s", "measured_s"}}, "network_share"}``;
   then ``data: [DONE]``. A chunk ``{"error": {"message"}}`` mid-stream ends the reply with an error;
   a chunk with no choices and ``"kafila": {"notice": …}`` is a line for the reader (a member was
-  lost and the reply resumes on the re-planned ring).
+  lost and the reply resumes on the re-planned ring); one with ``"kafila": {"progress":
+  {"prefilled", "prompt_tokens"}}`` tells how much of a long prompt the ring has computed so far.
 * ``POST {api}/v1/completions`` with ``{"model", "prompt", "stream": true, …}`` (raw text, no chat
   template: what a base model answers) streams the same way, its text in ``choices[0].text``. A chat
   sent to a model without a chat template is refused with code ``no_chat_template``; `stream_reply`
@@ -94,6 +95,17 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How much of the prompt the ring has computed before the reply's first token."""
+
+    prefilled: int
+    prompt_tokens: int
+
+    def line(self) -> str:
+        return f"reading the prompt: {self.prefilled}/{self.prompt_tokens} tokens"
+
+
+@dataclass(frozen=True)
 class ReplyStats:
     """The ``kafila`` block of a reply's final chunk."""
 
@@ -124,6 +136,9 @@ class ReplyStats:
             cells = [f"{name} {_ms(s.measured_s)}/{_ms(s.predicted_s)}" for name, s in self.stages.items()]
             parts.append("stage ms measured/predicted: " + ", ".join(cells))
         return " · ".join(parts)
+
+
+Item = str | Notice | Progress | ReplyStats  # what a streamed reply yields
 
 
 def _ms(seconds: float | None) -> str:
@@ -221,7 +236,7 @@ class ApiClient:
         model: str = "kafila",
         max_tokens: int = 512,
         temperature: float = 0.7,
-    ) -> AsyncIterator[str | Notice | ReplyStats]:
+    ) -> AsyncIterator[Item]:
         """Send a chat and yield the reply's text pieces (and `Notice`s) as they arrive, then its `ReplyStats`.
 
         Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
@@ -238,7 +253,7 @@ class ApiClient:
         model: str = "kafila",
         max_tokens: int = 512,
         temperature: float = 0.7,
-    ) -> AsyncIterator[str | Notice | ReplyStats]:
+    ) -> AsyncIterator[Item]:
         """Complete raw text (no chat template), yielding as `stream_chat` does."""
         payload = {"model": model, "prompt": prompt, "stream": True,
                    "max_tokens": max_tokens, "temperature": temperature}
@@ -252,7 +267,7 @@ class ApiClient:
         model: str = "kafila",
         max_tokens: int = 512,
         temperature: float = 0.7,
-    ) -> AsyncIterator[str | Notice | ReplyStats]:
+    ) -> AsyncIterator[Item]:
         """A chat; when the model has no chat template (a base model), the last user message's text is
         completed instead, after one `Notice` saying so (the first time this client finds out)."""
         from kafila.session.chat_request import NO_CHAT_TEMPLATE
@@ -272,7 +287,7 @@ class ApiClient:
         async for item in self.stream_completion(prompt, **options):
             yield item
 
-    async def _stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[str | Notice | ReplyStats]:
+    async def _stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[Item]:
         with self._errors_named():
             async with self._http().post(self.url + path, json=payload, headers=self._headers()) as resp:
                 if resp.status >= 400:
@@ -318,7 +333,7 @@ async def _read_body(resp: aiohttp.ClientResponse) -> Any:
         return text
 
 
-async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | ReplyStats]:
+async def _whole_reply(url: str, body: Any) -> AsyncIterator[Item]:
     message = _error_message(body)
     if message is not None:
         raise ApiError(url, message)
@@ -333,7 +348,7 @@ async def _whole_reply(url: str, body: Any) -> AsyncIterator[str | Notice | Repl
         yield ReplyStats.from_json(body["kafila"])
 
 
-async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str | Notice | ReplyStats]:
+async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[Item]:
     """Parse the SSE stream: `data:` lines only (comments, `event:` and blank lines are skipped)."""
     async for raw in resp.content:
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -359,6 +374,11 @@ async def _events(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[str |
         extra = chunk.get("kafila")
         if isinstance(extra, dict) and isinstance(extra.get("notice"), str):
             yield Notice(extra["notice"])
+        elif isinstance(extra, dict) and isinstance(extra.get("progress"), dict):
+            p = extra["progress"]
+            done, total = _num(p.get("prefilled")), _num(p.get("prompt_tokens"))
+            if done is not None and total is not None:
+                yield Progress(int(done), int(total))
         elif isinstance(extra, dict):
             yield ReplyStats.from_json(extra)
     raise ApiLost(url, "the stream ended before [DONE]")

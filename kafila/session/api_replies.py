@@ -1,9 +1,9 @@
 """How the head's events become OpenAI's answers: one object, or Server-Sent Events ending `data: [DONE]`.
 
 The events (kafila.session.head.Head.chat): {"delta": text, "tokens": ids}, {"notice": text},
-{"done": stats} or {"error": message, "status"?, "param"?, "code"?}. A chat is answered with
-chat.completion objects, a text completion with text_completion ones (`Shape`); both carry the
-head's stats as an extra "kafila" block.
+{"progress": {"prefilled", "prompt_tokens"}}, {"done": stats} or {"error": message, "status"?,
+"param"?, "code"?}. A chat is answered with chat.completion objects, a text completion with
+text_completion ones (`Shape`); both carry the head's stats as an extra "kafila" block.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first
             await send({**base, "choices": [shape.delta(evt["delta"], None)]})
         elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
             await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
+        elif "progress" in evt:  # a long prompt's prefill so far, likewise without choices
+            await send({**base, "choices": [], "kafila": {"progress": evt["progress"]}})
         elif "error" in evt:
             await send({"error": _error_body(evt)})
             break
@@ -107,11 +109,16 @@ async def chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> A
         yield evt
 
 
-def _usage(done: dict[str, Any]) -> dict[str, int]:
+def _usage(done: dict[str, Any]) -> dict[str, Any]:
     prompt, completion = done.get("prompt_tokens"), done.get("completion_tokens")
     prompt = prompt if isinstance(prompt, int) else 0
     completion = completion if isinstance(completion, int) else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    cached = done.get("cached_tokens")
+    if isinstance(cached, int):  # OpenAI's field: prompt tokens an earlier turn's KV cache held
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def _error_body(evt: dict[str, Any]) -> dict[str, Any]:

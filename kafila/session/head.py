@@ -1,9 +1,18 @@
 """The head: turns chat requests into tokens, sends rows around the ring, closes it, samples, streams text.
 
-Pipelining: each request has at most one chunk in flight (decode depends on the previous token),
-and several requests are in flight at once, each in its own KV-cache sequence (`seq`, carried per
-row in the frame's header). A finished request's sequence is freed by a `free` message that travels
-the whole ring and comes back; only then is the slot reused, so no stage ever mixes two requests.
+Pipelining: several requests are in flight at once, each in its own KV-cache sequence (`seq`,
+carried per row in the frame's header), and a long prompt goes round in chunks of at most `n_batch`
+rows, the next sent while the previous is still in later stages (every stage computes frames in the
+order it receives them, so the chunks enter each KV cache in order). At most `depth` frames are in
+the ring at once, one per stage and one on the wire: enough to keep every stage busy, few enough
+that a decode step, packed first into the next frame, never queues behind a whole prompt.
+While a prompt is prefilled its request gets `progress` events instead of text.
+
+A finished request's sequence keeps its KV cache on every stage (slots.py): the next request takes
+the slot whose tokens share the longest prefix with its prompt and prefills only the rest, after a
+`trim` message has dropped the slot's other positions on every stage (it travels ahead of the
+request's frames, and every link delivers in order). A request that fails has its sequence freed
+by a `free` message that travels the whole ring and comes back; only then is that slot reused.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from kafila.engine.chain import logit_rows, take_batch
+from kafila.engine.chain import Batch, logit_rows, take_batch
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
@@ -30,6 +39,7 @@ from kafila.errors import EngineError, NetworkError, SessionEnded, SessionError
 from kafila.session import frames, messages
 from kafila.session.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
 from kafila.session.frames import ActivationHeader, Frame, Phase
+from kafila.session.slots import Slots
 from kafila.session.stage_runtime import StageWorker
 
 log = logging.getLogger("kafila.head")
@@ -113,11 +123,12 @@ class Head:
         self.send_next = send_next  # None for a ring of one
         self.inbox = inbox  # messages coming back from the last member (or from ourselves)
         self.stats = RingStats(predicted)
-        self._free_slots = list(range(config.n_seq_max))
+        self._slots = Slots.empty(config.n_seq_max)
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, which rows want logits, when it was sent)
         self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int]] = {}
+        self._depth = len(order) + 1  # frames in the ring at once: one per stage, one on the wire
         self._wake = asyncio.Event()
         self._ids = itertools.count()
         self._frame_ids = itertools.count()
@@ -126,6 +137,7 @@ class Head:
         self._tg: asyncio.TaskGroup | None = None
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
             messages.Free: self._on_free,
+            messages.Trim: self._on_trim,
             messages.Chat: self._on_chat,
             messages.Bye: self._on_bye,
         }
@@ -133,6 +145,8 @@ class Head:
     # -- requests -------------------------------------------------------------------------------
     async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
         """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
+
+        While its prompt is prefilled, {"progress": {"prefilled": n, "prompt_tokens": total}} after each chunk.
 
         An error a lost member caused carries "resumable": the API server then sends the request
         again to the re-planned ring, with the tokens so far as body["resume"].
@@ -169,6 +183,8 @@ class Head:
             if pending or tokens:
                 yield {"delta": pending, "tokens": tokens}
                 pending, tokens, sent_at = "", [], time.perf_counter()
+            if "progress" in evt:
+                yield evt
             if "done" in evt or "error" in evt:
                 yield evt
                 return
@@ -231,20 +247,27 @@ class Head:
             self._wake.clear()
             if self.failed:
                 continue
-            while self._waiting and self._free_slots:
+            while self._waiting and self._slots:
                 job = self._waiting.pop(0)
-                slot = self._free_slots.pop(0)
                 assert job.request is not None
-                job.request.seq = slot
-                self._active[slot] = job
+                taken = self._slots.take(job.request.prompt)
+                job.request.seq = taken.slot
+                job.request.reuse(taken.keep)
+                self._active[taken.slot] = job
+                if taken.trim:
+                    await self._trim(taken.slot, taken.keep)
             await self._dispatch()
 
     async def _dispatch(self) -> None:
-        """Pack the next chunk of every ready request into one frame and send it into the ring."""
-        batch = take_batch([job.request for job in self._active.values() if job.request is not None],
-                           self.config.n_batch)
-        if batch is None:
-            return
+        """Send frames, each packing the next chunk of every ready request, while the ring has room."""
+        while len(self._in_flight) < self._depth and not self.failed:
+            batch = take_batch([job.request for job in self._active.values() if job.request is not None],
+                               self.config.n_batch)
+            if batch is None:
+                return
+            await self._send(batch)
+
+    async def _send(self, batch: Batch) -> None:
         rows = batch.rows
         embd = self.embedder.rows(batch.tokens)
         fid = next(self._frame_ids)
@@ -275,6 +298,7 @@ class Head:
         if entry is None:
             return  # sent before a failure reset the ring: stale
         taken, want, sent = entry
+        self._wake.set()  # the ring has room again: the next chunk can go while this frame is computed here
         try:
             logits, head_ns = await self.worker.run(frame, want)
         except EngineError as exc:
@@ -304,6 +328,9 @@ class Head:
                 job.token_times.append(time.perf_counter())
             if piece or new:
                 job.events.put_nowait({"delta": piece, "tokens": new})
+            elif not chunk.wants_logits:  # a prompt chunk went round: the request shows its progress
+                job.events.put_nowait({"progress": {"prefilled": job.request.fed,
+                                                    "prompt_tokens": len(job.request.prompt)}})
             if job.request.done:
                 await self._finish_job(slot, job)
         self._wake.set()
@@ -316,11 +343,13 @@ class Head:
         gaps = np.diff(times)
         # the ring's running figures, then this request's own (its tokens/s, not the ring's)
         done = {**self.stats.as_dict(), "finish_reason": job.request.finish_reason, "completion_tokens": n,
-                "prompt_tokens": len(job.request.prompt),
+                "prompt_tokens": len(job.request.prompt), "cached_tokens": job.request.cached,
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         job.events.put_nowait({"done": done})
-        await self._free(slot)
+        del self._active[slot]
+        self._slots.put(slot, job.request.held)  # kept on every stage for the next turn
+        self._wake.set()
 
     async def _free(self, slot: int) -> None:
         """Forget the request in `slot`; its sequence is reused once the free has gone round the ring."""
@@ -334,8 +363,17 @@ class Head:
 
     async def _release(self, slot: int) -> None:
         await self.worker.free(slot)
-        self._free_slots.append(slot)
+        self._slots.put(slot)
         self._wake.set()
+
+    async def _trim(self, slot: int, keep: int) -> None:
+        """Drop `slot`'s positions from `keep` on, on every stage, before a new request's rows go in."""
+        if self.trace:
+            self.trace({"trim": slot, "keep": keep})
+        if self.send_next is None:
+            await self.worker.free(slot, keep)
+        else:
+            await self.send_next(messages.encode(messages.Trim(slot, keep)))
 
     async def _on_control(self, msg: messages.Control) -> None:
         handler = self._handlers.get(type(msg))
@@ -349,6 +387,9 @@ class Head:
 
     async def _on_free(self, msg: messages.Free) -> None:
         await self._release(msg.seq)
+
+    async def _on_trim(self, msg: messages.Trim) -> None:
+        await self.worker.free(msg.seq, msg.keep)  # back from the ring: the head's own stage last
 
     async def _on_chat(self, msg: messages.Chat) -> None:
         if self.send_next is not None:

@@ -42,7 +42,6 @@ from kafila.session.stoppable import run_stoppable
 from kafila.session.transfer import send_stage
 
 log = logging.getLogger("kafila.host")
-N_BATCH = 128
 READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
 EXIT_REJECTED = 3
 OWN_MEMBER_STOP_S = 5.0  # how long the host's own member may take to close after the host's goodbye
@@ -352,7 +351,7 @@ class HostRuntime:
 
     async def _assign_one(self, plan: Placement, name: str) -> None:
         order = list(plan.order)
-        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": N_BATCH}
+        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": self.opts.batch}
         start, end = plan.ranges[name]
         j = self.joined[name]
         # cut and hashed on a worker thread that stops with this task (a SIGTERM mid-cut)

@@ -427,6 +427,8 @@ class MemberRuntime:
                 raise SessionEnded(c.reason)
             if isinstance(c, messages.Free):
                 await self.worker.free(c.seq)
+            elif isinstance(c, messages.Trim):
+                await self.worker.free(c.seq, c.keep)
             elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
                 continue
             await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring

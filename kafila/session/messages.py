@@ -28,10 +28,14 @@ that may be null; fields this build does not know are ignored):
     stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
                               tokens_per_s|null
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
+    trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
+                              reuses the rest; travels the ring back to the head, ahead of the frames
+                              that rely on it)
     chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
                               an earlier ring generated), forwarded to the head
     chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
-                              {"error": str, "resumable": bool}
+                              {"error": str, "resumable": bool} | {"notice": str} |
+                              {"progress": {"prefilled": n, "prompt_tokens": n}}
     roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}}
                               (the coordinator's state, replicated at each admission: who serves and
                               what each measured, so that the ring outlives its host)
@@ -186,6 +190,13 @@ class Stats(Control):
 class Free(Control):
     T = "free"
     seq: int
+
+
+@dataclass(frozen=True)
+class Trim(Control):
+    T = "trim"
+    seq: int
+    keep: int
 
 
 @dataclass(frozen=True)
@@ -344,8 +355,12 @@ def _event(v: Any, where: str) -> dict[str, Any]:
         _object(obj["done"], f"{where}.done")
     elif "error" in obj or "notice" in obj:
         _TEXT(obj.get("error", obj.get("notice")), f"{where}'s text")
+    elif "progress" in obj:
+        progress = _object(obj["progress"], f"{where}.progress")
+        for name in ("prefilled", "prompt_tokens"):
+            _int(0, MAX_INDEX)(progress.get(name), f"{where}.progress.{name}")
     else:
-        raise ProtocolError(f"{where} must carry one of delta, done, error, notice")
+        raise ProtocolError(f"{where} must carry one of delta, done, error, notice, progress")
     return obj
 
 
@@ -371,6 +386,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "stats": (Stats, {"stages": _map(_STAGE_TIME), "network_share": _null_or(_num(0.0, 1.0)),
                       "tokens_per_s": _null_or(_num(0.0, 1e9))}),
     "free": (Free, {"seq": _int(0, 0xFFFF)}),
+    "trim": (Trim, {"seq": _int(0, 0xFFFF), "keep": _int(0, MAX_INDEX)}),
     "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
     "chat_evt": (ChatEvt, {"id": _NAME, "dest": _NAME, "evt": _event}),
     "bye": (Bye, {"reason": _TEXT}),

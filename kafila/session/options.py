@@ -54,6 +54,7 @@ class HostOptions:
     wait_s: float = 120.0  # then plan with whoever joined (at least one)
     concurrency: int = 4
     context: int = 2048
+    batch: int = 128  # most rows per call: prompts go round the ring in chunks of this many tokens
     api_port: int | None = DEFAULT_API_PORT
     bind: tuple[str, int] = ("0.0.0.0", 0)
     cache_dir: Path | None = None

@@ -47,7 +47,7 @@ def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                   echo: IO[str] | None = None) -> tuple[str, dict[str, Any]]:
     """One chat message through the session's API (raw text completed when the model has no chat template);
     returns the reply text and its stats block."""
-    from kafila.session.api_client import ApiClient, Notice, ReplyStats
+    from kafila.session.api_client import ApiClient, Notice, Progress, ReplyStats
 
     async def go() -> tuple[str, dict[str, Any]]:
         parts: list[str] = []
@@ -62,6 +62,8 @@ def reply_via_api(url: str, prompt: str, max_tokens: int, temperature: float,
                     if echo is not None:
                         lead = "\n" if parts else ""  # a notice before any text needs no line break of its own
                         echo.write(f"{lead}[{item.text}]\n")
+                    continue
+                if isinstance(item, Progress):  # the echo holds the reply's text only
                     continue
                 parts.append(item)
                 if echo is not None:

@@ -46,9 +46,10 @@ class StageWorker:
         out = self.engine.run(embd, rows)
         return out, time.perf_counter_ns() - t0
 
-    async def free(self, seq: int) -> None:
+    async def free(self, seq: int, keep: int = 0) -> None:
+        """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
         # on the stage's thread, so it never races a running call
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.free, seq)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.free, seq, keep)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

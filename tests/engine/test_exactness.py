@@ -110,3 +110,27 @@ def test_profiled_chain_identical(profiled_models: dict[str, Path], stage_cache:
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 30, n).tolist() for n in (40, 6, 25)]
     assert _compare(profiled_models[arch], split, stage_cache, prompts) == 1 + 2 + 3 + 3 * (DECODE_STEPS - 8) + 2 * 8
+
+
+def test_trimmed_sequence_reused_identical(smollm: Path, stage_cache: StageCache) -> None:
+    """A follow-up turn: a sequence's cache trimmed to a shared prefix, then only the new tokens fed."""
+    info = describe_model(smollm)
+    chain = LocalChain(smollm, parse_split("10", info.n_blocks), CONFIG, stage_cache)
+    ref = ReferenceContext(smollm, CONFIG)
+    rng = np.random.default_rng(4)
+    turn1, tail1, tail2 = (rng.integers(0, 49152, n).tolist() for n in (20, 6, 9))
+    try:
+        def call(chunks: list[Chunk]) -> None:
+            tokens, rows = pack(chunks)
+            assert np.array_equal(chain.forward(tokens, rows), ref.run(tokens, rows))
+
+        call([Chunk(1, turn1 + tail1, 0, True)])  # turn 1 and its reply
+        keep = len(turn1) + 2  # turn 2 shares the prompt and the reply's first two tokens
+        chain.free(1, keep)
+        ref.free(1, keep)
+        call([Chunk(1, tail2, keep, True)])
+        for step in range(4):
+            call([Chunk(1, [tail2[step]], keep + len(tail2) + step, True)])
+    finally:
+        chain.close()
+        ref.close()

@@ -193,11 +193,12 @@ class Cluster:
             return json.loads(exc.read())
 
     def stream_chat(self, content: str, max_tokens: int, timeout: float = 300,
-                    streaming: threading.Event | None = None, url: str | None = None) -> list[tuple[float, Any]]:
+                    streaming: threading.Event | None = None, url: str | None = None,
+                    prefilling: threading.Event | None = None) -> list[tuple[float, Any]]:
         """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line.
 
-        `streaming` is set once the first piece of the reply's text has arrived. Through the host's
-        API, or the one at `url`.
+        `streaming` is set once the first piece of the reply's text has arrived, `prefilling` once
+        the first prefill progress chunk has. Through the host's API, or the one at `url`.
         """
         url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
@@ -211,6 +212,8 @@ class Cluster:
                     data = line[5:].strip()
                     out.append((time.monotonic(), data if data == "[DONE]" else json.loads(data)))
                     chunk = out[-1][1]
+                    if prefilling is not None and chunk != "[DONE]" and "progress" in (chunk.get("kafila") or {}):
+                        prefilling.set()
                     if streaming is not None and chunk != "[DONE]" and any(
                             c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
                         streaming.set()

@@ -89,6 +89,8 @@ def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
                 ours[e["logits"]] = e["sha256"]
             elif "free" in e:
                 ref.free(e["free"])
+            elif "trim" in e:  # a slot kept for a new request: positions from `keep` on dropped
+                ref.free(e["trim"], e["keep"])
     finally:
         ref.close()
     return len(ours), sum(ours[f] == theirs.get(f) for f in ours)

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from kafila.session.api_client import ApiClient, Notice, ReplyStats
+from kafila.session.api_client import ApiClient, Notice, Progress, ReplyStats
 from kafila.session.state import SessionState
 from kafila.session.transcripts import Conversation, chats_dir, shown
 from kafila.tui.format import ms, pct, short
@@ -58,6 +58,7 @@ class MessageView(Static):
     def __init__(self, role: str, content: str = "", error: str | None = None) -> None:
         super().__init__(markup=False)
         self.role, self.body, self.error = role, content, error
+        self.progress = ""  # a long prompt's prefill so far, shown until the reply's first piece
         self.add_class(f"-{role}")
         self._render_text()
 
@@ -65,7 +66,8 @@ class MessageView(Static):
         user = self.role == "user"
         t = Text()
         t.append("you  " if user else "ring ", style="bold cyan" if user else "bold green")
-        t.append(self.body or ("…" if self.role == "assistant" and self.error is None else ""))
+        waiting = self.progress or "…"
+        t.append(self.body or (waiting if self.role == "assistant" and self.error is None else ""))
         if self.error:
             t.append(f"\n⚠ {self.error}", style="bold red")
         self.update(t)
@@ -73,6 +75,11 @@ class MessageView(Static):
     def append(self, piece: str) -> None:
         """Add a streamed piece."""
         self.body += piece
+        self._render_text()
+
+    def show_progress(self, line: str) -> None:
+        """Show how much of the prompt the ring has read (before the first piece of the reply)."""
+        self.progress = line
         self._render_text()
 
     def fail(self, error: str) -> None:
@@ -243,6 +250,9 @@ class ChatPane(Horizontal):
                 if isinstance(item, Notice):
                     self.app.notify(item.text, title=item.source,
                                     severity="warning" if item.source == "ring" else "information")
+                    continue
+                if isinstance(item, Progress):
+                    reply.show_progress(item.line())
                     continue
                 conv.add_delta(item)
                 reply.append(item)

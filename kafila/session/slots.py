@@ -1,0 +1,66 @@
+"""The head's KV-cache slots and what each still holds: a finished request's cache stays for the next turn.
+
+Each slot is one KV-cache sequence on every stage. When a request ends, its slot keeps the tokens
+whose rows went through the ring; a new request takes the idle slot whose tokens share the longest
+prefix with its prompt and prefills only the rest (as llama-server's prompt cache does). With no
+prefix in common it takes an empty slot, else evicts the least recently used one. The slots are the
+admitted concurrency, so the plan's memory reservation (n_seq_max × n_ctx_per_seq) is unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A slot given to a request: its first `keep` prompt tokens are cached; positions from `keep` on
+    must be dropped from the slot (`trim`) before the request's rows go in."""
+
+    slot: int
+    keep: int
+    trim: bool
+
+
+@dataclass
+class Slots:
+    """Idle slots (with the tokens each holds) and when each was last used; busy slots are in neither."""
+
+    idle: dict[int, tuple[int, ...]]
+    used: dict[int, int] = field(default_factory=dict)
+    _clock: itertools.count[int] = field(default_factory=itertools.count)
+
+    @classmethod
+    def empty(cls, n: int) -> Slots:
+        return cls({s: () for s in range(n)})
+
+    def __bool__(self) -> bool:
+        return bool(self.idle)
+
+    def take(self, prompt: Sequence[int]) -> Taken:
+        """The idle slot for `prompt`: longest common prefix, else an empty slot, else the least recently used."""
+        def rank(s: int) -> tuple[int, bool, int]:
+            return common_prefix(self.idle[s], prompt), not self.idle[s], -self.used.get(s, -1)
+
+        slot = max(self.idle, key=rank)
+        held = self.idle.pop(slot)
+        # at least the prompt's last token is computed again: its logits give the first reply token
+        keep = min(common_prefix(held, prompt), len(prompt) - 1)
+        return Taken(slot, keep, keep < len(held))
+
+    def put(self, slot: int, tokens: Sequence[int] = ()) -> None:
+        """`slot` is idle again, its KV cache holding `tokens` (positions 0..len-1)."""
+        self.idle[slot] = tuple(tokens)
+        self.used[slot] = next(self._clock)
