@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kafila.session.slots import common_prefix
+
 HELP = "one member on a second llama.cpp build: refused by default; mixed ring's agreement and speed"
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Explain how a bicycle works.",
            "Name three colours."]
@@ -42,16 +44,6 @@ def identity_of(path: Path | None) -> str:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2], check=True)
     return out.stdout.strip().splitlines()[-1]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading items of `a` and `b` are equal."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _refusal(other: Path) -> str:

@@ -15,15 +15,10 @@ from typing import Any
 
 import pytest
 
-from kafila.engine.embedding import Embedder
-from kafila.engine.stage import ContextConfig, StageEngine
-from kafila.engine.vocab import Vocab
-from kafila.model.cut import StageSpec
-from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
 from kafila.session.chat_request import NO_CHAT_TEMPLATE
 from kafila.session.head import Head
-from kafila.session.stage_runtime import StageWorker
+from tests.session.solo_head import solo_head
 
 N_CTX = 512
 PROMPT = "Once upon a time, in a small village by the sea,"
@@ -47,21 +42,8 @@ def llama_cpp_completion(model: Path, prompt: str, max_tokens: int, stop: list[s
 
 @pytest.fixture
 async def head(smollm: Path, stage_cache: StageCache) -> AsyncIterator[Head]:
-    path = stage_cache.stage(smollm, StageSpec(0, 30, True))
-    config = ContextConfig(n_ctx_per_seq=N_CTX, n_seq_max=2, n_batch=128, n_threads=2)
-    engine = await asyncio.to_thread(StageEngine, path, config, True)
-    worker = StageWorker(engine)
-    vocab = Vocab(engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
-    h = Head(worker, Embedder(path), vocab, config, ["solo"], {}, None, asyncio.Queue())
-    task = asyncio.create_task(h.run())
-    await asyncio.sleep(0)
-    try:
+    async with solo_head(smollm, stage_cache, N_CTX) as h:
         yield h
-        assert not task.done(), f"the head stopped: {task.exception() if task.done() else ''}"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await asyncio.to_thread(worker.close)
 
 
 async def events(h: Head, body: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,38 @@
+"""A ring of one for head tests: the whole model as the head's stage, in this process, on real llama.cpp."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from kafila.engine.embedding import Embedder
+from kafila.engine.stage import ContextConfig, StageEngine
+from kafila.engine.vocab import Vocab
+from kafila.model.cut import StageSpec
+from kafila.model.gguf_file import GGUFFile
+from kafila.model.stage_cache import StageCache
+from kafila.session.head import Head
+from kafila.session.stage_runtime import StageWorker
+
+
+@contextlib.asynccontextmanager
+async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 30) -> AsyncIterator[Head]:
+    """A running head over blocks [0, n_blocks); on exit it must still be running (a test's requests did
+    not stop it), then it is stopped."""
+    path = cache.stage(model, StageSpec(0, n_blocks, True))
+    config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=2, n_batch=128, n_threads=2)
+    engine = await asyncio.to_thread(StageEngine, path, config, True)
+    worker = StageWorker(engine)
+    vocab = Vocab(engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
+    h = Head(worker, Embedder(path), vocab, config, ["solo"], {}, None, asyncio.Queue())
+    task = asyncio.create_task(h.run())
+    await asyncio.sleep(0)
+    try:
+        yield h
+        assert not task.done(), f"the head stopped: {task.exception() if task.done() else ''}"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.to_thread(worker.close)
