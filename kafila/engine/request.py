@@ -47,6 +47,7 @@ class Request:
     cached: int = 0  # prompt tokens whose KV cache an earlier request left (not computed again)
     finish_reason: str | None = None  # "stop" (end token or stop string), "length" (max tokens or context)
     stop: tuple[str, ...] = ()  # the text ends before the first of these strings (which is not returned)
+    reuse_cache: bool = True  # False: no earlier request's KV cache is reused (llama-server's cache_prompt)
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.vocab)

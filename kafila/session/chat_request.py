@@ -80,6 +80,8 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     resume: tuple[int, ...] = ()
+    cache_prompt: bool = True  # llama-server's field: false computes the whole prompt afresh (a reply as exact
+    # as one context's, never reusing a cache an earlier request's batches computed)
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
@@ -93,6 +95,8 @@ class ChatRequest:
             out["stop"] = list(self.stop)
         if self.resume:
             out["resume"] = list(self.resume)
+        if not self.cache_prompt:
+            out["cache_prompt"] = False
         return out
 
     def sampling(self) -> SamplingParams:
@@ -150,6 +154,7 @@ def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[An
         "stream": stream,
         "include_usage": bool(stream and options and options.get("include_usage")),
         "resume": _resume(body.get("resume")) if internal else (),
+        "cache_prompt": _optional(body, "cache_prompt", bool, True),
     }
 
 

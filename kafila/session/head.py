@@ -202,7 +202,7 @@ class Head:
                              "per request; shorten it (or the host raises --context)", field_name,
                              "context_length_exceeded")
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
-                          self.vocab, stop=chat.stop)
+                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt)
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
@@ -250,7 +250,7 @@ class Head:
             while self._waiting and self._slots:
                 job = self._waiting.pop(0)
                 assert job.request is not None
-                taken = self._slots.take(job.request.prompt)
+                taken = self._slots.take(job.request.prompt, job.request.reuse_cache)
                 job.request.seq = taken.slot
                 job.request.reuse(taken.keep)
                 self._active[taken.slot] = job

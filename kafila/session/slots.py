@@ -49,15 +49,16 @@ class Slots:
     def __bool__(self) -> bool:
         return bool(self.idle)
 
-    def take(self, prompt: Sequence[int]) -> Taken:
-        """The idle slot for `prompt`: longest common prefix, else an empty slot, else the least recently used."""
+    def take(self, prompt: Sequence[int], reuse: bool = True) -> Taken:
+        """The idle slot for `prompt`: longest common prefix, else an empty slot, else the least recently used.
+        Without `reuse` the slot's cache is dropped whole (keep 0)."""
         def rank(s: int) -> tuple[int, bool, int]:
-            return common_prefix(self.idle[s], prompt), not self.idle[s], -self.used.get(s, -1)
+            return common_prefix(self.idle[s], prompt) if reuse else 0, not self.idle[s], -self.used.get(s, -1)
 
         slot = max(self.idle, key=rank)
         held = self.idle.pop(slot)
         # at least the prompt's last token is computed again: its logits give the first reply token
-        keep = min(common_prefix(held, prompt), len(prompt) - 1)
+        keep = min(common_prefix(held, prompt), len(prompt) - 1) if reuse else 0
         return Taken(slot, keep, keep < len(held))
 
     def put(self, slot: int, tokens: Sequence[int] = ()) -> None:

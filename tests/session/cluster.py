@@ -181,10 +181,14 @@ class Cluster:
 
     def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300,
              url: str | None = None) -> dict:
-        """A chat through the host's API, or through the one at `url`."""
+        """A chat through the host's API, or through the one at `url`.
+
+        With `cache_prompt: false`, as every helper here sends: the prompt is computed afresh, so a greedy
+        reply is comparable with llama.cpp's own (a reused cache was computed in other batches).
+        """
         url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                           "temperature": temperature}).encode()
+                           "temperature": temperature, "cache_prompt": False}).encode()
         req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -202,7 +206,7 @@ class Cluster:
         """
         url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                           "temperature": 0.0, "stream": True}).encode()
+                           "temperature": 0.0, "stream": True, "cache_prompt": False}).encode()
         req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         out: list[tuple[float, Any]] = []
         with urllib.request.urlopen(req, timeout=timeout) as r:

@@ -183,3 +183,16 @@ def test_openai_completions_refused(client: openai.OpenAI, ring: ScriptedRing) -
     with pytest.raises(openai.BadRequestError) as too_long:
         client.completions.create(model=MODEL, prompt=PROMPT, stream=True)
     assert too_long.value.code == "context_length_exceeded" and "900 tokens" in too_long.value.message
+
+
+def test_cache_prompt_is_llama_servers_flag_a_bool_carried_to_the_head() -> None:
+    from kafila.session.chat_request import BadRequest, parse_chat, parse_completion
+
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat(chat).cache_prompt and "cache_prompt" not in parse_chat(chat).body()
+    fresh = parse_completion({"prompt": "hi", "cache_prompt": False})
+    assert not fresh.cache_prompt and fresh.body()["cache_prompt"] is False
+    assert not parse_completion(fresh.body(), internal=True).cache_prompt  # the head reads what the API sent
+    with pytest.raises(BadRequest) as refused:
+        parse_chat({**chat, "cache_prompt": "no"})
+    assert refused.value.param == "cache_prompt"

@@ -47,8 +47,8 @@ def test_session_across_nats_with_a_relayed_edge(lab: NatLab, tmp_path: Path, sm
                   env, lab.command(lab.pub, []))]
     try:
         procs[0].wait_for(re.compile("listening"), 30)
-        host = Proc("host", ["host", "--rendezvous", rdv, "--members", "3", "--context", "512", "--wait", "300",
-                             "--api-port", str(API_PORT)], env, lab.command(lab.host(1), []))
+        host = Proc("host", ["host", "--rendezvous", rdv, "--members", "3", "--coordinate-only", "--context", "512",
+                             "--wait", "300", "--api-port", str(API_PORT)], env, lab.command(lab.host(1), []))
         procs.append(host)
         code = host.wait_for(CODE_RE, 60).group(1)
         for i, name in ((2, "ord"), (3, "res1"), (4, "res2")):

@@ -55,3 +55,15 @@ def test_a_follow_up_turn_keeps_everything_it_shares() -> None:
     slots.put(1, [7, 8, 9])
     taken = slots.take([7, 8, 9, 10, 11])
     assert (taken.slot, taken.keep, taken.trim) == (1, 3, False)
+
+
+def test_without_reuse_the_slot_is_emptied_and_a_cache_is_not_chosen_for_its_prefix() -> None:
+    """`cache_prompt: false`: an empty slot is preferred to one sharing the prompt's prefix, and a slot that
+    holds tokens is trimmed whole (keep 0), so the whole prompt is computed afresh."""
+    slots = Slots.empty(2)
+    slots.put(slots.take([1, 2, 3]).slot, [1, 2, 3, 9])
+    empty = next(s for s, held in slots.idle.items() if not held)
+    taken = slots.take([1, 2, 3, 4], reuse=False)
+    assert (taken.slot, taken.keep, taken.trim) == (empty, 0, False)
+    taken = slots.take([1, 2, 3, 4], reuse=False)  # only the slot holding [1, 2, 3, 9] is left
+    assert (taken.keep, taken.trim) == (0, True)

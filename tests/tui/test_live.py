@@ -81,7 +81,8 @@ async def test_live_demo_session_in_pilot(smollm: Path) -> None:
 async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_session(tmp_path: Path,
                                                                                    smollm: Path) -> None:
     """`kafila tui --join`: this process is a member of a real session (host and another member are
-    processes); the chat goes through this member's own API to the head; killing the host loses it."""
+    processes); the chat goes through this member's own API to the head; killing the (coordinate-only) host
+    leaves the ring serving, and then killing the other member loses the session."""
     expected = llama_cpp_reply(smollm, "Hello", 6).strip()
     with Cluster(tmp_path, [("ada", [])], host_args=["--members", "2"]) as cluster:
         opts = MemberOptions(code=cluster.code, rendezvous=("127.0.0.1", cluster.port), name="tui-member",
@@ -93,7 +94,10 @@ async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_sessi
             assert app.state.api_url and app.state.api_url != cluster.url  # this member's own endpoint
             assert reply.error is None and reply.body.strip() == expected
 
-            cluster.host.popen.kill()  # the head goes away
+            cluster.host.popen.kill()  # the coordinator goes away: the ring serves on (it held no stage)
+            await until(lambda: bool(app.state.coordinator_left), timeout=60)
+            assert not isinstance(app.screen, LostScreen)
+            cluster.members["ada"].popen.kill()  # with no host to re-plan, losing a member loses the session
             await until(lambda: isinstance(app.screen, LostScreen), timeout=60)
             await pilot.pause()
             assert "SESSION LOST" in screen_text(app)
