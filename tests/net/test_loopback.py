@@ -17,8 +17,7 @@ from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import SEND_BUFFER_HIGH, Identity, unacked_bytes
 from rendezvous.core import Limits, RendezvousCore
 from rendezvous.server import RendezvousServer
-from tests.net.conftest import free_port_pair
-from tests.session.cluster import PORT_TRIES
+from tests.rendezvous.inprocess import start_on_free_pair
 
 pytestmark = pytest.mark.timeout(90)
 Addr = tuple[str, int]
@@ -96,21 +95,19 @@ async def inprocess_rendezvous(core_factory=RendezvousCore) -> AsyncIterator[tup
     with retries, since another process can take it in between.
     """
     seen: list[bytes] = []
-    for attempt in range(PORT_TRIES):
-        server = RendezvousServer("127.0.0.1", free_port_pair(alt_ip=None), core_factory=core_factory)
+
+    def recording_server(port: int) -> RendezvousServer:
+        server = RendezvousServer("127.0.0.1", port, core_factory=core_factory)
         original = server.dispatch
 
-        def recording(data: bytes, src: Addr, local: Addr, original=original) -> None:
+        def recording(data: bytes, src: Addr, local: Addr) -> None:
             seen.append(data)
             original(data, src, local)
 
         server.dispatch = recording  # type: ignore[method-assign]
-        try:
-            await server.start()
-            break
-        except NetworkError:
-            if attempt == PORT_TRIES - 1:
-                raise
+        return server
+
+    server = await start_on_free_pair(recording_server)
     port = server.port
     try:
         yield ("127.0.0.1", port), server, seen

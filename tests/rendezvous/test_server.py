@@ -8,13 +8,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from kafila.errors import NetworkError
 from kafila.net import wire
 from kafila.net.endpoint import PeerEndpoint
-from kafila.net.ports import free_udp_pair
 from rendezvous.core import Addr, RendezvousCore
 from rendezvous.server import RendezvousServer
-from tests.session.cluster import PORT_TRIES
+from tests.rendezvous.inprocess import start_on_free_pair
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,18 +56,16 @@ class Watched:
 @asynccontextmanager
 async def rendezvous() -> AsyncIterator[tuple[Addr, Watched]]:
     """A watched rendezvous in this process on a free port pair (bound with retries: a pair found free can be taken)."""
-    for attempt in range(PORT_TRIES):
-        port = free_udp_pair("127.0.0.1")
+    watched: list[Watched] = []
+
+    def watched_server(port: int) -> RendezvousServer:
         server = RendezvousServer("127.0.0.1", port)
-        watched = Watched(server)
-        try:
-            await server.start()
-            break
-        except NetworkError:
-            if attempt == PORT_TRIES - 1:
-                raise
+        watched.append(Watched(server))
+        return server
+
+    server = await start_on_free_pair(watched_server)
     try:
-        yield ("127.0.0.1", port), watched
+        yield ("127.0.0.1", server.port), watched[-1]
     finally:
         server.close()
 
