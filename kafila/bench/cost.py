@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-HELP = "cost model: predicted vs measured stage times on small- and large-block cuts (and an MoE block)"
+HELP = "cost model: predicted vs measured stage times on small- and large-block cuts (and MoE blocks)"
 SMALL_CUTS = (2, 6, 15, 30)
 MOE_SHAPES = ("qwen3-30b-a3b", "gpt-oss-20b")  # kafila.model.random_gguf.SHAPES
 BATCHES = (1, 4)  # decode batches the MoE blocks are timed at
@@ -96,6 +96,16 @@ def _fit_predict(fit: tuple[float, float, float, float], n_blocks: int, nbytes: 
     """Seconds `fit_cost`'s (bandwidth, dispatch, per-block, residual) predicts for a stage."""
     b, o, p, _ = fit
     return o + n_blocks * p + nbytes / b
+
+
+def _row_rate(batch_rows: list[dict[str, Any]]) -> float | None:
+    """Bytes per CPU second of the dense block's rows beyond the first (its batch-4 time over its batch-1 time)."""
+    dense = {r["batch"]: r for r in batch_rows if not r["moe"]}
+    if 1 not in dense or len(dense) < 2:
+        return None
+    top = max(dense)
+    extra_s = (dense[top]["cpu_ms"] - dense[1]["cpu_ms"]) / 1e3
+    return (top - 1) * dense[1]["read_bytes"] / extra_s if extra_s > 0 else None
 
 
 def _err(predicted: float, measured: float) -> float:
@@ -179,6 +189,14 @@ def run(args: argparse.Namespace) -> int:
                            "round_predicted_ms": pw * 1e3, "round_error": _err(pw, t.wall_s),
                            "cpu_ms": t.cpu_s * 1e3, "cpu_predicted_ms": pc * 1e3, "cpu_error": _err(pc, t.cpu_s)})
     moe_rows = [r for r in batch_rows if r["moe"]]
+    row_rate = _row_rate(batch_rows)
+    for r in batch_rows:
+        # What a per-row compute term would add (each row beyond the first multiplies the dense part and
+        # its k experts once more than the distinct bytes count), at the rate the dense block showed.
+        one_row = read_bytes(specs[r["shape"]], 1)[0]
+        extra = r["batch"] * one_row - r["read_bytes"]
+        r["cpu_rows_predicted_ms"] = r["cpu_predicted_ms"] + (extra / row_rate * 1e3 if row_rate else 0.0)
+        r["cpu_rows_error"] = _err(r["cpu_rows_predicted_ms"], r["cpu_ms"])
 
     big_errors = [abs(r["error"]) for r in rows if r["file"] == big.name]
     results = {
@@ -195,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
                              "fit_residual": f[3]} for name, f in (("wall", wall_fit), ("cpu", cpu_fit))},
         "cuts": rows,
         "batched": batch_rows,
+        "row_rate_gbs": row_rate / 1e9 if row_rate else None,
         "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
         "median_abs_error_large_blocks": statistics.median(big_errors),
         "median_abs_error_two_term_large_blocks": statistics.median(
@@ -231,14 +250,18 @@ def _print(r: dict[str, Any]) -> None:
     console.print(t)
     if r["batched"]:
         m = Table("block", "batch", "read MB", "wall ms", "probe", "error", "same rounds", "error", "CPU ms",
-                  "CPU fit", "error", title="one block at decode batch 1 and 4: measured vs predicted "
-                  "(probe; wall and CPU fits on the same rounds' cuts)")
+                  "CPU fit", "error", "+ rows", "error", title="one block at decode batch 1 and 4: measured vs "
+                  "predicted (probe; wall and CPU fits on the same rounds' cuts; + rows: with a per-row term)")
         for row in r["batched"]:
             m.add_row(row["shape"], str(row["batch"]), f"{row['read_bytes'] / 1e6:.1f}", f"{row['measured_ms']:.2f}",
                       f"{row['predicted_ms']:.2f}", f"{row['error']:+.1%}", f"{row['round_predicted_ms']:.2f}",
                       f"{row['round_error']:+.1%}", f"{row['cpu_ms']:.2f}", f"{row['cpu_predicted_ms']:.2f}",
-                      f"{row['cpu_error']:+.1%}")
+                      f"{row['cpu_error']:+.1%}", f"{row['cpu_rows_predicted_ms']:.2f}",
+                      f"{row['cpu_rows_error']:+.1%}")
         console.print(m)
+        if r["row_rate_gbs"]:
+            console.print(f"per-row term: rows beyond the first at {r['row_rate_gbs']:.1f} GB/s of the bytes they "
+                          f"multiply (the dense block's batch-{max(BATCHES)} CPU time over its batch-1 time)")
         console.print(f"{MOE_SHAPES[0]} within 20 % of the probe's prediction at batch "
                       f"{' and '.join(map(str, BATCHES))}: {r['moe_target_met']}")
     console.print(f"load average {r['load_average']}, threads {r['threads'] or 'all'}")

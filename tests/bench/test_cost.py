@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kafila.bench.cost import _fit_predict, time_cases
+from kafila.bench.cost import _fit_predict, _row_rate, time_cases
 from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.model.cut import StageSpec
 from kafila.model.stage_cache import StageCache
@@ -31,3 +31,13 @@ def test_time_cases_times_each_batch_and_frees_its_sequences(tmp_path: Path) -> 
 def test_fit_predict_is_the_three_terms() -> None:
     # (bandwidth, dispatch, per-block, residual) as fit_cost returns them
     assert math.isclose(_fit_predict((1e9, 0.001, 0.0002, 0.0), 3, 2_000_000), 0.001 + 3 * 0.0002 + 0.002)
+
+
+def test_the_row_rate_is_the_dense_blocks_extra_rows_over_their_extra_time() -> None:
+    rows = [{"moe": False, "batch": 1, "read_bytes": 100_000_000, "cpu_ms": 20.0},
+            {"moe": False, "batch": 4, "read_bytes": 100_000_000, "cpu_ms": 35.0},
+            {"moe": True, "batch": 4, "read_bytes": 50_000_000, "cpu_ms": 9.0}]
+    rate = _row_rate(rows)
+    assert rate is not None and math.isclose(rate, 3 * 100e6 / 0.015)  # 3 more rows took 15 ms
+    assert _row_rate(rows[1:]) is None  # no batch-1 time to compare with
+    assert _row_rate([rows[0], {**rows[1], "cpu_ms": 19.0}]) is None  # rows cost nothing measurable
