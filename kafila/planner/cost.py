@@ -48,6 +48,12 @@ def read_bytes(model: ModelSpec, batch: int) -> tuple[int, ...]:
     r_j = s_j − n·x_j + round(E(B)·x_j) — dense tensors, router and shared experts, plus the expected
     distinct routed experts (`expected_experts`). The decode batch is the admitted concurrency C, so an
     MoE stage's time grows with C where a dense stage's barely does.
+
+    Measured (CPU time of one thread, cuts timed alongside): a random Qwen3-30B-A3B-shaped block at batch 1
+    with k patched to 8, 32 and 128 took the dense part plus k experts' bytes at the dense blocks' rate
+    (within 10 %; k = 8 within 1.2 %): llama.cpp's mul_mat_id reads just the k chosen experts. Bytes are a memory-bound
+    machine's cost; a compute-bound one also pays per row (the 8B-shaped dense block took 1.8× as long at
+    batch 4 as at 1 on one core), which this leaves out for dense and MoE blocks alike.
     """
     if not any(model.expert_bytes):
         return model.blocks_bytes

@@ -109,3 +109,29 @@ def test_unwritable_shapes_are_named() -> None:
         write_random_gguf(Path("unused.gguf"), type(dense)("x", "qwen3moe", 128, 4, 2, 256), 1)
     with pytest.raises(ModelError, match="whole blocks of 32; 100 is not"):
         write_random_gguf(Path("unused.gguf"), type(dense)("x", "llama", 128, 4, 2, 100), 1)
+
+
+def test_gpt_oss_blocks_are_mxfp4_experts_and_q8_0_matrices_with_sinks_and_a_window(tmp_path: Path) -> None:
+    from kafila.model.describe import describe_model
+
+    real = shape_named("gpt-oss-20b")
+    assert (real.experts, real.experts_used, real.window, real.expert_type) == (32, 4, 128, "MXFP4")
+    # gpt-oss-20b's block layout, narrowed: 8 experts of width 128, 2 per token, a 16-token window
+    oss = type(real)("o", "gpt-oss", 256, 4, 2, 128, head_dim=64, experts=8, experts_used=2, window=16,
+                     matrix_type="Q8_0", expert_type="MXFP4")
+    path = write_random_gguf(tmp_path / "o.gguf", oss, 2)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_down_exps.weight"] == "MXFP4" and types["blk.1.attn_q.weight"] == "Q8_0"
+    assert types["blk.0.attn_sinks.weight"] == "F32" and "blk.0.ffn_norm.weight" not in types
+    info = describe_model(path)
+    assert info.window_layers == (True, False) and info.window_tokens == 16
+    # one expert: gate, up and down (3 × 256 × 128 weights, 17 bytes per 32) and its biases in f32
+    assert (info.experts, info.experts_used) == (8, 2)
+    assert info.expert_bytes == (3 * 256 * 128 // 32 * 17 + 4 * (128 + 128 + 256),) * 2
+    ref = ReferenceContext(path, ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=32))
+    try:  # llama.cpp's gpt-oss loader takes it and computes finite logits past the window
+        rows = Rows(np.zeros(24, np.int32), np.arange(24, dtype=np.int32), np.ones(24, bool))
+        logits = ref.run(np.arange(100, 124, dtype=np.int32), rows)
+        assert np.isfinite(logits).all() and logits.std() > 0
+    finally:
+        ref.close()

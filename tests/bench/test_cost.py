@@ -1,0 +1,43 @@
+"""`kafila bench cost`'s timing loop: every (engine, batch) case is timed in the same rounds, with its
+CPU time beside its wall time, and leaves no sequence behind; no speed thresholds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from kafila.bench.cost import _fit_predict, _row_rate, time_cases
+from kafila.engine.stage import ContextConfig, Rows, StageEngine
+from kafila.model.cut import StageSpec
+from kafila.model.stage_cache import StageCache
+from tests.synthetic import write_synthetic
+
+
+def test_time_cases_times_each_batch_and_frees_its_sequences(tmp_path: Path) -> None:
+    model = write_synthetic(tmp_path / "moe.gguf", "qwen3moe", n_blocks=2)
+    stage = StageCache(tmp_path / "cache").stage(model, StageSpec(0, 1, head=False))
+    config = ContextConfig(n_ctx_per_seq=64, n_seq_max=4, n_batch=8, n_threads=1)
+    with StageEngine(stage, config, final=False) as one, StageEngine(stage, config, final=False) as four:
+        times = time_cases([(one, 1), (four, 4)], calls=3, threads=1, warmup=1)
+        assert len(times) == 2 and all(t.wall_s > 0 and t.cpu_s > 0 for t in times)
+        # the sequences the rounds filled are free again: each may start over at position 0
+        for engine, batch in ((one, 1), (four, 4)):
+            rows = Rows(np.arange(batch, dtype=np.int32), np.zeros(batch, np.int32), np.ones(batch, bool))
+            assert engine.run(np.ones((batch, engine.n_embd), np.float32), rows).shape == (batch, engine.n_embd)
+
+
+def test_fit_predict_is_the_three_terms() -> None:
+    # (bandwidth, dispatch, per-block, residual) as fit_cost returns them
+    assert math.isclose(_fit_predict((1e9, 0.001, 0.0002, 0.0), 3, 2_000_000), 0.001 + 3 * 0.0002 + 0.002)
+
+
+def test_the_row_rate_is_the_dense_blocks_extra_rows_over_their_extra_time() -> None:
+    rows = [{"moe": False, "batch": 1, "read_bytes": 100_000_000, "cpu_ms": 20.0},
+            {"moe": False, "batch": 4, "read_bytes": 100_000_000, "cpu_ms": 35.0},
+            {"moe": True, "batch": 4, "read_bytes": 50_000_000, "cpu_ms": 9.0}]
+    rate = _row_rate(rows)
+    assert rate is not None and math.isclose(rate, 3 * 100e6 / 0.015)  # 3 more rows took 15 ms
+    assert _row_rate(rows[1:]) is None  # no batch-1 time to compare with
+    assert _row_rate([rows[0], {**rows[1], "cpu_ms": 19.0}]) is None  # rows cost nothing measurable
