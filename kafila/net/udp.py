@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from collections.abc import Callable
 
 log = logging.getLogger("kafila.net")
@@ -19,6 +20,23 @@ log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
 MAX_BATCH = 64  # datagrams per wake-up, so one busy peer cannot starve the loop
 MAX_DATAGRAM = 65535
+
+
+def _never_fragment(sock: socket.socket) -> None:
+    """Set don't-fragment on every datagram, whatever the kernel believes the path MTU to be (Linux).
+
+    Path MTU probes (kafila.net.pmtu) must fail when too big: by default Linux fragments a datagram
+    bigger than the route's MTU, and a probe that arrives in fragments would raise the size past what
+    the path carries whole. IP_PMTUDISC_PROBE also ignores the kernel's own guess (from ICMP), which
+    the probes replace. Where the option does not exist datagrams stay at 1,200 bytes unless a probe
+    of a larger size is acknowledged, which a fragmenting path can still do: a cost, never a stall.
+    """
+    if sys.platform.startswith("linux"):  # Python 3.11 names neither constant: linux/in.h's values
+        try:
+            sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10),
+                            getattr(socket, "IP_PMTUDISC_PROBE", 3))
+        except OSError as exc:
+            log.debug("cannot set don't-fragment: %s", exc)
 
 
 class UdpSocket:
@@ -31,6 +49,7 @@ class UdpSocket:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setblocking(False)
+            _never_fragment(self.sock)
             self.sock.bind(bind)
         except OSError:
             self.sock.close()

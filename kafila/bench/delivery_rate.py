@@ -1,0 +1,141 @@
+"""Stage delivery over one real Kafila link, host and member in two processes: the rate to hold against aioquic's.
+
+The host process runs an in-process rendezvous and its endpoint; a member process joins, accepts the
+host's link and receives one random stage file exactly as a ring member does (kafila.session.transfer:
+verified chunk by chunk, written to its `.part` file). The clock runs from the first chunk sent to the
+member's word that every chunk was accepted; the final whole-file check is timed apart. Set
+`profile_dir` to get a cProfile dump of each side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import json
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from kafila.session.delivery import CHUNK_SIZE, StageManifest, StageReceiver, manifest_for
+
+Addr = tuple[str, int]
+
+
+def _stage_file(folder: Path, size: int) -> Path:
+    path = folder / "stage.gguf"
+    with path.open("wb") as f:
+        left = size
+        while left > 0:
+            f.write(os.urandom(min(left, CHUNK_SIZE)))
+            left -= CHUNK_SIZE
+    return path
+
+
+async def _member(rdv: Addr, code: str, cache: Path, allow_direct: bool, pipe: Connection) -> None:
+    from kafila.net.endpoint import PeerEndpoint
+    from kafila.session.transfer import receive_stage
+
+    async with PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as ep:
+        await ep.probe_nat(rdv)
+        await ep.join_session(rdv, code)
+        await ep.announce({})
+        await ep.wait_for_members(2, 30)
+        link = await ep.accept(30)
+        manifest = StageManifest.from_dict(json.loads(await link.recv(30)))
+        receiver = StageReceiver(cache, manifest)
+        receiver.missing()
+        await link.send(b"ready")
+        n = len(manifest.chunks)
+        t0 = time.perf_counter()
+        whole = [t0]
+
+        def progress(have: int) -> None:
+            if have == n:  # every chunk accepted: the whole-file check after it is timed apart
+                whole[0] = time.perf_counter()
+
+        await receive_stage(link, receiver, 60, aside=lambda raw: None, progress=progress)
+        pipe.send({"chunks_s": whole[0] - t0, "finish_s": time.perf_counter() - whole[0]})
+        await link.send(b"done")
+        await link.recv(30)  # the host closes
+
+
+def _member_main(rdv: Addr, code: str, cache: str, allow_direct: bool, pipe: Connection,
+                 profile: str | None) -> None:
+    prof = cProfile.Profile() if profile else None
+    if prof is not None:
+        prof.enable()
+    try:
+        asyncio.run(_member(rdv, code, Path(cache), allow_direct, pipe))
+    except Exception as exc:  # reported to the host, which raises it
+        pipe.send({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        if prof is not None and profile is not None:
+            prof.disable()
+            prof.dump_stats(profile)
+
+
+async def _host(size: int, folder: Path, allow_direct: bool, profile_dir: Path | None) -> dict[str, Any]:
+    from kafila.net.endpoint import PeerEndpoint
+    from kafila.net.ports import free_udp_pair
+    from kafila.session.transfer import send_stage
+    from rendezvous.server import RendezvousServer
+
+    src = _stage_file(folder, size)
+    manifest = await asyncio.to_thread(manifest_for, src)
+    server = RendezvousServer("127.0.0.1", free_udp_pair("127.0.0.1"))
+    await server.start()
+    rdv = ("127.0.0.1", server.port)
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = None
+    try:
+        async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as ep:
+            await ep.probe_nat(rdv)
+            code = await ep.create_session(rdv)
+            profile = str(profile_dir / "member.prof") if profile_dir is not None else None
+            proc = ctx.Process(target=_member_main, daemon=True,
+                               args=(rdv, str(code), str(folder / "cache"), allow_direct, theirs, profile))
+            proc.start()
+            await ep.announce({})
+            await ep.wait_for_members(2, 60)
+            member = next(p for p in ep.peers.values() if p.member_id != ep.member_id)
+            link = await ep.connect(member, 30)
+            if allow_direct:
+                await ep.settle_path(member)
+            await link.send(json.dumps(manifest.as_dict()).encode())
+            if await link.recv(60) != b"ready":
+                raise RuntimeError("the member did not get ready")
+            prof = cProfile.Profile() if profile_dir is not None else None
+            if prof is not None:
+                prof.enable()
+            t0 = time.perf_counter()
+            await send_stage(link, src, manifest, range(len(manifest.chunks)))
+            sent_s = time.perf_counter() - t0
+            answer = await link.recv(600)
+            if prof is not None and profile_dir is not None:
+                prof.disable()
+                prof.dump_stats(str(profile_dir / "host.prof"))
+            result: dict[str, Any] = await asyncio.to_thread(ours.recv) if ours.poll(30) else {"error": "no report"}
+            if answer != b"done" or "error" in result:
+                raise RuntimeError(f"the member failed: {result.get('error', answer)!r}")
+            datagram = int(link.conn._max_datagram_size)
+            path = link.path
+            await link.close()
+    finally:
+        server.close()
+        if proc is not None:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+    return {"bytes": size, "seconds": result["chunks_s"], "mb_per_s": size / result["chunks_s"] / 1e6,
+            "sent_s": sent_s, "finish_s": result["finish_s"], "datagram_bytes": datagram, "path": path}
+
+
+def delivery_rate(size: int, allow_direct: bool = True, profile_dir: Path | None = None) -> dict[str, Any]:
+    """Bytes, seconds and MB/s of one `size`-byte stage delivered host -> member over one link."""
+    with tempfile.TemporaryDirectory(prefix="kafila-delivery-") as tmp:
+        return asyncio.run(_host(size, Path(tmp), allow_direct, profile_dir))
