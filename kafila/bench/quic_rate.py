@@ -90,11 +90,25 @@ async def _send(port: int, size: int, datagram: int) -> float:
     return elapsed
 
 
-def kafila_datagram_size() -> int:
-    """The datagram size Kafila's QUIC configuration uses (what its stage delivery sends)."""
-    from kafila.net.quic import Identity, configuration
+def kafila_datagram_size(ip: str = "127.0.0.1") -> int:
+    """The datagram size Kafila's stage delivery sends toward `ip` once its path MTU search is done.
 
-    return int(configuration(Identity("probe"), is_client=True, idle_timeout_s=1.0).max_datagram_size)
+    The search (kafila.net.pmtu) stops at the largest size the path carries, up to its maximum; on a path
+    within this machine that is the route's MTU less the IPv4 and UDP headers, which the kernel knows.
+    tests/net/test_pmtu_sockets.py checks that the search does reach it on loopback.
+    """
+    import socket
+    import sys
+
+    from kafila.net.pmtu import BASE, PmtuConfig
+
+    config = PmtuConfig()
+    if not sys.platform.startswith("linux"):
+        return BASE
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))  # no packet is sent: this only picks the route
+        route_mtu = s.getsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU", 14))  # linux/in.h: IP_MTU = 14
+    return max(config.base, min(config.maximum, route_mtu - 28))
 
 
 def one_way_rate(size: int, datagram: int) -> dict[str, float]:

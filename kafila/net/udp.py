@@ -20,6 +20,11 @@ log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
 MAX_BATCH = 64  # datagrams per wake-up, so one busy peer cannot starve the loop
 MAX_DATAGRAM = 65535
+# Kernel socket buffers (the kernel caps them at net.core.[rw]mem_max, 4 MiB here). The default 208 KiB
+# receive buffer holds ~90 datagrams, a few milliseconds of a stage delivery: a receiver that is busy
+# (hashing a chunk, or not scheduled on a shared machine) for longer lost datagrams, and every loss
+# halves the sender's congestion window.
+SOCKET_BUFFER = 4 * 1024 * 1024
 
 
 def _never_fragment(sock: socket.socket) -> None:
@@ -50,6 +55,8 @@ class UdpSocket:
         try:
             self.sock.setblocking(False)
             _never_fragment(self.sock)
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self.sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
             self.sock.bind(bind)
         except OSError:
             self.sock.close()
