@@ -24,13 +24,13 @@ async def _searched(ep: PeerEndpoint, link: Link, timeout_s: float) -> None:
             await asyncio.sleep(0.05)
 
 
-async def measure(nbytes: int, timeout_s: float = 60.0) -> dict[str, Any]:
+async def measure(nbytes: int, timeout_s: float = 60.0, allow_direct: bool = True) -> dict[str, Any]:
     """Open a link, send `nbytes` each way, wait for both searches; both ends' datagram sizes and the path."""
     server: RendezvousServer = await start_on_free_pair(lambda port: RendezvousServer("127.0.0.1", port))
     rdv = ("127.0.0.1", server.port)
     try:
-        async with PeerEndpoint(bind=("127.0.0.1", 0), name="host") as a, \
-                PeerEndpoint(bind=("127.0.0.1", 0), name="member") as b:
+        async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as a, \
+                PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as b:
             await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
             code = await a.create_session(rdv)
             await b.join_session(rdv, str(code))

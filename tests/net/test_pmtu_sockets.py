@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from kafila.net import wire
 from kafila.net.pmtu import MAXIMUM, PmtuConfig
 from tests.conftest import missing_tool
 from tests.net.pmtu_link import measure
@@ -21,6 +22,13 @@ LO_MTU = 1308  # IPv4 (20) and UDP (8) headers leave 1,280 bytes of datagram
 async def test_loopback_carries_the_largest_size() -> None:
     found = await measure(2 << 20)
     assert found == {"host": MAXIMUM, "member": MAXIMUM, "path": "direct", "intact": True}
+
+
+async def test_a_relayed_edge_carries_the_largest_size_in_the_relays_envelope() -> None:
+    """A relayed datagram is the QUIC one plus a 9-byte envelope: 1,461 bytes still fit the relay's frame limit."""
+    found = await measure(1 << 20, allow_direct=False)
+    assert found == {"host": MAXIMUM, "member": MAXIMUM, "path": "relay", "intact": True}
+    assert MAXIMUM + 1 + wire.ID_LEN <= wire.MAX_DATAGRAM
 
 
 def small_loopback() -> list[str]:
