@@ -1,10 +1,11 @@
 """Stage delivery over one real Kafila link, host and member in two processes: the rate to hold against aioquic's.
 
-The host process runs an in-process rendezvous and its endpoint; a member process joins, accepts the
+The host process runs an in-process rendezvous and its endpoint; each member process joins, accepts the
 host's link and receives one random stage file exactly as a ring member does (kafila.session.transfer:
-verified chunk by chunk, written to its `.part` file). The clock runs from the first chunk sent to the
-member's word that every chunk was accepted; the final whole-file check is timed apart. Set
-`profile_dir` to get a cProfile dump of each side.
+verified chunk by chunk, written to its `.part` file); with several members the host feeds them all at
+once, as the ring's host does. A member's clock runs from its word that it is ready to the moment every
+chunk was accepted; the final whole-file check is timed apart. Set `profile_dir` to get a cProfile dump
+of each side.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def _member_main(rdv: Addr, code: str, cache: str, allow_direct: bool, pipe: Con
             prof.dump_stats(profile)
 
 
-async def _host(size: int, folder: Path, allow_direct: bool, profile_dir: Path | None) -> dict[str, Any]:
+async def _host(size: int, folder: Path, allow_direct: bool, members: int,
+                profile_dir: Path | None) -> dict[str, Any]:
     from kafila.net.endpoint import PeerEndpoint
     from kafila.net.ports import free_udp_pair
     from kafila.session.transfer import send_stage
@@ -90,52 +92,70 @@ async def _host(size: int, folder: Path, allow_direct: bool, profile_dir: Path |
     await server.start()
     rdv = ("127.0.0.1", server.port)
     ctx = mp.get_context("spawn")
-    ours, theirs = ctx.Pipe()
-    proc = None
+    procs: list[Any] = []
+    pipes: list[Connection] = []
     try:
         async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as ep:
             await ep.probe_nat(rdv)
             code = await ep.create_session(rdv)
-            profile = str(profile_dir / "member.prof") if profile_dir is not None else None
-            proc = ctx.Process(target=_member_main, daemon=True,
-                               args=(rdv, str(code), str(folder / "cache"), allow_direct, theirs, profile))
-            proc.start()
+            for i in range(members):
+                ours, theirs = ctx.Pipe()
+                profile = str(profile_dir / f"member-{i}.prof") if profile_dir is not None else None
+                proc = ctx.Process(target=_member_main, daemon=True,
+                                   args=(rdv, str(code), str(folder / f"cache-{i}"), allow_direct, theirs, profile))
+                proc.start()
+                procs.append(proc)
+                pipes.append(ours)
             await ep.announce({})
-            await ep.wait_for_members(2, 60)
-            member = next(p for p in ep.peers.values() if p.member_id != ep.member_id)
-            link = await ep.connect(member, 30)
+            await ep.wait_for_members(members + 1, 120)
+            peers = [p for p in ep.peers.values() if p.member_id != ep.member_id]
+            links = [await ep.connect(p, 30) for p in peers]
             if allow_direct:
-                await ep.settle_path(member)
-            await link.send(json.dumps(manifest.as_dict()).encode())
-            if await link.recv(60) != b"ready":
-                raise RuntimeError("the member did not get ready")
+                for p in peers:
+                    await ep.settle_path(p)
+            for link in links:
+                await link.send(json.dumps(manifest.as_dict()).encode())
+            for link in links:
+                if await link.recv(60) != b"ready":
+                    raise RuntimeError("a member did not get ready")
             prof = cProfile.Profile() if profile_dir is not None else None
             if prof is not None:
                 prof.enable()
             t0 = time.perf_counter()
-            await send_stage(link, src, manifest, range(len(manifest.chunks)))
+            # as the ring's host does: one sender per member, all at once
+            await asyncio.gather(*(send_stage(link, src, manifest, range(len(manifest.chunks))) for link in links))
             sent_s = time.perf_counter() - t0
-            answer = await link.recv(600)
+            answers = [await link.recv(600) for link in links]
             if prof is not None and profile_dir is not None:
                 prof.disable()
                 prof.dump_stats(str(profile_dir / "host.prof"))
-            result: dict[str, Any] = await asyncio.to_thread(ours.recv) if ours.poll(30) else {"error": "no report"}
-            if answer != b"done" or "error" in result:
-                raise RuntimeError(f"the member failed: {result.get('error', answer)!r}")
-            datagram = int(link.conn._max_datagram_size)
-            path = link.path
-            await link.close()
+            results: list[dict[str, Any]] = []
+            for pipe in pipes:
+                results.append(await asyncio.to_thread(pipe.recv) if pipe.poll(30) else {"error": "no report"})
+            for answer, result in zip(answers, results, strict=True):
+                if answer != b"done" or "error" in result:
+                    raise RuntimeError(f"a member failed: {result.get('error', answer)!r}")
+            datagram = min(link.conn.datagram_size for link in links)
+            path = links[0].path
+            for link in links:
+                await link.close()
     finally:
         server.close()
-        if proc is not None:
+        for proc in procs:
             proc.join(10)
             if proc.is_alive():
                 proc.terminate()
-    return {"bytes": size, "seconds": result["chunks_s"], "mb_per_s": size / result["chunks_s"] / 1e6,
-            "sent_s": sent_s, "finish_s": result["finish_s"], "datagram_bytes": datagram, "path": path}
+    # each member times from its "ready", sent before the host starts: the slowest one is the span of all
+    seconds = max(r["chunks_s"] for r in results)
+    return {"bytes": size * members, "seconds": seconds, "mb_per_s": size * members / seconds / 1e6,
+            "members": members, "per_member_mb_per_s": [size / r["chunks_s"] / 1e6 for r in results],
+            "sent_s": sent_s, "finish_s": max(r["finish_s"] for r in results), "datagram_bytes": datagram,
+            "path": path}
 
 
-def delivery_rate(size: int, allow_direct: bool = True, profile_dir: Path | None = None) -> dict[str, Any]:
-    """Bytes, seconds and MB/s of one `size`-byte stage delivered host -> member over one link."""
+def delivery_rate(size: int, allow_direct: bool = True, members: int = 1,
+                  profile_dir: Path | None = None) -> dict[str, Any]:
+    """Bytes, seconds and MB/s of a `size`-byte stage delivered from one host to `members` members at once
+    (all members together: `bytes` is size × members)."""
     with tempfile.TemporaryDirectory(prefix="kafila-delivery-") as tmp:
-        return asyncio.run(_host(size, Path(tmp), allow_direct, profile_dir))
+        return asyncio.run(_host(size, Path(tmp), allow_direct, members, profile_dir))

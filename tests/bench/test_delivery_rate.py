@@ -21,3 +21,11 @@ def test_a_stage_crosses_one_link_at_the_searched_datagram_size(allow_direct: bo
     assert math.isclose(r["mb_per_s"], size / r["seconds"] / 1e6, rel_tol=1e-9)
     assert r["path"] == ("direct" if allow_direct else "relay")
     assert r["datagram_bytes"] == kafila_datagram_size()  # what aioquic alone is measured at
+
+
+def test_the_host_feeds_several_members_at_once() -> None:
+    size = 2 * CHUNK_SIZE + 1
+    r = delivery_rate(size, members=2)
+    assert r["members"] == 2 and r["bytes"] == 2 * size and len(r["per_member_mb_per_s"]) == 2
+    assert math.isclose(r["mb_per_s"], r["bytes"] / r["seconds"] / 1e6, rel_tol=1e-9)
+    assert r["mb_per_s"] >= max(r["per_member_mb_per_s"])  # together at least as fast as the fastest alone
