@@ -419,6 +419,8 @@ class EndpointCore:
             probe = conn.mtu_probe(size, search.generation, now)
             if probe is not None:
                 self._send_to_peer(conn.peer.member_id, probe)
+            else:  # could not be built: counts as a failed try, so the search never waits on it forever
+                search.on_lost(size, search.generation, now)
         self._take_events(conn)  # sending can end the connection (a close that went out)
 
     def _path_mtu(self, conn: PinnedQuicConnection, now: float) -> PmtuSearch | None:
