@@ -40,6 +40,7 @@ log = logging.getLogger("kafila.net")
 
 Addr = tuple[str, int]
 MIN_INITIAL = 1200  # RFC 9000 §14.1: a client's Initial is padded to at least this
+HOST_CID_LEN = 8  # aioquic's connection ids (QuicConfiguration.connection_id_length's default)
 
 
 # ---- events -------------------------------------------------------------------------------
@@ -359,15 +360,20 @@ class EndpointCore:
     # ---- QUIC -----------------------------------------------------------------------------
 
     def _on_quic(self, member_id: bytes, data: bytes, now: float) -> None:
-        try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
-        except ValueError:
-            return
-        conn = self._cids.get(header.destination_cid)
-        if conn is None:
-            if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
-                self._accept(member_id, header.destination_cid, data, now)
-            return
+        if not data[0] & 0x80:  # a short header (nearly every packet): its destination id is the next 8 bytes
+            conn = self._cids.get(data[1:1 + HOST_CID_LEN])
+            if conn is None:
+                return
+        else:
+            try:
+                header = pull_quic_header(Buffer(data=data), host_cid_length=HOST_CID_LEN)
+            except ValueError:
+                return
+            conn = self._cids.get(header.destination_cid)
+            if conn is None:
+                if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
+                    self._accept(member_id, header.destination_cid, data, now)
+                return
         if conn.peer.member_id != member_id:
             return  # a connection id belonging to another peer: never cross edges
         conn.receive_datagram(data, vaddr(member_id), now)
