@@ -47,9 +47,9 @@ async def receive_stage(link: Link, receiver: StageReceiver, timeout_s: float,
             aside(raw)
             continue
         index, data = messages.parse_chunk(raw)
-        # hashing and writing a chunk take milliseconds: on a worker thread (both release the GIL) the
-        # loop goes on reading and acknowledging datagrams meanwhile, so the sender is not held up
-        await asyncio.to_thread(receiver.accept, index, data)
+        # on the loop, not a worker thread: while a chunk is hashed and written no more datagrams are read,
+        # so messages cannot pile up in the link's inbox faster than they are stored (memory stays bounded)
+        receiver.accept(index, data)
         if progress is not None:
             progress(len(receiver.have))
     return await asyncio.to_thread(receiver.finish)
