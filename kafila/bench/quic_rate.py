@@ -17,6 +17,8 @@ from typing import Any
 from aioquic.asyncio import QuicConnectionProtocol, connect, serve
 from aioquic.quic.events import QuicEvent, StreamDataReceived
 
+from kafila.bench.proc_cpu import cpu_s
+
 WRITE = 1 << 20
 DONE = b"done"
 
@@ -65,7 +67,7 @@ class _Sender(QuicConnectionProtocol):
         self.progress.set()
 
 
-async def _send(port: int, size: int, datagram: int) -> float:
+async def _send(port: int, size: int, datagram: int, receiver_pid: int) -> dict[str, float | None]:
     from kafila.net.quic import SEND_BUFFER_HIGH, Identity, configuration, unacked_bytes
 
     config = configuration(Identity("sender"), is_client=True, idle_timeout_s=60.0)
@@ -74,6 +76,7 @@ async def _send(port: int, size: int, datagram: int) -> float:
         assert isinstance(client, _Sender)
         reader, writer = await client.create_stream()
         block = b"\x5a" * WRITE
+        cpu0 = (cpu_s(), cpu_s(receiver_pid))
         t0 = time.perf_counter()
         left = size
         while left > 0:
@@ -85,19 +88,43 @@ async def _send(port: int, size: int, datagram: int) -> float:
                 await client.progress.wait()
         answer = await asyncio.wait_for(reader.read(), timeout=600)
         elapsed = time.perf_counter() - t0
+        cpu1 = (cpu_s(), cpu_s(receiver_pid))
     if answer != DONE:
         raise RuntimeError(f"the aioquic receiver answered {answer!r}")
-    return elapsed
+    return {"seconds": elapsed, **cpu_per_mb(size, cpu0, cpu1)}
 
 
-def kafila_datagram_size() -> int:
-    """The datagram size Kafila's QUIC configuration uses (what its stage delivery sends)."""
-    from kafila.net.quic import Identity, configuration
+def cpu_per_mb(size: int, before: tuple[float | None, float | None],
+               after: tuple[float | None, float | None]) -> dict[str, float | None]:
+    """CPU milliseconds per MB moved, of the sending and the receiving process (None where unknown)."""
+    out: dict[str, float | None] = {}
+    for key, b, a in zip(("sender_cpu_ms_per_mb", "receiver_cpu_ms_per_mb"), before, after, strict=True):
+        out[key] = (a - b) * 1e3 / (size / 1e6) if a is not None and b is not None else None
+    return out
 
-    return int(configuration(Identity("probe"), is_client=True, idle_timeout_s=1.0).max_datagram_size)
+
+def kafila_datagram_size(ip: str = "127.0.0.1") -> int:
+    """The datagram size Kafila's stage delivery sends toward `ip` once its path MTU search is done.
+
+    The search (kafila.net.pmtu) stops at the largest size the path carries, up to its maximum; on a path
+    within this machine that is the route's MTU less the IPv4 and UDP headers, which the kernel knows.
+    tests/net/test_pmtu_sockets.py checks that the search does reach it on loopback.
+    """
+    import socket
+    import sys
+
+    from kafila.net.pmtu import BASE, PmtuConfig
+
+    config = PmtuConfig()
+    if not sys.platform.startswith("linux"):
+        return BASE
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))  # no packet is sent: this only picks the route
+        route_mtu = s.getsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU", 14))  # linux/in.h: IP_MTU = 14
+    return max(config.base, min(config.maximum, route_mtu - 28))
 
 
-def one_way_rate(size: int, datagram: int) -> dict[str, float]:
+def one_way_rate(size: int, datagram: int) -> dict[str, float | None]:
     """Bytes, seconds and MB/s of one `size`-byte stream from this process to a receiver process."""
     from kafila.net.ports import free_udp_pair
 
@@ -110,8 +137,10 @@ def one_way_rate(size: int, datagram: int) -> dict[str, float]:
         if not ours.poll(60):
             raise RuntimeError("the aioquic receiver did not start within 60 s")
         ours.recv()
-        seconds = asyncio.run(_send(port, size, datagram))
+        assert proc.pid is not None
+        sent = asyncio.run(_send(port, size, datagram, proc.pid))
     finally:
         proc.terminate()
         proc.join(10)
-    return {"bytes": size, "seconds": seconds, "mb_per_s": size / seconds / 1e6, "datagram_bytes": datagram}
+    seconds = float(sent["seconds"] or 0.0)
+    return {"bytes": size, **sent, "mb_per_s": size / seconds / 1e6, "datagram_bytes": datagram}

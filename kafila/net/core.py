@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aioquic.buffer import Buffer
@@ -31,6 +31,7 @@ from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
 from kafila.errors import ProtocolError, SessionError
 from kafila.net import stun, wire
+from kafila.net.pmtu import PmtuConfig, PmtuSearch
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
 from kafila.net.trust import VerifiedMember
@@ -39,6 +40,7 @@ log = logging.getLogger("kafila.net")
 
 Addr = tuple[str, int]
 MIN_INITIAL = 1200  # RFC 9000 §14.1: a client's Initial is padded to at least this
+HOST_CID_LEN = 8  # aioquic's connection ids (QuicConfiguration.connection_id_length's default)
 
 
 # ---- events -------------------------------------------------------------------------------
@@ -129,6 +131,7 @@ class CoreConfig:
     keepalive_s: float = 2.0
     rejoin_s: float = 5.0
     max_pending_per_peer: int = 2
+    pmtu: PmtuConfig | None = field(default_factory=PmtuConfig)  # path MTU search (None: stay at 1,200 bytes)
 
 
 class EndpointCore:
@@ -148,6 +151,7 @@ class EndpointCore:
         self._conn_cids: dict[PinnedQuicConnection, set[bytes]] = {}  # every connection's ids: O(own) forget
         self._pending: dict[bytes, set[PinnedQuicConnection]] = {}  # per peer: incoming, handshake not done
         self._established: set[PinnedQuicConnection] = set()
+        self._pmtu: dict[PinnedQuicConnection, PmtuSearch] = {}  # established connections' path MTU searches
         self._dirty: set[PinnedQuicConnection] = set()
         self._out: list[tuple[bytes, Addr]] = []
         self._events: deque[Event] = deque()
@@ -185,6 +189,7 @@ class EndpointCore:
         times = [t for t in (self._next_ping, self._next_rejoin) if t is not None]
         times += [t for c in self._conn_cids if (t := c.get_timer()) is not None]
         times += [t for p in self._punchers.values() if (t := p.next_wakeup()) is not None]
+        times += [t for s in self._pmtu.values() if (t := s.next_wakeup()) is not None]
         return min(times, default=None)
 
     def handle_timer(self, now: float) -> None:
@@ -194,13 +199,17 @@ class EndpointCore:
             if t is not None and t <= now:
                 conn.handle_timer(now)
                 self._dirty.add(conn)
+        for conn, search in self._pmtu.items():
+            t = search.next_wakeup()
+            if t is not None and t <= now:
+                self._dirty.add(conn)  # _drain sends the probe
         if self._next_ping is not None and now >= self._next_ping:
             self._next_ping = now + self.config.keepalive_s
             for conn in self._established:
                 conn.send_ping(0)  # keeps the NAT mapping and the QUIC idle timer alive
                 self._dirty.add(conn)
         for p in list(self._punchers.values()):
-            self._run_puncher(p, p.poll(now))
+            self._run_puncher(p, p.poll(now), now)
         if self._next_rejoin is not None and now >= self._next_rejoin:
             self._next_rejoin = now + self.config.rejoin_s
             self._events.append(RejoinDue())
@@ -265,6 +274,10 @@ class EndpointCore:
             return True, None
         return p.settled or p.state == PunchState.IDLE, p.direct_at
 
+    def mtu_search(self, conn: PinnedQuicConnection) -> PmtuSearch | None:
+        """The connection's path MTU search (None before its handshake, or with the search off)."""
+        return self._pmtu.get(conn)
+
     @property
     def connections(self) -> list[PinnedQuicConnection]:
         """Every connection the core still drives."""
@@ -312,9 +325,9 @@ class EndpointCore:
             return
         p = self._puncher(frame.sender)
         if p is not None:  # the puncher checks the MAC and the frame's freshness
-            self._run_puncher(p, p.on_frame(frame, addr, now))
+            self._run_puncher(p, p.on_frame(frame, addr, now), now)
 
-    def _run_puncher(self, p: Puncher, out: list[tuple[bytes, Addr]]) -> None:
+    def _run_puncher(self, p: Puncher, out: list[tuple[bytes, Addr]], now: float) -> None:
         """Route a puncher's datagrams and report a change of its state."""
         for data, dst in out:
             if dst == RELAY_PATH:
@@ -326,6 +339,12 @@ class EndpointCore:
             self._reported[p.peer] = p.state
             log.info("path to %s: %s -> %s %s", p.peer.hex()[:8], before.value, p.state.value, p.direct or "")
             self._events.append(PathChanged(p.peer, before, p.state, p.direct))
+            if PunchState.DIRECT in (before, p.state):  # packets take another path: its size is unknown
+                for conn, search in self._pmtu.items():
+                    if conn.peer.member_id == p.peer:
+                        search.start(now)
+                        conn.set_datagram_size(search.size)
+                        self._dirty.add(conn)
 
     def _relay_to(self, payload: bytes, peer: bytes) -> None:
         if self.rendezvous is not None:
@@ -341,15 +360,20 @@ class EndpointCore:
     # ---- QUIC -----------------------------------------------------------------------------
 
     def _on_quic(self, member_id: bytes, data: bytes, now: float) -> None:
-        try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
-        except ValueError:
-            return
-        conn = self._cids.get(header.destination_cid)
-        if conn is None:
-            if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
-                self._accept(member_id, header.destination_cid, data, now)
-            return
+        if not data[0] & 0x80:  # a short header (nearly every packet): its destination id is the next 8 bytes
+            conn = self._cids.get(data[1:1 + HOST_CID_LEN])
+            if conn is None:
+                return
+        else:
+            try:
+                header = pull_quic_header(Buffer(data=data), host_cid_length=HOST_CID_LEN)
+            except ValueError:
+                return
+            conn = self._cids.get(header.destination_cid)
+            if conn is None:
+                if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
+                    self._accept(member_id, header.destination_cid, data, now)
+                return
         if conn.peer.member_id != member_id:
             return  # a connection id belonging to another peer: never cross edges
         conn.receive_datagram(data, vaddr(member_id), now)
@@ -394,9 +418,39 @@ class EndpointCore:
         if conn not in self._conn_cids:
             return  # already forgotten
         self._take_events(conn)
+        search = self._path_mtu(conn, now)
         for data, _addr in conn.datagrams_to_send(now):
             self._send_to_peer(conn.peer.member_id, data)
+        if search is not None and (size := search.probe_due(now)) is not None:
+            probe = conn.mtu_probe(size, search.generation, now)
+            if probe is not None:
+                self._send_to_peer(conn.peer.member_id, probe)
+            else:  # could not be built: counts as a failed try, so the search never waits on it forever
+                search.on_lost(size, search.generation, now)
         self._take_events(conn)  # sending can end the connection (a close that went out)
+
+    def _path_mtu(self, conn: PinnedQuicConnection, now: float) -> PmtuSearch | None:
+        """The connection's path MTU search, fed what its probes and loss timer told; the size applied."""
+        if self.config.pmtu is None or conn not in self._established:
+            return None
+        search = self._pmtu.get(conn)
+        if search is None:
+            search = self._pmtu[conn] = PmtuSearch(self.config.pmtu)
+            search.start(now)
+        for size, generation, acked in conn.mtu_outcomes:
+            if acked:
+                search.on_acked(size, generation, now)
+            else:
+                search.on_lost(size, generation, now)
+        conn.mtu_outcomes.clear()
+        if search.raised and conn._loss._pto_count >= search.config.black_hole_ptos:  # aioquic internal, 1.7.2
+            log.info("path to %s no longer carries %d-byte datagrams: back to %d", conn.peer.short_id,
+                     search.size, search.config.base)
+            search.on_black_hole(now)
+        if conn.datagram_size != search.size:
+            log.debug("datagrams to %s: %d -> %d bytes", conn.peer.short_id, conn.datagram_size, search.size)
+            conn.set_datagram_size(search.size)
+        return search
 
     def _take_events(self, conn: PinnedQuicConnection) -> None:
         ev = conn.next_event()
@@ -424,4 +478,5 @@ class EndpointCore:
                 del self._cids[cid]
         self._pending.get(conn.peer.member_id, set()).discard(conn)
         self._established.discard(conn)
+        self._pmtu.pop(conn, None)
         self._dirty.discard(conn)

@@ -30,8 +30,11 @@ import ssl
 import struct
 from typing import TYPE_CHECKING
 
+from aioquic import tls as quic_tls
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicFrameType, QuicPacketType
+from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -105,6 +108,8 @@ class PinnedQuicConnection(QuicConnection):
         # a wake-up of its own in the middle of the next stage's llama.cpp call. Internal attribute,
         # checked with aioquic 1.7.2 (pinned).
         self._ack_delay = 0.0
+        # Outcomes of path MTU probes, (size, generation, acknowledged), for the core's PmtuSearch to take.
+        self.mtu_outcomes: list[tuple[int, int, bool]] = []
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
@@ -112,6 +117,56 @@ class PinnedQuicConnection(QuicConnection):
             # aioquic has no public switch to ask for a client certificate (aioquic#541); this
             # internal flag is it. Checked with aioquic 1.7.2 (pinned in requirements.txt).
             self.tls._request_client_certificate = True
+
+    # ---- path MTU probes (kafila.net.pmtu decides the sizes; these build and apply them) ----------------
+    # aioquic has no public API to probe a path or change a live connection's datagram size: the methods
+    # below use internal attributes of aioquic 1.7.2 (pinned in requirements.txt), in this one place.
+
+    @property
+    def datagram_size(self) -> int:
+        """The largest datagram this connection builds now."""
+        return int(self._max_datagram_size)
+
+    def set_datagram_size(self, size: int) -> None:
+        """Build datagrams of up to `size` bytes from now on (congestion control counts in the same unit)."""
+        self._max_datagram_size = size
+        for part in (self._loss._cc, self._loss._pacer):
+            if hasattr(part, "_max_datagram_size"):
+                part._max_datagram_size = size
+        if hasattr(self._loss._cc, "additive_increase_factor"):  # cubic's per-RTT growth is one datagram
+            self._loss._cc.additive_increase_factor = size
+
+    def mtu_probe(self, size: int, generation: int, now: float) -> bytes | None:
+        """One datagram of exactly `size` bytes: a 1-RTT packet holding a PING and padding (RFC 9000 §14.4).
+
+        Its acknowledgement or loss lands in `mtu_outcomes`. The packet is not counted in flight, so its loss
+        (the expected answer for a size the path cannot carry) is no congestion signal; it is ack-eliciting,
+        so the loss timer covers it. None before the 1-RTT keys exist.
+        """
+        crypto = self._cryptos.get(quic_tls.Epoch.ONE_RTT)
+        if crypto is None or not crypto.send.is_valid() or not self._handshake_complete or self._version is None:
+            return None
+        builder = QuicPacketBuilder(host_cid=self.host_cid, is_client=self._is_client, max_datagram_size=size,
+                                    packet_number=self._packet_number, peer_cid=self._peer_cid.cid,
+                                    version=self._version, spin_bit=self._spin_bit)
+        builder.start_packet(QuicPacketType.ONE_RTT, crypto)
+        builder.start_frame(QuicFrameType.PING, capacity=1, handler=self._on_mtu_probe,
+                            handler_args=(size, generation))
+        builder._datagram_needs_padding = True  # PADDING frames fill the packet up to `size`
+        datagrams, packets = builder.flush()
+        if len(datagrams) != 1 or len(datagrams[0]) != size:
+            return None  # cannot happen with a valid size; never send a probe of the wrong size
+        packet = packets[0]
+        packet.in_flight = False
+        packet.sent_time = now
+        self._packet_number = builder.packet_number
+        self._loss.on_packet_sent(packet=packet, space=self._spaces[quic_tls.Epoch.ONE_RTT])
+        # what on_packet_sent does for packets in flight: the loss timer counts from the newest ack-eliciting one
+        self._loss._time_of_last_sent_ack_eliciting_packet = now
+        return datagrams[0]
+
+    def _on_mtu_probe(self, delivery: QuicDeliveryState, size: int, generation: int) -> None:
+        self.mtu_outcomes.append((size, generation, delivery == QuicDeliveryState.ACKED))
 
     def pin_error(self) -> str | None:
         """None when the peer's certificate matches the pin, else why not."""

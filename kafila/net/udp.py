@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from collections.abc import Callable
 
 log = logging.getLogger("kafila.net")
@@ -19,6 +20,28 @@ log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
 MAX_BATCH = 64  # datagrams per wake-up, so one busy peer cannot starve the loop
 MAX_DATAGRAM = 65535
+# Kernel socket buffers (the kernel caps them at net.core.[rw]mem_max, 4 MiB here). The default 208 KiB
+# receive buffer holds ~90 datagrams, a few milliseconds of a stage delivery: a receiver that is busy
+# (hashing a chunk, or not scheduled on a shared machine) for longer lost datagrams, and every loss
+# halves the sender's congestion window.
+SOCKET_BUFFER = 4 * 1024 * 1024
+
+
+def _never_fragment(sock: socket.socket) -> None:
+    """Set don't-fragment on every datagram, whatever the kernel believes the path MTU to be (Linux).
+
+    Path MTU probes (kafila.net.pmtu) must fail when too big: by default Linux fragments a datagram
+    bigger than the route's MTU, and a probe that arrives in fragments would raise the size past what
+    the path carries whole. IP_PMTUDISC_PROBE also ignores the kernel's own guess (from ICMP), which
+    the probes replace. Where the option does not exist datagrams stay at 1,200 bytes unless a probe
+    of a larger size is acknowledged, which a fragmenting path can still do: a cost, never a stall.
+    """
+    if sys.platform.startswith("linux"):  # Python 3.11 names neither constant: linux/in.h's values
+        try:
+            sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10),
+                            getattr(socket, "IP_PMTUDISC_PROBE", 3))
+        except OSError as exc:
+            log.debug("cannot set don't-fragment: %s", exc)
 
 
 class UdpSocket:
@@ -31,6 +54,9 @@ class UdpSocket:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setblocking(False)
+            _never_fragment(self.sock)
+            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self.sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
             self.sock.bind(bind)
         except OSError:
             self.sock.close()

@@ -47,6 +47,8 @@ async def receive_stage(link: Link, receiver: StageReceiver, timeout_s: float,
             aside(raw)
             continue
         index, data = messages.parse_chunk(raw)
+        # on the loop, not a worker thread: while a chunk is hashed and written no more datagrams are read,
+        # so messages cannot pile up in the link's inbox faster than they are stored (memory stays bounded)
         receiver.accept(index, data)
         if progress is not None:
             progress(len(receiver.have))

@@ -41,6 +41,9 @@ def test_bench_scale_report(tmp_path: Path) -> None:
     assert span["seconds"] >= max(d["delivery_s"] for d in ring["delivery"].values())
     assert close(span["mb_per_s"], span["bytes"] / span["seconds"] / 1e6)
     assert quic["bytes"] == 4 << 20 and close(quic["mb_per_s"], quic["bytes"] / quic["seconds"] / 1e6)
+    one = doc["delivery_one_link"]  # the like-for-like delivery: same bytes, same datagram size
+    assert one["bytes"] == quic["bytes"] and one["datagram_bytes"] == quic["datagram_bytes"]
+    assert close(one["mb_per_s"], one["bytes"] / one["seconds"] / 1e6) and one["path"] == "direct"
     for m in ring["delivery_rss_mb"].values():
         assert 0 < m["before"] <= m["peak"] and close(m["above"], m["peak"] - m["before"])
 

@@ -1,0 +1,31 @@
+"""The delivery-rate harness `bench scale` holds against aioquic: a real stage over one real link, two processes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kafila.bench.delivery_rate import delivery_rate
+from kafila.bench.quic_rate import kafila_datagram_size
+from kafila.session.delivery import CHUNK_SIZE
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("allow_direct", [True, False], ids=["direct", "relay"])
+def test_a_stage_crosses_one_link_at_the_searched_datagram_size(allow_direct: bool) -> None:
+    size = 3 * CHUNK_SIZE + 7
+    r = delivery_rate(size, allow_direct=allow_direct)
+    assert r["bytes"] == size and r["seconds"] > 0 and r["finish_s"] >= 0
+    assert math.isclose(r["mb_per_s"], size / r["seconds"] / 1e6, rel_tol=1e-9)
+    assert r["path"] == ("direct" if allow_direct else "relay")
+    assert r["datagram_bytes"] == kafila_datagram_size()  # what aioquic alone is measured at
+
+
+def test_the_host_feeds_several_members_at_once() -> None:
+    size = 2 * CHUNK_SIZE + 1
+    r = delivery_rate(size, members=2)
+    assert r["members"] == 2 and r["bytes"] == 2 * size and len(r["per_member_mb_per_s"]) == 2
+    assert math.isclose(r["mb_per_s"], r["bytes"] / r["seconds"] / 1e6, rel_tol=1e-9)
+    assert r["mb_per_s"] >= max(r["per_member_mb_per_s"])  # together at least as fast as the fastest alone
