@@ -87,7 +87,9 @@ class Cluster:
         self.serve_host = serve_host
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
-                    "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
+                    "COLUMNS": "400", "KAFILA_TRACE": str(self.trace),
+                    # each process watches the test's: a killed test run (a timeout, a loop stopped) leaves none running
+                    "KAFILA_PARENT_PID": str(os.getpid())}
         shared_probe(tmp / "cache")
         self.procs: list[Proc] = []
         self.member_env = member_env or {}
