@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from kafila.model.arch import RESTORE_INPUT_KEY
 from kafila.model.gguf_file import GGUFFile
 
 log = logging.getLogger("kafila.engine")
+# (bytes done, total bytes), called between tensors while llama.cpp loads a file; it may raise to stop the
+# load (kafila.session.stoppable hands one that raises WorkStopped once the session is ending)
+LoadProgress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,37 @@ def make_context_params(config: ContextConfig) -> Any:
     return params
 
 
-def load_model(path: Path, n_gpu_layers: int = 0) -> Any:
-    """Load a GGUF into llama.cpp (mmap; `n_gpu_layers` on the GPU); a refusal becomes an EngineError."""
+def load_model(path: Path, n_gpu_layers: int = 0, progress: LoadProgress | None = None) -> Any:
+    """Load a GGUF into llama.cpp (mmap; `n_gpu_layers` on the GPU); a refusal becomes an EngineError.
+
+    `progress` is called between tensors; an exception it raises aborts the load (llama.cpp stops at
+    its progress callback's `false`) and is raised here once llama.cpp has cleaned up. Loading a big
+    stage takes seconds (Q4_0 is repacked for the CPU, a GPU stage is copied), too long to make a
+    stopping member wait for it.
+    """
     lc = llama()
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
+    raised: list[BaseException] = []
+    if progress is not None:
+        total = Path(path).stat().st_size
+
+        @lc.llama_progress_callback
+        def on_progress(fraction: float, _user: object) -> bool:
+            # An exception must not cross into C: keep it, and tell llama.cpp to stop.
+            try:
+                progress(int(fraction * total), total)
+            except BaseException as exc:
+                raised.append(exc)
+                return False
+            return True
+
+        mparams.progress_callback = on_progress  # lives on this frame for the whole (synchronous) load
     model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+    if raised:
+        if model:
+            lc.llama_model_free(model)
+        raise raised[0]
     if not model:
         # most often a model architecture this llama.cpp build does not know
         raise EngineError(f"llama.cpp {lc.__version__} could not load {Path(path).name} "
@@ -86,16 +115,27 @@ def load_model(path: Path, n_gpu_layers: int = 0) -> Any:
 
 
 class StageEngine:
-    """A loaded stage. `final=True` for the head's range (logits out), else hidden states out."""
+    """A loaded stage. `final=True` for the head's range (logits out), else hidden states out.
 
-    def __init__(self, path: str | Path, config: ContextConfig, final: bool) -> None:
+    `progress` (see load_model) can stop the load; it is called once more before the context is made.
+    """
+
+    def __init__(self, path: str | Path, config: ContextConfig, final: bool,
+                 progress: LoadProgress | None = None) -> None:
         lc = llama()
         self.path = Path(path)
         self.config = config
         self.final = final
         self.offload = plan_offload(self.path, config.n_ctx_per_seq * config.n_seq_max, config.gpu)
         log.debug("stage %s: %s", self.path.name, self.offload.reason)
-        self._model = load_model(self.path, self.offload.n_gpu_layers)
+        self._model = load_model(self.path, self.offload.n_gpu_layers, progress)
+        if progress is not None:
+            size = self.path.stat().st_size
+            try:
+                progress(size, size)
+            except BaseException:
+                lc.llama_model_free(self._model)
+                raise
         self.n_embd = int(lc.llama_model_n_embd(self._model))
         self.n_layer = int(lc.llama_model_n_layer(self._model))
         self.vocab = lc.llama_model_get_vocab(self._model)

@@ -44,6 +44,7 @@ from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
 from kafila.session.stage_runtime import StageWorker
 from kafila.session.state import SessionState, StageStats, member_view
+from kafila.session.stoppable import run_stoppable
 from kafila.session.transfer import Superseded, receive_stage
 
 log = logging.getLogger("kafila.member")
@@ -251,7 +252,8 @@ class MemberRuntime:
         config = self._config()
         self.state.update_member(me, status="loading")
         try:
-            engine = await asyncio.to_thread(StageEngine, path, config, is_head)
+            # stoppable: a SIGTERM while llama.cpp loads a big stage stops the load, not waits for it
+            engine = await run_stoppable(lambda progress: StageEngine(path, config, is_head, progress))
         except EngineError as exc:  # e.g. another build that does not know the model's architecture
             reason = f"its llama.cpp build cannot load this model's stage: {exc}"
             with contextlib.suppress(KafilaError):

@@ -24,6 +24,10 @@ API_RE = re.compile(r"the chat API serves on (http://\S+)")
 PORT_TRIES = 5
 HOST_MEMBER = "hal"  # the serving host's name as a ring member
 STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("kafila: interrupted")
+# How long a reply may take before a test calls it a hang: a bound on a hang, not a speed check. On a
+# machine shared by several test runs (load 20 on 2 cores) one 24-token reply through a three-member
+# ring took 255 s and four concurrent ones 890 s (the ring advancing all the while); alone, seconds.
+REPLY_TIMEOUT_S = 1800
 
 
 class Proc:
@@ -87,7 +91,9 @@ class Cluster:
         self.serve_host = serve_host
         self.trace = tmp / "head-trace.jsonl"
         self.env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "PYTHONUNBUFFERED": "1",
-                    "COLUMNS": "400", "KAFILA_TRACE": str(self.trace)}
+                    "COLUMNS": "400", "KAFILA_TRACE": str(self.trace),
+                    # each process watches the test's: a killed test run (a timeout, a loop stopped) leaves none running
+                    "KAFILA_PARENT_PID": str(os.getpid())}
         shared_probe(tmp / "cache")
         self.procs: list[Proc] = []
         self.member_env = member_env or {}
@@ -179,7 +185,8 @@ class Cluster:
             time.sleep(0.3)
         raise AssertionError(f"phase never became {phases} (last {last and last['phase']}):\n{self.host.output}")
 
-    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0, timeout: float = 300,
+    def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0,
+             timeout: float = REPLY_TIMEOUT_S,
              url: str | None = None) -> dict:
         """A chat through the host's API, or through the one at `url`.
 
@@ -196,7 +203,7 @@ class Cluster:
         except urllib.error.HTTPError as exc:
             return json.loads(exc.read())
 
-    def stream_chat(self, content: str, max_tokens: int, timeout: float = 300,
+    def stream_chat(self, content: str, max_tokens: int, timeout: float = REPLY_TIMEOUT_S,
                     streaming: threading.Event | None = None, url: str | None = None,
                     prefilling: threading.Event | None = None) -> list[tuple[float, Any]]:
         """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line.

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.session.cluster import Cluster
+from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 16
@@ -53,7 +53,7 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def send(ring: Cluster, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, Any]:
     """One request with exactly these headers (http.client adds no Host of its own here)."""
     port = urlsplit(ring.url).port
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REPLY_TIMEOUT_S)  # a hang bound
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         for k, v in {**headers, "Content-Length": str(len(body))}.items():

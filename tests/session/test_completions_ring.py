@@ -22,7 +22,7 @@ import pytest
 from kafila.model.embedded import gemma3_model_path
 from kafila.session.api_client import RAW_TEXT_NOTICE
 from kafila.session.chat_request import NO_CHAT_TEMPLATE
-from tests.session.cluster import REPO, Cluster
+from tests.session.cluster import REPLY_TIMEOUT_S, REPO, Cluster
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 16
@@ -56,7 +56,7 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def post(ring: Cluster, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
     req = urllib.request.Request(ring.url + path, json.dumps(body).encode(), ring.headers())
     try:
-        with urllib.request.urlopen(req, timeout=300) as r:
+        with urllib.request.urlopen(req, timeout=REPLY_TIMEOUT_S) as r:  # a hang bound
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

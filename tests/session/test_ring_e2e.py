@@ -18,7 +18,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, run_kafila
-from tests.session.cluster import Cluster
+from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+
+# the module's ring starts once, and replies are bounded only against a hang (see REPLY_TIMEOUT_S)
+pytestmark = pytest.mark.timeout(2 * REPLY_TIMEOUT_S)
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Name three colours.",
            "How do bees make honey?"]
@@ -114,7 +117,7 @@ def test_streaming_api(ring: Cluster, llama_cpp_replies: dict[str, str]) -> None
     body = json.dumps({"messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 8, "temperature": 0,
                        "stream": True, "cache_prompt": False}).encode()  # computed afresh: comparable with llama.cpp
     req = urllib.request.Request(ring.url + "/v1/chat/completions", body, ring.headers())
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(req, timeout=REPLY_TIMEOUT_S) as r:
         lines = [ln.decode().strip() for ln in r if ln.strip()]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
@@ -207,13 +210,13 @@ def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Pa
         victim = next(n for n in state["plan"]["order"] if n != state["plan"]["head"])
         streaming = threading.Event()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(cluster.stream_chat, STORY, 300, 300, streaming)
+            pending = pool.submit(cluster.stream_chat, STORY, 300, REPLY_TIMEOUT_S, streaming)
             while not streaming.wait(0.1):  # the first piece of text, or the request's own failure
                 if pending.done():
                     raise AssertionError(f"the reply ended before the kill: {pending.result()}")
             killed_at = time.monotonic()
             cluster.members[victim].popen.kill()
-            chunks = pending.result(timeout=300)
+            chunks = pending.result(timeout=REPLY_TIMEOUT_S)
         assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), \
             (chunks[-3:], cluster.host.output[-4000:])
         notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]

@@ -19,7 +19,7 @@ from kafila.tui.app import KafilaApp
 from kafila.tui.screens.lost import LostScreen
 from kafila.tui.widgets.chat import ChatPane, ChatSettings, MessageView
 from tests.conftest import REPO, llama_cpp_reply
-from tests.session.cluster import Cluster
+from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
 
@@ -37,7 +37,7 @@ async def admitted_then_chat(app: KafilaApp, pilot: Any, text: str) -> MessageVi
     await until(lambda: app.dashboard.active_tab == "chat")
     chat = app.dashboard.query_one(ChatPane)
     await pilot.press(*text, "enter")
-    await until(lambda: reply_finished(app, chat), timeout=240)
+    await until(lambda: reply_finished(app, chat), timeout=REPLY_TIMEOUT_S)  # a hang bound
     return [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
 
 async def test_live_demo_session_in_pilot(smollm: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, llama_cpp_reply, missing_tool
+from tests.session.cluster import REPLY_TIMEOUT_S
 from tests.tui.tmux import Tmux
 
 KAFILA = f"{sys.executable} kafila.py"
@@ -106,7 +107,7 @@ def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, smollm: Path) -> No
     tmux.type("What is the capital of France?")
     tmux.keys("Enter")
     screen = tmux.wait_for("you  What is the capital of France?")
-    end = 240.0
+    end = REPLY_TIMEOUT_S  # a hang bound, not a speed check
     import time
 
     deadline = time.monotonic() + end
