@@ -1,10 +1,9 @@
 """Kafila entry point: `python kafila.py ...` and PyInstaller's script."""
 
 import multiprocessing
-import sys
 
-from kafila.cli import main
+from kafila.cli import run_process
 
 if __name__ == "__main__":
     multiprocessing.freeze_support()  # the one-file binary's spawned workers (bench) start here
-    sys.exit(main())
+    run_process()

@@ -1,5 +1,3 @@
-import sys
+from kafila.cli import run_process
 
-from kafila.cli import main
-
-sys.exit(main())
+run_process()

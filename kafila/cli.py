@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from kafila import __version__
 from kafila.errors import KafilaError
@@ -94,6 +95,18 @@ def _stop_now() -> None:
     print(f"kafila: stopping took over {STOP_DEADLINE_S:.0f} s; where it was:", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     os._exit(1)
+
+
+def run_process() -> NoReturn:
+    """The process's entry point: run `main` and exit with its status."""
+    try:
+        status = main()
+    finally:
+        # Python restores SIGTERM's default action while it shuts down, so a stop requested just as
+        # the process exits by itself (a test stopping a cluster) would turn a clean exit into death
+        # by signal. The exit status is decided; from here a SIGTERM has nothing left to stop.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

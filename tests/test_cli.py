@@ -46,6 +46,20 @@ cli.follow_parent = lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.S
 sys.exit(cli.main(["inspect"]))
 """
 
+# A SIGTERM that lands while the process is already exiting by itself (a test stopping a cluster whose
+# member just finished): Python restores SIGTERM's default action before it clears modules, so the
+# object's __del__ below sends the signal at the moment that would make a clean exit a death by signal.
+EXITING = """
+import os, signal
+import kafila.cli as cli
+class StopWhileExiting:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+keep = StopWhileExiting()
+cli.main = lambda: 0
+cli.run_process()
+"""
+
 
 def test_a_stop_that_hangs_is_cut_short_with_a_trace() -> None:
     proc = subprocess.Popen([sys.executable, "-c", STUCK], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -62,6 +76,11 @@ def test_a_stop_that_hangs_is_cut_short_with_a_trace() -> None:
 def test_a_sigterm_as_soon_as_the_handler_is_installed_is_an_interrupt() -> None:
     out = subprocess.run([sys.executable, "-c", EARLY], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stderr) == (130, "kafila: interrupted\n")
+
+
+def test_a_sigterm_while_exiting_keeps_the_exit_status() -> None:
+    out = subprocess.run([sys.executable, "-c", EXITING], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr) == (0, "")
 
 
 def fresh_env(tmp_path: Path, **extra: str) -> dict[str, str]:
