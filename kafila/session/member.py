@@ -179,6 +179,7 @@ class MemberRuntime:
 
     async def _on_admit(self, msg: messages.Admit) -> None:
         self._serving = self._tg.create_task(self._serve())
+        self.state.lost = None  # an earlier loss is behind us: this ring serves
         self.state.set_phase("admitted", "admitted: serving")
 
     async def _on_reject(self, msg: messages.Reject | messages.Refused) -> None:

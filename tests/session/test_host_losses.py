@@ -183,7 +183,7 @@ def story(smollm: Path) -> str:
         model.close()
 
 
-STORY_TOKENS = 300
+STORY_TOKENS = 48  # few: the machine running the tests may be slow, and the ring stops at the kill
 HEIR = "bo"  # started with --model: the one survivor that can cut stages, so the one that takes over
 
 
