@@ -219,7 +219,6 @@ class MemberRuntime:
         left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
         self.state.coordinator_left = left
         roster, assignment = self.roster, self.assignment
-        heir = None
         if roster is not None and assignment is not None and roster.beside in assignment.order:
             heir = successor(roster, assignment.order)
             if heir is not None and heir not in self._heirs and self._ended is None:
