@@ -226,7 +226,7 @@ def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_re
         for url in urls.values():  # through the head's API and along the ring
             again = cluster.chat(PROMPT, MAX_TOKENS, url=url)
             assert again["choices"][0]["message"]["content"] == capital, (again, outputs)
-        procs = list(cluster.members.values())
-    for proc in procs:  # and nothing is left running (the cluster's stop also checks each status)
-        assert proc.popen.poll() is not None
-        assert "Traceback" not in proc.output, proc.output
+        for proc in cluster.members.values():
+            assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
+        procs = list(cluster.procs)
+    assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running (stop checks each status)
