@@ -85,9 +85,10 @@ class HostRuntime:
     """The host's session after it is open (see run_host)."""
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
-                 cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
+        self.beside = beside  # the ring member in this process (lost with it); None: this process only coordinates
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -329,7 +330,9 @@ class HostRuntime:
             m = planner_member(self.joined[n].peer)
             measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
                                             m.nat.value, self.joined[n].peer.rtt_ms)
-        return messages.Roster(self.state.me or "host", model_label(self.model), measured)
+        holders = tuple(n for n in order if claimed_hash(self.joined[n].peer.measurements) is not None)
+        return messages.Roster(self.state.me or "host", model_label(self.model), measured, self.beside, holders,
+                               self._model_sha256, self.opts.strategy, self.opts.mixed_builds)
 
     async def _assign(self, plan: Placement) -> None:
         """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
@@ -433,6 +436,24 @@ class HostRuntime:
         return None
 
 
+def coordinator_announcement() -> dict[str, str]:
+    """What a coordinator's endpoint announces (the host's, or a member's that took coordination over)."""
+    return {"role": "host", "build": build_tag(build_identity())}
+
+
+def relay_events(source: SessionState, into: SessionState, prefix: str) -> None:
+    """Show every event of `source` (a coordinator or member beside the main one) in `into`'s log."""
+    shown = 0
+
+    def relay(s: SessionState) -> None:
+        nonlocal shown
+        for _, text in s.events[shown:]:
+            into.log(f"{prefix}{text}")
+        shown = len(s.events)
+
+    source.subscribe(relay)
+
+
 async def run_host(opts: HostOptions, state: SessionState) -> int:
     """Open a session and run it until it ends; returns an exit status (3: rejected)."""
     state.role, state.me = "host", "host"
@@ -452,7 +473,7 @@ async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info:
         await ep.probe_nat(opts.rendezvous)
         code = await ep.create_session(opts.rendezvous, opts.secret)
         state.code = str(code)
-        await ep.announce({"role": "host", "build": build_tag(build_identity())})
+        await ep.announce(coordinator_announcement())
         state.set_phase("waiting", f"session open; join code {code}")
         api = None
         if opts.api_port is not None:
@@ -460,7 +481,8 @@ async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info:
         # not in a TaskGroup: the host's own errors must reach the CLI as they are, not wrapped in a group
         own = None if opts.coordinate_only else asyncio.create_task(_own_member(opts, str(code), state))
         try:
-            return await HostRuntime(ep, opts, state, model, info, cache, api, use).run()
+            beside = None if opts.coordinate_only else opts.name
+            return await HostRuntime(ep, opts, state, model, info, cache, api, use, beside).run()
         finally:
             if own is not None:  # it has had the host's goodbye; it ends with the host in any case
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
@@ -480,15 +502,7 @@ async def _own_member(opts: HostOptions, code: str, host_state: SessionState) ->
     from kafila.session.member import run_member
 
     mine = SessionState()
-    shown = 0
-
-    def relay(s: SessionState) -> None:
-        nonlocal shown
-        for _, text in s.events[shown:]:
-            host_state.log(f"{opts.name} (this machine): {text}")
-        shown = len(s.events)
-
-    mine.subscribe(relay)
+    relay_events(mine, host_state, f"{opts.name} (this machine): ")
     member_opts = MemberOptions(code=code, rendezvous=opts.rendezvous, name=opts.name, api_port=None,
                                 cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
                                 allow_direct=opts.allow_direct, threads=opts.threads)

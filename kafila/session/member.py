@@ -45,6 +45,7 @@ from kafila.session.options import MemberOptions
 from kafila.session.stage_runtime import StageWorker
 from kafila.session.state import SessionState, StageStats, member_view
 from kafila.session.stoppable import run_stoppable
+from kafila.session.takeover import FIND_COORDINATOR_S, coordinate, successor, survivors
 from kafila.session.transfer import Superseded, receive_stage
 
 log = logging.getLogger("kafila.member")
@@ -52,19 +53,22 @@ RECV_TIMEOUT_S = 60.0
 END_GRACE_S = 1.0  # a session that cannot go on: how long clients get to read why before this process ends
 
 
-async def find_host(ep: PeerEndpoint, timeout_s: float) -> VerifiedMember:
-    """The session's host among the verified members.
+async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] = frozenset(),
+                    name: str | None = None) -> VerifiedMember:
+    """The session's host (its coordinator) among the verified members.
 
     The rendezvous answers requests and never pushes, so the member list is asked for again (backing
     off to once a second) until the host is on it. The host announces itself before its join code
-    exists, so the first answer almost always has it.
+    exists, so the first answer almost always has it. After a takeover: the coordinator named `name`,
+    never one of the `gone` (a lost coordinator stays listed until the rendezvous drops it as silent).
     """
     delay = 0.05
     try:
         async with asyncio.timeout(timeout_s):
             while True:
                 for vm in (await ep.members()).verified:
-                    if vm.measurements.get("role") == "host":
+                    if (vm.measurements.get("role") == "host" and vm.member_id not in gone
+                            and name in (None, vm.name)):
                         return vm
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -101,6 +105,9 @@ class MemberRuntime:
         self._serving: asyncio.Task[None] | None = None
         self._pending: list[messages.Control] = []
         self._ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
+        self._gone: set[bytes] = set()  # coordinators lost so far (their endpoints' member ids)
+        self._heirs: set[str] = set()  # members that took coordination over, so that a failed takeover is not retried
+        self._coordinating: asyncio.Task[None] | None = None  # this process coordinates the session (a takeover)
         # what each of the host's messages does; a handler returns an exit status to end the session
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[int | None]]] = {
             messages.Assign: self._on_assign,
@@ -147,7 +154,10 @@ class MemberRuntime:
                     try:
                         msg = await self._next_control()
                     except NetworkError as exc:  # the host is gone: the ring may well serve on without it
-                        return await self._without_coordinator(str(exc))
+                        status = await self._without_coordinator(str(exc))
+                        if status is not None:
+                            return status
+                        continue  # connected to the member that coordinates now
                     handler = self._handlers.get(type(msg))
                     if handler is None:
                         log.warning("ignored a %r message from the host", msg.T)
@@ -157,6 +167,8 @@ class MemberRuntime:
                         return status
             finally:
                 await self._stop_serving("this member is leaving")
+                if self._coordinating is not None:  # the coordinator lives and ends with this process's member
+                    self._coordinating.cancel()
 
     # -- the host's messages (one handler per type) ---------------------------------------------
     async def _on_assign(self, msg: messages.Assign) -> None:
@@ -168,6 +180,7 @@ class MemberRuntime:
 
     async def _on_admit(self, msg: messages.Admit) -> None:
         self._serving = self._tg.create_task(self._serve())
+        self.state.lost = None  # an earlier loss is behind us: this ring serves
         self.state.set_phase("admitted", "admitted: serving")
 
     async def _on_reject(self, msg: messages.Reject | messages.Refused) -> None:
@@ -195,15 +208,23 @@ class MemberRuntime:
         return 0
 
     # -- the host gone ---------------------------------------------------------------------------
-    async def _without_coordinator(self, reason: str) -> int:
-        """Serve on after the host left, for as long as the ring holds; returns when it cannot go on.
+    async def _without_coordinator(self, reason: str) -> int | None:
+        """Go on after the coordinator left: None once connected to a member that took coordination over.
 
-        Every member makes the same choice of who coordinates now: the head. Re-planning after a
-        loss needs the model's bytes to cut new stages, and only the host held them, so the next
-        loss (or one already suffered) ends the session with that reason, on every member.
+        When the coordinator's process held a stage, the ring must be re-planned: a survivor holding
+        the model takes over (kafila.session.takeover), a choice every member makes alike. Otherwise
+        the ring serves on, and every member makes the same choice of who coordinates now: the head.
+        Re-planning after a later loss needs the model's bytes, so that loss (or one already suffered
+        with no survivor holding the model) ends the session with that reason, on every member.
         """
         left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
         self.state.coordinator_left = left
+        roster, assignment = self.roster, self.assignment
+        if roster is not None and assignment is not None and roster.beside in assignment.order:
+            heir = successor(roster, assignment.order)
+            if heir is not None and heir not in self._heirs and self._ended is None:
+                await self._take_over(heir, left)
+                return None
         if self.assignment is not None and self._serving is not None and not self._serving.done():
             self.state.coordinator = self.assignment.head
             self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
@@ -216,14 +237,42 @@ class MemberRuntime:
         if self._ended is not None:
             why = self._ended  # the first member to end said why; every member says the same
         elif self.assignment is not None:
-            why += ("; the ring cannot be re-planned without its host, which alone cuts and assigns stages "
-                    "(a member's takeover of that is not built yet): open a new session with `kafila host`")
+            why += ("; the ring cannot be re-planned without its host: no survivor holds the model to cut new "
+                    "stages from (a member joined with `kafila join CODE --model PATH` would have taken "
+                    "coordination over): open a new session with `kafila host`")
         self.state.lost = why
         self.state.set_phase("closed", f"the session cannot go on: {why}")
         self._fail_requests(why, resumable=False)
         await self._say_bye_on_ring(why)
         await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
         raise SessionError(why)
+
+    async def _take_over(self, heir: str, left: str) -> None:
+        """Stop serving the broken ring and connect to `heir`, which coordinates now (this member, maybe)."""
+        assert self.roster is not None and self.assignment is not None
+        self._heirs.add(heir)
+        self._gone.add(self.control.peer.member_id)
+        doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
+        self.state.coordinator = heir
+        self.state.set_phase("lost", f"{left}; {doing} coordination over (it holds the model) and re-plans "
+                                     f"over {', '.join(survivors(self.roster, self.assignment.order))}")
+        await self._stop_serving(f"{left}; re-planning over the survivors")  # resumable: the API servers wait
+        with contextlib.suppress(KafilaError):
+            await self.control.close()
+        if heir == self.opts.name:
+            self._coordinating = self._tg.create_task(self._coordinate(self.assignment, self.roster))
+        found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir)
+        self.control = await self.ep.connect(found)
+        self._pending.clear()  # the lost coordinator's instructions are void
+        self.state.log(f"connected to {heir}, which coordinates now")
+
+    async def _coordinate(self, assign: messages.Assign, roster: messages.Roster) -> None:
+        """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
+        try:
+            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use)
+            self.state.log(f"coordination ended (status {status})")
+        except KafilaError as exc:
+            self.state.log(f"coordination failed: {exc}")
 
     # -- setting up an epoch --------------------------------------------------------------------
     async def _setup(self, msg: messages.Assign) -> None:

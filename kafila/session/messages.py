@@ -36,9 +36,13 @@ that may be null; fields this build does not know are ignored):
     chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
                               {"error": str, "resumable": bool} | {"notice": str} |
                               {"progress": {"prefilled": n, "prompt_tokens": n}}
-    roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}}
-                              (the coordinator's state, replicated at each admission: who serves and
-                              what each measured, so that the ring outlives its host)
+    roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}},
+                              beside|null (the ring member in the coordinator's own process, lost with
+                              it; null: it only coordinates), holders [names holding the model file,
+                              verified by sha256], model_sha256|null, strategy, mixed_builds
+                              (the coordinator's state, replicated at each admission: who serves, what
+                              each measured, and what a member needs to take coordination over, so
+                              that the ring outlives its host; kafila.session.takeover)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
 
 decode() checks every field's type and range from one table (SCHEMA); anything malformed is a
@@ -237,6 +241,11 @@ class Roster(Control):
     coordinator: str
     model: str
     members: dict[str, Measured]
+    beside: str | None = None
+    holders: tuple[str, ...] = ()
+    model_sha256: str | None = None
+    strategy: str = "kafila"
+    mixed_builds: bool = False
 
 
 # -- field checks: (value, where) -> the decoded value, or ProtocolError --------------------------
@@ -390,7 +399,9 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
     "chat_evt": (ChatEvt, {"id": _NAME, "dest": _NAME, "evt": _event}),
     "bye": (Bye, {"reason": _TEXT}),
-    "roster": (Roster, {"coordinator": _NAME, "model": _TEXT, "members": _map(_MEASURED)}),
+    "roster": (Roster, {"coordinator": _NAME, "model": _TEXT, "members": _map(_MEASURED),
+                        "beside": _null_or(_NAME), "holders": _NAMES, "model_sha256": _null_or(_SHA256),
+                        "strategy": _NAME, "mixed_builds": _bool}),
 }
 
 

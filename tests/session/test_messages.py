@@ -65,7 +65,8 @@ controls = st.one_of(
         lambda v: "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v))), max_size=4)),
     st.builds(m.ChatEvt, names, names, events),
     st.builds(m.Roster, names, texts, st.dictionaries(names, st.builds(
-        m.Measured, seconds, seconds, st.integers(0, 2**40), seconds, names, st.none() | seconds), max_size=4)),
+        m.Measured, seconds, seconds, st.integers(0, 2**40), seconds, names, st.none() | seconds), max_size=4),
+        st.none() | names, st.lists(names, max_size=4).map(tuple), st.none() | sha, names, st.booleans()),
 )
 
 
@@ -95,7 +96,7 @@ def test_fuzz_bytes(raw: bytes) -> None:
 @given(st.sampled_from(sorted(m.SCHEMA)), st.dictionaries(st.sampled_from(
     ["epoch", "order", "head", "ranges", "config", "plan", "model", "stage", "chunks", "edge", "reason", "who",
      "stages", "network_share", "tokens_per_s", "seq", "id", "origin", "body", "dest", "evt", "coordinator",
-     "members"]), json_values))
+     "members", "beside", "holders", "model_sha256", "strategy", "mixed_builds"]), json_values))
 def test_fuzz_json_of_each_type(t: str, fields: dict[str, Any]) -> None:
     _decodes_or_refuses(json.dumps({"t": t, **fields}).encode())
 
@@ -123,6 +124,10 @@ def test_deep_nesting_is_a_protocol_error() -> None:
     (b'[1]', "not a JSON object"),
     (b'{"t":"need","epoch":1,"chunks":[-1]}', r"chunks\[0\] must be an integer"),
     (b'{"t":"chat_evt","id":"a","dest":"b","evt":{"delta":"x"}}', "evt.tokens must be a list"),
+    (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":"bo","model_sha256":null,'
+     b'"strategy":"kafila","mixed_builds":false}', "holders must be a list"),
+    (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":[],"model_sha256":"ab",'
+     b'"strategy":"kafila","mixed_builds":false}', "model_sha256 must be a string of 64"),
 ])
 def test_malformed_fields_are_named(raw: bytes, what: str) -> None:
     with pytest.raises(ProtocolError, match=what):
