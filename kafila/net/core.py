@@ -111,8 +111,30 @@ class RejoinDue:
     """Time to re-register with the rendezvous (so it learns a rebound NAT mapping)."""
 
 
+@dataclass(frozen=True)
+class RendezvousLost:
+    """Nothing came from the rendezvous for `silent_s`: relayed connections were closed (`reason` says why).
+
+    Direct connections never touch the rendezvous and go on; re-joins go on too, so that the
+    member re-registers as soon as it answers again.
+    """
+
+    rendezvous: Addr
+    silent_s: float
+    reason: str
+    closed: int  # relayed connections closed with `reason`
+
+
+@dataclass(frozen=True)
+class RendezvousBack:
+    """The rendezvous answered again after it was lost (`silent_s`: for how long it was silent)."""
+
+    rendezvous: Addr
+    silent_s: float
+
+
 Event = (StunReceived | ControlReceived | ConnectionAccepted | HandshakeCompleted | StreamData | ConnectionEnded
-         | PeerUnknown | PathChanged | RejoinDue)
+         | PeerUnknown | PathChanged | RejoinDue | RendezvousLost | RendezvousBack)
 
 
 def vaddr(member_id: bytes) -> Addr:
@@ -129,6 +151,10 @@ class CoreConfig:
     keepalive_s: float = 2.0
     rejoin_s: float = 5.0
     max_pending_per_peer: int = 2
+    # Silence after which the rendezvous counts as lost. Something comes from it at least every
+    # rejoin_s (+ a failed request's 3 s of retries) while it lives, and every keepalive_s over a
+    # relayed edge; below idle_timeout_s, so that a relayed edge ends with this reason, not QUIC's.
+    rendezvous_lost_s: float = 8.0
 
 
 class EndpointCore:
@@ -153,11 +179,15 @@ class EndpointCore:
         self._events: deque[Event] = deque()
         self._next_ping: float | None = None
         self._next_rejoin: float | None = None
+        self._rdv_heard_at: float | None = None  # when something last came from the rendezvous (once joined)
+        self.rendezvous_lost: RendezvousLost | None = None  # while it is lost
 
     # ---- the caller's interface ---------------------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: Addr, now: float) -> None:
         """Handle one datagram from the socket; malformed ones are dropped (logged at debug)."""
+        if addr == self.rendezvous and self._rdv_heard_at is not None:
+            self._heard_rendezvous(now)
         try:
             kind = wire.kind_of(data)
             if kind == "stun":
@@ -182,7 +212,7 @@ class EndpointCore:
 
     def get_timer(self) -> float | None:
         """When handle_timer() next has something to do (None: nothing scheduled)."""
-        times = [t for t in (self._next_ping, self._next_rejoin) if t is not None]
+        times = [t for t in (self._next_ping, self._next_rejoin, self._rdv_lost_at()) if t is not None]
         times += [t for c in self._conn_cids if (t := c.get_timer()) is not None]
         times += [t for p in self._punchers.values() if (t := p.next_wakeup()) is not None]
         return min(times, default=None)
@@ -204,6 +234,9 @@ class EndpointCore:
         if self._next_rejoin is not None and now >= self._next_rejoin:
             self._next_rejoin = now + self.config.rejoin_s
             self._events.append(RejoinDue())
+        lost_at = self._rdv_lost_at()
+        if lost_at is not None and now >= lost_at:
+            self._lose_rendezvous(now)
 
     def next_event(self) -> Event | None:
         """The oldest event not yet taken, or None."""
@@ -215,6 +248,7 @@ class EndpointCore:
         """We are registered in a session: punch with its key, re-join periodically."""
         self.rendezvous, self.punch_key = rendezvous, punch_key
         self._next_rejoin = now + self.config.rejoin_s
+        self._rdv_heard_at = now  # it has just answered our join
         if self._next_ping is None:
             self._next_ping = now + self.config.keepalive_s
 
@@ -264,6 +298,42 @@ class EndpointCore:
         if not self.config.allow_direct or p is None:
             return True, None
         return p.settled or p.state == PunchState.IDLE, p.direct_at
+
+    # ---- the rendezvous's health --------------------------------------------------------------
+
+    def _rdv_lost_at(self) -> float | None:
+        """When silence will count as the rendezvous lost (None: not joined, or lost already)."""
+        if self._rdv_heard_at is None or self.rendezvous_lost is not None:
+            return None
+        return self._rdv_heard_at + self.config.rendezvous_lost_s
+
+    def _heard_rendezvous(self, now: float) -> None:
+        assert self._rdv_heard_at is not None and self.rendezvous is not None
+        if self.rendezvous_lost is not None:
+            silent = now - self._rdv_heard_at
+            self.rendezvous_lost = None
+            log.info("the rendezvous %s:%d answers again after %.0f s", *self.rendezvous, silent)
+            self._events.append(RendezvousBack(self.rendezvous, silent))
+        self._rdv_heard_at = now
+
+    def _lose_rendezvous(self, now: float) -> None:
+        """The rendezvous is silent: every connection it relays is dead, so end each with the reason now.
+
+        Without this a relayed edge would end by QUIC's idle timeout, saying nothing of why.
+        """
+        assert self._rdv_heard_at is not None and self.rendezvous is not None
+        silent = now - self._rdv_heard_at
+        ip, port = self.rendezvous
+        reason = f"its relay, the rendezvous at {ip}:{port}, is lost (nothing heard from it for {silent:.0f} s)"
+        relayed = [c for c in self._conn_cids if self.path_to(c.peer.member_id) == "relay"]
+        for conn in relayed:
+            conn.close(error_code=0x100, reason_phrase=reason[:200])  # the peer never hears it: no relay
+            self._forget(conn)
+            self._events.append(ConnectionEnded(conn, reason))
+        self.rendezvous_lost = RendezvousLost(self.rendezvous, silent, reason, len(relayed))
+        log.warning("the rendezvous %s:%d is silent for %.0f s: %d relayed connection(s) closed; direct ones go on",
+                    ip, port, silent, len(relayed))
+        self._events.append(self.rendezvous_lost)
 
     @property
     def connections(self) -> list[PinnedQuicConnection]:
