@@ -71,7 +71,7 @@ def test_a_lost_rendezvous_ends_relayed_connections_with_its_name_and_direct_one
 
 def test_a_rendezvous_silent_for_less_than_the_bound_is_not_lost() -> None:
     net = Net(seed=12)
-    a, b, c = three(net)
+    _a, b, c = three(net)
     bc, cb = open_link(net, b, c)
     net.relay_alive = False
     assert net.run(lambda: False, b.core.config.rendezvous_lost_s - 1) is False
