@@ -130,7 +130,7 @@ class SessionState:
     def set_rendezvous(self, unreachable: str | None) -> None:
         """The rendezvous was lost (why, for a person), or answers again (None); logged either way."""
         self.rendezvous_unreachable = unreachable
-        self.log(unreachable or "the rendezvous answers again: re-registered with it")
+        self.log(unreachable or "the rendezvous answers again: re-registering with it")
 
     def upsert_member(self, view: MemberView) -> None:
         self.members[view.name] = view
