@@ -61,16 +61,20 @@ def replies(data_dir: Path) -> dict[str, tuple[str, str]]:
 
 
 def ours_running(marker: str) -> list[str]:
-    """Command lines of this machine's processes that mention `marker` (the test's rendezvous address)."""
+    """Kafila processes of this machine whose arguments mention `marker` (the test's rendezvous address).
+
+    Python running kafila.py only: the terminals' shells (and tmux) mention it too, and stay a while.
+    """
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and int(proc.name) != os.getpid():
             try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if marker in cmd and "kafila" in cmd:
-                found.append(f"{proc.name}: {cmd}")
+            if "python" in Path(argv[0]).name and any(a.endswith("kafila.py") for a in argv[1:2]) and any(
+                    marker in a for a in argv):
+                found.append(f"{proc.name}: {' '.join(argv)}")
     return found
 
 
