@@ -21,6 +21,7 @@ ids are indexed per connection, so forgetting one costs O(its ids).
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -151,10 +152,16 @@ class CoreConfig:
     keepalive_s: float = 2.0
     rejoin_s: float = 5.0
     max_pending_per_peer: int = 2
-    # Silence after which the rendezvous counts as lost. Something comes from it at least every
-    # rejoin_s (+ a failed request's 3 s of retries) while it lives, and every keepalive_s over a
-    # relayed edge; below idle_timeout_s, so that a relayed edge ends with this reason, not QUIC's.
+    # The rendezvous's health: after rendezvous_probe_s of silence from it, a STUN Binding request
+    # goes to it once per rendezvous_probe_s (any answer counts); silent for lost_after_s, it is lost.
+    rendezvous_probe_s: float = 1.0
     rendezvous_lost_s: float = 8.0
+
+    @property
+    def lost_after_s(self) -> float:
+        """Silence that makes the rendezvous lost: below the idle timeout, so that a relayed connection
+        ends with that reason rather than by QUIC's idle timeout, which says nothing of why."""
+        return min(self.rendezvous_lost_s, 0.7 * self.idle_timeout_s)
 
 
 class EndpointCore:
@@ -180,6 +187,7 @@ class EndpointCore:
         self._next_ping: float | None = None
         self._next_rejoin: float | None = None
         self._rdv_heard_at: float | None = None  # when something last came from the rendezvous (once joined)
+        self._rdv_probed_at = float("-inf")  # when we last sent it a STUN probe to see if it lives
         self.rendezvous_lost: RendezvousLost | None = None  # while it is lost
 
     # ---- the caller's interface ---------------------------------------------------------
@@ -212,7 +220,7 @@ class EndpointCore:
 
     def get_timer(self) -> float | None:
         """When handle_timer() next has something to do (None: nothing scheduled)."""
-        times = [t for t in (self._next_ping, self._next_rejoin, self._rdv_lost_at()) if t is not None]
+        times = [t for t in (self._next_ping, self._next_rejoin, *self._rdv_timers()) if t is not None]
         times += [t for c in self._conn_cids if (t := c.get_timer()) is not None]
         times += [t for p in self._punchers.values() if (t := p.next_wakeup()) is not None]
         return min(times, default=None)
@@ -234,9 +242,13 @@ class EndpointCore:
         if self._next_rejoin is not None and now >= self._next_rejoin:
             self._next_rejoin = now + self.config.rejoin_s
             self._events.append(RejoinDue())
-        lost_at = self._rdv_lost_at()
+        probe_at, lost_at = self._rdv_timers()
         if lost_at is not None and now >= lost_at:
             self._lose_rendezvous(now)
+        elif probe_at is not None and now >= probe_at and self.rendezvous is not None:
+            self._rdv_probed_at = now
+            probe = stun.StunMessage(stun.BINDING_REQUEST, secrets.token_bytes(12))
+            self._out.append((stun.encode(probe), self.rendezvous))  # its answer is only "heard"
 
     def next_event(self) -> Event | None:
         """The oldest event not yet taken, or None."""
@@ -301,11 +313,12 @@ class EndpointCore:
 
     # ---- the rendezvous's health --------------------------------------------------------------
 
-    def _rdv_lost_at(self) -> float | None:
-        """When silence will count as the rendezvous lost (None: not joined, or lost already)."""
+    def _rdv_timers(self) -> tuple[float | None, float | None]:
+        """(when to probe the rendezvous next, when silence makes it lost); None, None when not joined or lost."""
         if self._rdv_heard_at is None or self.rendezvous_lost is not None:
-            return None
-        return self._rdv_heard_at + self.config.rendezvous_lost_s
+            return None, None
+        probe_at = max(self._rdv_heard_at, self._rdv_probed_at) + self.config.rendezvous_probe_s
+        return probe_at, self._rdv_heard_at + self.config.lost_after_s
 
     def _heard_rendezvous(self, now: float) -> None:
         assert self._rdv_heard_at is not None and self.rendezvous is not None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from aioquic.quic.connection import QuicConnection
 
 from kafila.net import core as ev
-from kafila.net import wire
+from kafila.net import stun, wire
 from kafila.net.core import CoreConfig, EndpointCore
 from kafila.net.punch import PunchConfig
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
@@ -30,6 +30,8 @@ class Relay:
         self.forwarded = 0
 
     def handle(self, data: bytes, src: Addr) -> list[tuple[bytes, Addr]]:
+        if stun.is_stun(data):  # the rendezvous's probe responder: a STUN Binding answer
+            return [(stun.encode(stun.StunMessage(stun.BINDING_SUCCESS, stun.decode(data).txid, mapped=src)), src)]
         frame = wire.decode(data)
         sender = next((m for m, a in self.addr_of.items() if a == src), None)
         if not isinstance(frame, wire.Relay) or frame.kind != wire.RELAY or sender is None:

@@ -12,6 +12,7 @@ import pytest
 from kafila.errors import RendezvousError, WrongJoinCode
 from kafila.net import core as ev
 from kafila.net import wire
+from kafila.net.core import CoreConfig
 from kafila.net.rdvclient import RendezvousClient
 from kafila.net.trust import JoinCode
 from rendezvous.core import RendezvousCore
@@ -20,11 +21,14 @@ from tests.net.test_core import RELAY, Net, open_link, transfer
 RELAY_NAME = f"{RELAY[0]}:{RELAY[1]}"
 
 
+SESSION = CoreConfig(idle_timeout_s=5.0)  # a session's links: a silent peer is lost after 5 s
+
+
 def three(net: Net) -> tuple[Any, Any, Any]:
     """alice and bob reach each other directly; cy only through the relay."""
-    a = net.add("alice", ("10.0.0.1", 1000))
-    b = net.add("bob", ("10.0.0.2", 2000))
-    c = net.add("cy", ("10.0.0.3", 3000))
+    a = net.add("alice", ("10.0.0.1", 1000), SESSION)
+    b = net.add("bob", ("10.0.0.2", 2000), SESSION)
+    c = net.add("cy", ("10.0.0.3", 3000), SESSION)
     net.introduce()
     net.blocked = lambda src, dst: "10.0.0.3" in (src[0], dst[0])
     return a, b, c
@@ -38,12 +42,13 @@ def test_a_lost_rendezvous_ends_relayed_connections_with_its_name_and_direct_one
     assert net.run(lambda: a.core.path_to(b.core.member_id) == "direct" and b.core.punch_outcome(c.core.member_id)[0],
                    5)
     assert b.core.path_to(c.core.member_id) == "relay"
-    assert net.run(lambda: False, 20) is False  # 20 s alive: re-joins answered, nothing counts as lost
+    assert net.run(lambda: False, 20) is False  # 20 s alive: probes answered, nothing counts as lost
     assert all(not m.rendezvous for m in (a, b, c)) and a.rejoins >= 4
     net.relay_alive = False
     down_at = net.now
-    lost = a.core.config.rendezvous_lost_s
-    assert net.run(lambda: bc in b.ended and cb in c.ended, lost + a.core.config.rejoin_s + 1)
+    lost = a.core.config.lost_after_s
+    assert lost < a.core.config.idle_timeout_s
+    assert net.run(lambda: bc in b.ended and cb in c.ended, lost + 1)
     for reason in (b.ended[bc], c.ended[cb]):
         assert f"its relay, the rendezvous at {RELAY_NAME}, is lost" in reason, reason
     # before QUIC's own idle timeout would have ended them without saying why
@@ -74,7 +79,7 @@ def test_a_rendezvous_silent_for_less_than_the_bound_is_not_lost() -> None:
     _a, b, c = three(net)
     bc, cb = open_link(net, b, c)
     net.relay_alive = False
-    assert net.run(lambda: False, b.core.config.rendezvous_lost_s - 1) is False
+    assert net.run(lambda: False, b.core.config.lost_after_s - 1) is False
     net.relay_alive = True
     assert net.run(lambda: False, 30) is False
     assert not b.rendezvous and bc not in b.ended and cb not in c.ended
