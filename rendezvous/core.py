@@ -9,7 +9,10 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
 * Control REQUESTs (0x10, JSON; the answer is a RESPONSE 0x11 with the same request id, from
   the socket it arrived on). Ops, with the fields each carries:
 
-    create    {"op":"create", "token_hash": hex32}                  -> {"session": id}
+    create    {"op":"create", "token_hash": hex32[, "session": id]}  -> {"session": id}
+              with "session": the members of a session this rendezvous forgot (it restarted)
+              create it again under its id; a second such create with the same token hash
+              answers the same, another token hash is refused ("wrong_code")
     join      {"op":"join", "session", "member": hex8, "token": hex16}  -> {"members": n, "reg": hex32}
               a first join only (a registered member id is refused, "member_exists"); registers
               the source address as the member's relay address and issues its registration key
@@ -62,7 +65,7 @@ from kafila.errors import (
 )
 from kafila.net import registration, stun, wire
 from kafila.net.registration import MESSAGES
-from kafila.net.trust import SESSION_ID_LEN, random_b32
+from kafila.net.trust import SESSION_ID_LEN, random_b32, valid_session_id
 from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, ip_key
 from rendezvous.state import Member, Session, Stats
 
@@ -218,17 +221,24 @@ class RendezvousCore:
     def _op_create(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         token_hash = wire.get_hex(body, "token_hash", 32)
         self._admit_join(src, now)
+        asked = body.get("session")
+        if asked is not None and not (isinstance(asked, str) and valid_session_id(asked)):
+            raise ProtocolError("field 'session' must be a session id")
+        if asked is not None and (known := self.sessions.get(asked)) is not None:
+            if not hmac.compare_digest(known.token_hash, token_hash):  # not that session's code
+                raise WrongJoinCode(MESSAGES["wrong_code"])
+            return {"session": asked}  # another member of the forgotten session re-created it first
         owner = ip_key(src[0])
         if self._per_ip[owner] >= self.limits.max_sessions_per_ip:
             raise RendezvousBusy("too many sessions from this address; end one or try later", "full")
         if len(self.sessions) >= self.limits.max_sessions:
             raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
-        sid = random_b32(SESSION_ID_LEN)
+        sid = asked or random_b32(SESSION_ID_LEN)
         while sid in self.sessions:
             sid = random_b32(SESSION_ID_LEN)
         self.sessions[sid] = Session(sid, token_hash, now, now, owner)
         self._per_ip[owner] += 1
-        log.info("session %s created from %s:%d", sid, *src)
+        log.info("session %s %s from %s:%d", sid, "created again" if asked else "created", *src)
         return {"session": sid}
 
     def _op_join(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:

@@ -21,6 +21,7 @@ ids are indexed per connection, so forgetting one costs O(its ids).
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,8 +114,30 @@ class RejoinDue:
     """Time to re-register with the rendezvous (so it learns a rebound NAT mapping)."""
 
 
+@dataclass(frozen=True)
+class RendezvousLost:
+    """Nothing came from the rendezvous for `silent_s`: relayed connections were closed (`reason` says why).
+
+    Direct connections never touch the rendezvous and go on; re-joins go on too, so that the
+    member re-registers as soon as it answers again.
+    """
+
+    rendezvous: Addr
+    silent_s: float
+    reason: str
+    closed: int  # relayed connections closed with `reason`
+
+
+@dataclass(frozen=True)
+class RendezvousBack:
+    """The rendezvous answered again after it was lost (`silent_s`: for how long it was silent)."""
+
+    rendezvous: Addr
+    silent_s: float
+
+
 Event = (StunReceived | ControlReceived | ConnectionAccepted | HandshakeCompleted | StreamData | ConnectionEnded
-         | PeerUnknown | PathChanged | RejoinDue)
+         | PeerUnknown | PathChanged | RejoinDue | RendezvousLost | RendezvousBack)
 
 
 def vaddr(member_id: bytes) -> Addr:
@@ -132,6 +155,16 @@ class CoreConfig:
     rejoin_s: float = 5.0
     max_pending_per_peer: int = 2
     pmtu: PmtuConfig | None = field(default_factory=PmtuConfig)  # path MTU search (None: stay at 1,200 bytes)
+    # The rendezvous's health: after rendezvous_probe_s of silence from it, a STUN Binding request
+    # goes to it once per rendezvous_probe_s (any answer counts); silent for lost_after_s, it is lost.
+    rendezvous_probe_s: float = 1.0
+    rendezvous_lost_s: float = 8.0
+
+    @property
+    def lost_after_s(self) -> float:
+        """Silence that makes the rendezvous lost: below the idle timeout, so that a relayed connection
+        ends with that reason rather than by QUIC's idle timeout, which says nothing of why."""
+        return min(self.rendezvous_lost_s, 0.7 * self.idle_timeout_s)
 
 
 class EndpointCore:
@@ -157,11 +190,16 @@ class EndpointCore:
         self._events: deque[Event] = deque()
         self._next_ping: float | None = None
         self._next_rejoin: float | None = None
+        self._rdv_heard_at: float | None = None  # when something last came from the rendezvous (once joined)
+        self._rdv_probed_at = float("-inf")  # when we last sent it a STUN probe to see if it lives
+        self.rendezvous_lost: RendezvousLost | None = None  # while it is lost
 
     # ---- the caller's interface ---------------------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: Addr, now: float) -> None:
         """Handle one datagram from the socket; malformed ones are dropped (logged at debug)."""
+        if addr == self.rendezvous and self._rdv_heard_at is not None:
+            self._heard_rendezvous(now)
         try:
             kind = wire.kind_of(data)
             if kind == "stun":
@@ -186,7 +224,7 @@ class EndpointCore:
 
     def get_timer(self) -> float | None:
         """When handle_timer() next has something to do (None: nothing scheduled)."""
-        times = [t for t in (self._next_ping, self._next_rejoin) if t is not None]
+        times = [t for t in (self._next_ping, self._next_rejoin, *self._rdv_timers()) if t is not None]
         times += [t for c in self._conn_cids if (t := c.get_timer()) is not None]
         times += [t for p in self._punchers.values() if (t := p.next_wakeup()) is not None]
         times += [t for s in self._pmtu.values() if (t := s.next_wakeup()) is not None]
@@ -213,6 +251,13 @@ class EndpointCore:
         if self._next_rejoin is not None and now >= self._next_rejoin:
             self._next_rejoin = now + self.config.rejoin_s
             self._events.append(RejoinDue())
+        probe_at, lost_at = self._rdv_timers()
+        if lost_at is not None and now >= lost_at:
+            self._lose_rendezvous(now)
+        elif probe_at is not None and now >= probe_at and self.rendezvous is not None:
+            self._rdv_probed_at = now
+            probe = stun.StunMessage(stun.BINDING_REQUEST, secrets.token_bytes(12))
+            self._out.append((stun.encode(probe), self.rendezvous))  # its answer is only "heard"
 
     def next_event(self) -> Event | None:
         """The oldest event not yet taken, or None."""
@@ -224,6 +269,7 @@ class EndpointCore:
         """We are registered in a session: punch with its key, re-join periodically."""
         self.rendezvous, self.punch_key = rendezvous, punch_key
         self._next_rejoin = now + self.config.rejoin_s
+        self._rdv_heard_at = now  # it has just answered our join
         if self._next_ping is None:
             self._next_ping = now + self.config.keepalive_s
 
@@ -277,6 +323,43 @@ class EndpointCore:
     def mtu_search(self, conn: PinnedQuicConnection) -> PmtuSearch | None:
         """The connection's path MTU search (None before its handshake, or with the search off)."""
         return self._pmtu.get(conn)
+
+    # ---- the rendezvous's health --------------------------------------------------------------
+
+    def _rdv_timers(self) -> tuple[float | None, float | None]:
+        """(when to probe the rendezvous next, when silence makes it lost); None, None when not joined or lost."""
+        if self._rdv_heard_at is None or self.rendezvous_lost is not None:
+            return None, None
+        probe_at = max(self._rdv_heard_at, self._rdv_probed_at) + self.config.rendezvous_probe_s
+        return probe_at, self._rdv_heard_at + self.config.lost_after_s
+
+    def _heard_rendezvous(self, now: float) -> None:
+        assert self._rdv_heard_at is not None and self.rendezvous is not None
+        if self.rendezvous_lost is not None:
+            silent = now - self._rdv_heard_at
+            self.rendezvous_lost = None
+            log.info("the rendezvous %s:%d answers again after %.0f s", *self.rendezvous, silent)
+            self._events.append(RendezvousBack(self.rendezvous, silent))
+        self._rdv_heard_at = now
+
+    def _lose_rendezvous(self, now: float) -> None:
+        """The rendezvous is silent: every connection it relays is dead, so end each with the reason now.
+
+        Without this a relayed edge would end by QUIC's idle timeout, saying nothing of why.
+        """
+        assert self._rdv_heard_at is not None and self.rendezvous is not None
+        silent = now - self._rdv_heard_at
+        ip, port = self.rendezvous
+        reason = f"its relay, the rendezvous at {ip}:{port}, is lost (nothing heard from it for {silent:.0f} s)"
+        relayed = [c for c in self._conn_cids if self.path_to(c.peer.member_id) == "relay"]
+        for conn in relayed:
+            conn.close(error_code=0x100, reason_phrase=reason[:200])  # the peer never hears it: no relay
+            self._forget(conn)
+            self._events.append(ConnectionEnded(conn, reason))
+        self.rendezvous_lost = RendezvousLost(self.rendezvous, silent, reason, len(relayed))
+        log.warning("the rendezvous %s:%d is silent for %.0f s: %d relayed connection(s) closed; direct ones go on",
+                    ip, port, silent, len(relayed))
+        self._events.append(self.rendezvous_lost)
 
     @property
     def connections(self) -> list[PinnedQuicConnection]:

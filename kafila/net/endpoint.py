@@ -51,7 +51,9 @@ class PeerEndpoint(LinkOwner):
         keepalive_s: float = 2.0,
         rendezvous_ping_s: float = 5.0,
         clock: Callable[[], float] | None = None,
+        on_rendezvous: Callable[[str | None], None] | None = None,
     ) -> None:
+        """`on_rendezvous` hears why the rendezvous is unreachable when it is lost, and None when it is back."""
         self.bind, self.name = bind, name
         self.identity = identity or Identity(name)
         self.member_id = secrets.token_bytes(wire.ID_LEN)
@@ -64,6 +66,7 @@ class PeerEndpoint(LinkOwner):
         self.nat_report: nat.NatReport | None = None
         self.me: VerifiedMember | None = None
         self._clock = clock
+        self._on_rendezvous = on_rendezvous
         self._socket: UdpSocket | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._wake = asyncio.Event()
@@ -198,6 +201,8 @@ class PeerEndpoint(LinkOwner):
                     waiter.set()
             elif isinstance(e, ev.RejoinDue):
                 self._start_rejoin()
+            elif isinstance(e, ev.RendezvousLost | ev.RendezvousBack):
+                self._rendezvous_changed(e)
         return n
 
     async def _ticker(self) -> None:
@@ -219,6 +224,16 @@ class PeerEndpoint(LinkOwner):
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    def _rendezvous_changed(self, e: ev.RendezvousLost | ev.RendezvousBack) -> None:
+        ip, port = e.rendezvous
+        if isinstance(e, ev.RendezvousBack):
+            log.info("the rendezvous %s:%d answers again; re-registering", ip, port)
+            self._start_rejoin()  # at once: a restarted rendezvous must learn our session again
+        if self._on_rendezvous is not None:
+            self._on_rendezvous(None if isinstance(e, ev.RendezvousBack) else (
+                f"the rendezvous {ip}:{port} is unreachable (silent for {e.silent_s:.0f} s): direct edges serve on,"
+                f" {e.closed} relayed link(s) through it were lost"))
 
     def _start_rejoin(self) -> None:
         """Re-join in the background, one at a time (two would spend each other's nonces)."""
@@ -315,10 +330,22 @@ class PeerEndpoint(LinkOwner):
         return self.me
 
     async def members(self) -> MemberList:
-        """Every listed member whose announcement verifies under our join code; the others, refused."""
-        ml = await fetch_members(self.rdv, self.peers)
-        merge_peers(self.peers, ml)
-        return ml
+        """Every listed member whose announcement verifies under our join code; the others, refused.
+
+        While the rendezvous is unreachable, the members verified before it went: they still are who
+        they were, and direct edges to them need nothing from it.
+        """
+        if self.core.rendezvous_lost is None:
+            try:
+                ml = await fetch_members(self.rdv, self.peers)
+            except NetworkError:
+                if not self.peers:
+                    raise
+                log.info("the rendezvous did not list the members: using the %d verified before", len(self.peers))
+            else:
+                merge_peers(self.peers, ml)
+                return ml
+        return MemberList(tuple(self.peers.values()), ())
 
     async def wait_for_members(self, n: int, timeout_s: float = 30.0, poll_s: float = 0.2) -> MemberList:
         """Poll the member list until at least n members verify; NetworkError after timeout_s."""

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from kafila.errors import KafilaError, NetworkError, NotMember, SessionError
+from kafila.errors import KafilaError, NetworkError, NotMember, SessionError, UnknownSession
 from kafila.net import registration, stun, wire
 from kafila.net.trust import JoinCode
 
@@ -31,6 +31,7 @@ class RendezvousClient:
         self.rendezvous: Addr | None = None
         self.code: JoinCode | None = None
         self.reg_key: bytes | None = None  # from our first join; re-joins prove it instead of the token
+        self.sealed: str | None = None  # our announcement, published again when the rendezvous forgot it
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -129,8 +130,10 @@ class RendezvousClient:
     async def rejoin(self) -> None:
         """The periodic re-join, not a bare ping: if our NAT rebinds, the rendezvous learns the new address.
 
-        It proves the registration key over a server nonce (kafila.net.registration); a member the
-        rendezvous forgot registers afresh. Failures are logged: the next re-join tries again.
+        It proves the registration key over a server nonce (kafila.net.registration). A member the
+        rendezvous forgot (silent past its timeout) registers afresh; a session it forgot (it
+        restarted) is created again under its id, then joined and announced afresh, so that the
+        relay and the member list work again. Failures are logged: the next re-join tries again.
         """
         code, reg_key = self.code, self.reg_key
         if code is None or reg_key is None:
@@ -138,11 +141,23 @@ class RendezvousClient:
         try:
             try:
                 await registration.rejoin(self.request, code.session_id, self.member_id, reg_key)
-            except NotMember:  # forgotten (silent past the rendezvous's timeout): register afresh
-                reply = await self.request(registration.join_body(code.session_id, self.member_id, code.join_token))
-                self.reg_key = registration.reg_key_of(reply)
+            except NotMember:
+                await self._register_again(code)
+            except UnknownSession:
+                await self.request({"op": "create", "token_hash": code.join_token_hash.hex(),
+                                    "session": code.session_id})
+                await self._register_again(code)
+                log.warning("the rendezvous had forgotten session %s: created it again and re-registered",
+                            code.session_id)
         except KafilaError as exc:
             log.info("re-join with the rendezvous failed: %s", exc)
+
+    async def _register_again(self, code: JoinCode) -> None:
+        """A first join again (a new registration key), and our announcement published again."""
+        reply = await self.request(registration.join_body(code.session_id, self.member_id, code.join_token))
+        self.reg_key = registration.reg_key_of(reply)
+        if self.sealed is not None:
+            await self.announce(self.sealed)
 
     async def announce(self, sealed: str) -> None:
         """Publish a sealed announcement (see kafila.net.trust)."""
@@ -151,6 +166,7 @@ class RendezvousClient:
         await self.request(
             {"op": "announce", "session": self.code.session_id, "member": self.member_id.hex(), "ann": sealed}
         )
+        self.sealed = sealed
 
     async def list_page(self, start: int) -> dict[str, Any]:
         """One page of the session's member list, from entry `start`."""

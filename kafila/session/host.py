@@ -469,7 +469,7 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
 async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info: ModelInfo, cache: StageCache,
                       use: InUse) -> int:
     async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
-                            allow_direct=opts.allow_direct) as ep:
+                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous) as ep:
         await ep.probe_nat(opts.rendezvous)
         code = await ep.create_session(opts.rendezvous, opts.secret)
         state.code = str(code)

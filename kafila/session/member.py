@@ -538,7 +538,7 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
     state.set_phase("measuring", "measuring this machine")
     result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
-                            allow_direct=opts.allow_direct) as ep:
+                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous) as ep:
         report = await ep.probe_nat(opts.rendezvous)
         meas = {**measurements(result, emulation), "role": "member", **claim}
         await ep.join_session(opts.rendezvous, opts.code)

@@ -103,6 +103,7 @@ class SessionState:
     lost: str | None = None  # which member was lost, and what happened (or why the session cannot go on)
     coordinator: str | None = None  # who coordinates the session: the host, or the head once the host left
     coordinator_left: str | None = None  # the host left the session: when and why, for a person
+    rendezvous_unreachable: str | None = None  # why the rendezvous is unreachable (None: reachable, or not yet asked)
     events: list[tuple[float, str]] = field(default_factory=list)
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False, compare=False)
 
@@ -125,6 +126,11 @@ class SessionState:
         if text:
             self.events.append((time.time(), text))
         self.changed()
+
+    def set_rendezvous(self, unreachable: str | None) -> None:
+        """The rendezvous was lost (why, for a person), or answers again (None); logged either way."""
+        self.rendezvous_unreachable = unreachable
+        self.log(unreachable or "the rendezvous answers again: re-registering with it")
 
     def upsert_member(self, view: MemberView) -> None:
         self.members[view.name] = view

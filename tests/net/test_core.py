@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from aioquic.quic.connection import QuicConnection
 
 from kafila.net import core as ev
-from kafila.net import wire
+from kafila.net import stun, wire
 from kafila.net.core import CoreConfig, EndpointCore
 from kafila.net.punch import PunchConfig
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
@@ -30,6 +30,8 @@ class Relay:
         self.forwarded = 0
 
     def handle(self, data: bytes, src: Addr) -> list[tuple[bytes, Addr]]:
+        if stun.is_stun(data):  # the rendezvous's probe responder: a STUN Binding answer
+            return [(stun.encode(stun.StunMessage(stun.BINDING_SUCCESS, stun.decode(data).txid, mapped=src)), src)]
         frame = wire.decode(data)
         sender = next((m for m, a in self.addr_of.items() if a == src), None)
         if not isinstance(frame, wire.Relay) or frame.kind != wire.RELAY or sender is None:
@@ -52,6 +54,8 @@ class Member:
     done: set[PinnedQuicConnection] = field(default_factory=set)  # handshake completed
     ended: dict[PinnedQuicConnection, str] = field(default_factory=dict)
     paths: list[ev.PathChanged] = field(default_factory=list)
+    rendezvous: list[ev.RendezvousLost | ev.RendezvousBack] = field(default_factory=list)
+    rejoins: int = 0  # RejoinDue events seen
 
 
 class Net:
@@ -62,6 +66,7 @@ class Net:
         self.loss, self.jitter_s, self.delay_s = loss, jitter_s, delay_s
         self.now = 0.0
         self.relay = Relay()
+        self.relay_alive = True  # False: the rendezvous is down (nothing reaches it, nothing comes from it)
         self.members: dict[Addr, Member] = {}
         self.blocked: Callable[[Addr, Addr], bool] = lambda src, dst: False  # a filter on direct datagrams
         self._queue: list[tuple[float, int, Addr, Addr, bytes]] = []
@@ -113,6 +118,11 @@ class Net:
                     m.ended[e.conn] = e.reason
                 elif isinstance(e, ev.PathChanged):
                     m.paths.append(e)
+                elif isinstance(e, ev.RendezvousLost | ev.RendezvousBack):
+                    m.rendezvous.append(e)
+                elif isinstance(e, ev.RejoinDue):  # the rendezvous answers a re-join (as its control role would)
+                    m.rejoins += 1
+                    self.send(RELAY, m.addr, wire.encode_control(wire.RESPONSE, m.rejoins, {"ok": True}))
             for data, dst in m.core.datagrams_to_send(self.now):  # what acting on events queued
                 self.send(m.addr, dst, data)
 
@@ -133,6 +143,8 @@ class Net:
             self.now = max(self.now, nxt) + 1e-6
             while self._queue and self._queue[0][0] <= self.now:
                 _, _, src, dst, data = heapq.heappop(self._queue)
+                if RELAY in (src, dst) and not self.relay_alive:
+                    continue
                 if dst == RELAY:
                     for out, to in self.relay.handle(data, src):
                         self.send(RELAY, to, out)

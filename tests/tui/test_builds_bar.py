@@ -56,3 +56,20 @@ def test_tui_host_serves_unless_coordinate_only() -> None:
     assert flow.args[0].coordinate_only is False and flow.args[0].members == 2  # type: ignore[attr-defined]
     flow, _ = flow_for(argparse.Namespace(**{**vars(args), "coordinate_only": True}))
     assert flow.args[0].coordinate_only is True  # type: ignore[attr-defined]
+
+
+async def test_the_bar_says_when_the_rendezvous_is_unreachable_and_when_it_is_back() -> None:
+    state = states.admitted_state()
+    app = KafilaApp(state)
+    async with app.run_test(size=(240, 30)) as pilot:
+        await pilot.pause()
+        assert "rendezvous unreachable" not in screen_text(app)
+        state.set_rendezvous("the rendezvous 127.0.0.1:3478 is unreachable (silent for 8 s): direct edges serve on")
+        await pilot.pause(0.5)
+        assert "rendezvous unreachable: direct edges only" in screen_text(app)
+        state.set_rendezvous(None)
+        await pilot.pause(0.5)
+        assert "rendezvous unreachable" not in screen_text(app)
+    assert [text for _, text in state.events[-2:]] == [
+        "the rendezvous 127.0.0.1:3478 is unreachable (silent for 8 s): direct edges serve on",
+        "the rendezvous answers again: re-registering with it"]

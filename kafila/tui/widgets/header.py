@@ -34,6 +34,8 @@ class SessionBar(Static):
             parts.append(f"host left: {state.coordinator} coordinates")
         elif state.coordinator and state.role != "host":
             parts.append(f"coordinator {state.coordinator}")
+        if state.rendezvous_unreachable:
+            parts.append("rendezvous unreachable: direct edges only")
         if state.builds and state.builds.get("mode") == "mixed":
             parts.append(f"MIXED builds, not bit-exact ({', '.join(state.builds.get('differ') or {})} differ)")
         if state.tokens_per_s is not None and state.phase == "admitted":
