@@ -19,7 +19,8 @@ def close(a: float, b: float) -> bool:
 
 
 def test_bench_scale_report(tmp_path: Path) -> None:
-    out = run_kafila("bench", "scale", "--shape", "tiny", "--prompt-tokens", "150", "--tokens", str(TOKENS), "--reply-tokens", str(REPLY_TOKENS),
+    out = run_kafila("bench", "scale", "--shape", "tiny", "--prompt-tokens", "150", "--tokens", str(TOKENS),
+                     "--reply-tokens", str(REPLY_TOKENS),
                      "--quic-mb", "4", "--json", "--out", str(tmp_path / "scale.json"),
                      env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
