@@ -242,10 +242,11 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     above = [d["above"] for d in ring["delivery_rss_mb"].values()]
     t["delivery_rss_above_idle_mb"] = _target(max(above) if above else None, 200, True,
                                               "peak RSS during delivery <= 200 MB above before")
-    same = [v["identical"] for k, v in r["replies"].items() if k != "llama_cpp" and v["identical"] is not None]
-    t["reply_identical"] = {"value": sum(same) / len(same) if same else None,
-                            "target": "greedy replies through the ring (both) == llama-cpp-python's (share)",
-                            "met": all(same) and len(same) == 2 if same else None}
+    # both rings' replies count: one that failed to reply is not identical
+    same = [r["replies"][k]["identical"] for k in ("ring", "ring_slowed")]
+    share = None if all(v is None for v in same) else sum(v is True for v in same) / len(same)
+    t["reply_identical"] = {"value": share, "met": None if share is None else share == 1.0,
+                            "target": "greedy replies through both rings == llama-cpp-python's (share of the two)"}
     ring_ms = (ring.get("decode") or {}).get("ms_per_token")
     t["decode_vs_local"] = _target(local["decode_ms_per_token"] / ring_ms if ring_ms else None, 0.6, False,
                                    "ring tok/s >= 0.6x local")
