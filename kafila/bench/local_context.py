@@ -1,5 +1,9 @@
 """One local llama.cpp context on the whole file: the baseline `kafila bench scale` holds the ring against.
 
+The long prompt goes through llama-cpp-python's own greedy chat completion (its reply is what the ring's
+must equal, and its time to first token the ring's TTFT is held against); decode is timed on a context of
+Kafila's engine from position 0.
+
 Runs in a process of its own (spawned), so its memory is its own and the benchmark's process
 keeps the host's peak RSS for itself. Same settings as a stage (ContextConfig), all cores.
 """
@@ -16,30 +20,50 @@ from typing import Any
 from kafila.errors import EngineError
 
 
-def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, tokens: int) -> dict[str, Any]:
-    import numpy as np
+def _chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
+    """llama-cpp-python's own greedy chat completion of `prompt` as one user message: its reply (the ground
+    truth the ring's must equal) and its time to first token (prefilled in n_batch rows, as the ring's chunks).
+    """
+    import os
+
+    from llama_cpp import Llama, LogitsProcessorList
 
     from kafila.engine.llama_lib import llama
+
+    llama()  # the library Kafila's own engine uses
+    threads = os.cpu_count() or 1
+    llm = Llama(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
+                verbose=False)
+    seen: list[tuple[float, int]] = []  # (time, tokens so far) at every sampling: the first is the end of prefill
+
+    def watch(ids: Any, scores: Any) -> Any:  # sees the logits, changes nothing
+        seen.append((time.perf_counter(), len(ids)))
+        return scores
+
+    try:
+        t0 = time.perf_counter()
+        out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=reply_tokens,
+                                         temperature=0, logits_processor=LogitsProcessorList([watch]))
+    finally:
+        llm.close()
+    if not seen:
+        raise EngineError("llama-cpp-python's chat completion sampled no token")
+    return {"prompt_tokens": seen[0][1], "ttft_s": seen[0][0] - t0,
+            "reply": str(out["choices"][0]["message"]["content"]),  # type: ignore[index]
+            "reply_tokens": len(seen)}
+
+
+def _decode(model: str, n_ctx: int, n_batch: int, tokens: int) -> float:
+    """Median seconds per greedy decode step of one context from position 0 (as the ring's and the pipes'
+    decode figures are taken: after a short prompt)."""
+    import numpy as np
+
     from kafila.engine.reference import ReferenceContext
     from kafila.engine.stage import ContextConfig, Rows
-    from kafila.engine.vocab import Vocab
 
     ref = ReferenceContext(Path(model), ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=1, n_batch=n_batch))
     try:
-        # the prompt as a completion request's text is tokenised (kafila.session.head)
-        vocab = Vocab(llama().llama_model_get_vocab(ref._model), None)
-        ids = np.array(vocab.tokenize(prompt, add_special=True, parse_special=True), np.int32)
-        t0 = time.perf_counter()
-        for start in range(0, len(ids), n_batch):  # prefill in n_batch rows, as llama.cpp does
-            part = ids[start:start + n_batch]
-            want = np.zeros(len(part), bool)
-            want[-1] = start + len(part) == len(ids)
-            logits = ref.run(part, Rows(np.zeros(len(part), np.int32),
-                                        np.arange(start, start + len(part), dtype=np.int32), want))
-        token = int(np.argmax(logits[-1]))
-        ttft_s = time.perf_counter() - t0
-        ref.free(0)
-        times = []
+        times, token = [], 1
         for pos in range(tokens):
             rows = Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool))
             t1 = time.perf_counter()
@@ -47,8 +71,14 @@ def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, tokens: int) -> 
             times.append(time.perf_counter() - t1)
     finally:
         ref.close()
-    return {"prompt_tokens": len(ids), "ttft_s": ttft_s, "decode_ms_per_token": statistics.median(times) * 1e3,
-            "n_batch": n_batch}
+    return statistics.median(times)
+
+
+def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, tokens: int, reply_tokens: int) -> dict[str, Any]:
+    result = _chat(model, prompt, n_ctx, n_batch, reply_tokens)
+    result["decode_ms_per_token"] = _decode(model, n_ctx, n_batch, tokens) * 1e3
+    result["n_batch"] = n_batch
+    return result
 
 
 def _child(conn: Connection, *args: Any) -> None:
@@ -64,11 +94,14 @@ def _child(conn: Connection, *args: Any) -> None:
         conn.send(exc)
 
 
-def local_context(model: Path, prompt: str, n_ctx: int, n_batch: int, tokens: int) -> dict[str, Any]:
-    """TTFT of `prompt` (prefilled in n_batch rows) and the median decode ms/token of one context."""
+def local_context(model: Path, prompt: str, n_ctx: int, n_batch: int, tokens: int,
+                  reply_tokens: int) -> dict[str, Any]:
+    """llama-cpp-python's greedy chat reply to `prompt` (`reply_tokens` long) and its TTFT (prefilled in n_batch
+    rows), and the median decode ms/token of one context."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(theirs, str(model), prompt, n_ctx, n_batch, tokens), daemon=True)
+    proc = ctx.Process(target=_child, args=(theirs, str(model), prompt, n_ctx, n_batch, tokens, reply_tokens),
+                       daemon=True)
     proc.start()
     try:
         while not ours.poll(1.0):

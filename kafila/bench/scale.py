@@ -38,6 +38,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=None, help="blocks in the file (default: the shape's, e.g. 6)")
     p.add_argument("--prompt-tokens", type=int, default=2000, help="about this many tokens of prompt (default 2000)")
     p.add_argument("--tokens", type=int, default=32, help="tokens of the decode reply (default 32)")
+    p.add_argument("--reply-tokens", type=int, default=16,
+                   help="greedy reply to the long prompt, compared with llama-cpp-python's (default 16)")
     p.add_argument("--throttles", default="1,2,4", help="EMULATION: slow-downs of the second ring (default 1,2,4)")
     p.add_argument("--quic-mb", type=int, default=64, help="MB of the bare aioquic transfer (default 64)")
 
@@ -53,7 +55,7 @@ def _target(value: float | None, limit: float, at_most: bool, text: str) -> dict
 
 
 def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, threads: int, prompt: str,
-          tokens: int, progress: Any, label: str) -> dict[str, Any]:
+          tokens: tuple[int, int], progress: Any, label: str) -> dict[str, Any]:
     """One ring session: settle, TTFT of the prompt, then (unthrottled only) decode; memory and delivery."""
     from kafila.bench import scale_ring
     from kafila.cli import _first_kafila_error
@@ -99,8 +101,9 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
     return out
 
 
-def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, threads: int, prompt: str, tokens: int,
-           progress: Any, label: str, task: Any, listeners: list[Any], sampler: RssSampler) -> dict[str, Any]:
+def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, threads: int, prompt: str,
+           tokens: tuple[int, int], progress: Any, label: str, task: Any, listeners: list[Any],
+           sampler: RssSampler) -> dict[str, Any]:
     """Start the ring, wait for it, measure TTFT (and decode when no member is slowed) and peak memory."""
     from kafila.bench import scale_ring
     from kafila.errors import SessionError
@@ -113,13 +116,14 @@ def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, thr
             raise SessionError(f"the benchmark's ring was not admitted: {state.rejection}")
         url = state.api_url or ""
         progress.update(task, description=f"{label}: TTFT of the long prompt")
-        ttft = scale_ring.ttft(url, prompt)
+        decode_tokens, reply_tokens = tokens
+        ttft = scale_ring.ttft(url, prompt, reply_tokens)
         out: dict[str, Any] = {"order": state.plan.get("order") if state.plan else None,
                                "ranges": state.plan.get("ranges") if state.plan else None,
                                "ttft": ttft, "plan_ttft_s": scale_ring.predicted_ttft(state.plan or {})}
         if all(m.throttle == 1 for m in members):
             progress.update(task, description=f"{label}: decode")
-            out["decode"] = scale_ring.decode(url, tokens)
+            out["decode"] = scale_ring.decode(url, decode_tokens)
         out["peak_rss_mb"] = {"host (this process)": (status_kb(os.getpid(), "VmHWM") or 0) / 1024,
                               **{k: v / 1024 for k, v in sampler.peaks_kb().items()}}
     progress.update(task, description=f"{label}: done")
@@ -147,14 +151,23 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     names = ("ada", "bo", "cy")
     throttles = [float(t) for t in args.throttles.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=default_cache_root()))
+    task = progress.add_task("this machine's probe (cached for a day, as a member's)", total=None)
+    _seed_probe(scratch, threads)
+    progress.update(task, total=1, completed=1)
+    tokens = (args.tokens, args.reply_tokens)
+    floor: dict[str, Any] | None = None
     try:
-        plain = _ring(model, tuple(DemoMember(n) for n in names), context, scratch, threads, prompt, args.tokens,
+        plain = _ring(model, tuple(DemoMember(n) for n in names), context, scratch, threads, prompt, tokens,
                       progress, "ring, no slow-down")
         slow: dict[str, Any] = {"ok": False, "ttft": {"ok": False, "error": "not run: the ring without slow-downs "
                                                                        "failed"}, "delivery": {}}
         if plain["ok"]:
             slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False)), context,
-                         scratch, threads, prompt, args.tokens, progress, f"ring, slow-downs {args.throttles}")
+                         scratch, threads, prompt, tokens, progress, f"ring, slow-downs {args.throttles}")
+        if plain.get("order") and plain.get("ranges"):
+            task = progress.add_task("the ring's stages joined by OS pipes (the floor)", total=None)
+            floor = _pipe_floor(model, scratch, plain["order"], plain["ranges"], args.tokens, threads)
+            progress.update(task, total=1, completed=1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     task = progress.add_task("aioquic alone, one connection", total=None)
@@ -165,11 +178,48 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     one_link = delivery_rate(args.quic_mb << 20)
     progress.update(task, total=1, completed=1)
     task = progress.add_task("one local llama.cpp context", total=None)
-    local = local_context(model, prompt, context, HostOptions.batch, args.tokens)
+    local = local_context(model, prompt, context, HostOptions.batch, args.tokens, args.reply_tokens)
     progress.update(task, total=1, completed=1)
     return {"shape": shape.name, "blocks": blocks, "model_bytes": model.stat().st_size, "model": model.name,
             "context": context, "n_batch": HostOptions.batch, "threads": threads, "throttles": throttles,
-            "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local}
+            "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local, "pipe_floor": floor,
+            "replies": _replies(local, plain, slow)}
+
+
+def _seed_probe(scratch: Path, threads: int) -> None:
+    """The members' probe in the scratch cache: this machine's own, from the user cache (measured there once a
+    day, as a member keeps it), not measured afresh into a scratch cache every run."""
+    from kafila.model.embedded import default_model_path
+    from kafila.model.stage_cache import StageCache, default_cache_root
+    from kafila.session.measure import cached_probe
+
+    user = StageCache(default_cache_root())
+    cached_probe(default_model_path(), user, threads=threads)
+    for probe in user.root.glob("probe-v2-*.json"):
+        shutil.copyfile(probe, scratch / probe.name)
+
+
+def _pipe_floor(model: Path, cache: Path, order: list[str], ranges: dict[str, list[int]], tokens: int,
+                threads: int) -> dict[str, Any]:
+    """The ring's stages (as the host cut them) in processes joined by OS pipes: decode without a network stack."""
+    from kafila.bench.pipe_ring import pipe_ring
+    from kafila.model.cut import StageSpec
+    from kafila.model.stage_cache import StageCache
+    from kafila.session.demo import SHARED_MACHINE_ENV
+
+    chain = order[1:] + order[:1]  # the head's stage last
+    stages = StageCache(cache)
+    paths = [stages.stage(model, StageSpec(ranges[n][0], ranges[n][1], n == order[0])) for n in chain]
+    return pipe_ring(model, paths, threads, SHARED_MACHINE_ENV, tokens)
+
+
+def _replies(local: dict[str, Any], *rings: dict[str, Any]) -> dict[str, Any]:
+    """Each ring's greedy reply to the long prompt against llama-cpp-python's (the acceptance's first bullet)."""
+    out: dict[str, Any] = {"llama_cpp": local.get("reply")}
+    for label, ring in zip(("ring", "ring_slowed"), rings, strict=True):
+        reply = ring["ttft"].get("reply")
+        out[label] = {"reply": reply, "identical": None if reply is None else reply == local.get("reply")}
+    return out
 
 
 def judge(r: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +252,11 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     above = [d["above"] for d in ring["delivery_rss_mb"].values()]
     t["delivery_rss_above_idle_mb"] = _target(max(above) if above else None, 200, True,
                                               "peak RSS during delivery <= 200 MB above before")
+    # both rings' replies count: one that failed to reply is not identical
+    same = [r["replies"][k]["identical"] for k in ("ring", "ring_slowed")]
+    share = None if all(v is None for v in same) else sum(v is True for v in same) / len(same)
+    t["reply_identical"] = {"value": share, "met": None if share is None else share == 1.0,
+                            "target": "greedy replies through both rings == llama-cpp-python's (share of the two)"}
     ring_ms = (ring.get("decode") or {}).get("ms_per_token")
     t["decode_vs_local"] = _target(local["decode_ms_per_token"] / ring_ms if ring_ms else None, 0.6, False,
                                    "ring tok/s >= 0.6x local")
@@ -262,12 +317,19 @@ def print_report(r: dict[str, Any], out: Any) -> None:
     out.print(table)
     table = Table("figure", "ring", "local", "", title="decode and time to first token")
     dec = (ring.get("decode") or {}).get("ms_per_token")
-    table.add_row("decode ms/token (median)", f"{dec:.1f}" if dec else "—", f"{local['decode_ms_per_token']:.1f}", "")
+    floor = r.get("pipe_floor") or {}
+    table.add_row("decode ms/token (median)", f"{dec:.1f}" if dec else "—", f"{local['decode_ms_per_token']:.1f}",
+                  f"pipe floor {floor['ms_per_token']:.1f}" if floor else "")
     for label, t in (("TTFT s, no slow-down", ring["ttft"]), (f"TTFT s, slow-downs {r['throttles']}", slow["ttft"])):
         table.add_row(f"{label} ({local['prompt_tokens']} tokens)",
                       f"{t['ttft_s']:.1f}" if t.get("ok") else f"failed: {t.get('error')}", f"{local['ttft_s']:.1f}",
                       "")
     out.print(table)
+    out.print(f"llama-cpp-python's greedy reply ({local.get('reply_tokens')} tokens): {local.get('reply')!r}")
+    for key, label in (("ring", "ring without slow-downs"), ("ring_slowed", "ring with slow-downs")):
+        rep = r["replies"][key]
+        verdict = {True: "[green]identical[/]", False: "[red]differs[/]", None: "no reply"}[rep["identical"]]
+        out.print(f"{label}: {verdict}" + ("" if rep["identical"] else f" {rep['reply']!r}"))
     if r["stage_times"]:
         table = Table("stage", "predicted ms", "measured ms", "error", title="predicted vs measured stage time")
         for n, e in r["stage_times"].items():

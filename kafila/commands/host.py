@@ -27,6 +27,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=socket.gethostname(),
                    help="this machine's name as a ring member (default: the host name)")
     p.add_argument("--threads", type=int, default=0, help="llama.cpp threads of this machine's stage (default 0: all)")
+    p.add_argument("--stall-limit", type=float, default=120.0,
+                   help="seconds a member may show no progress while its stage is delivered, loaded or connected "
+                        "before it is dropped and named (default 120; progress, not a deadline)")
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
 
 
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan,
         mixed_builds=args.mixed_builds, coordinate_only=args.coordinate_only, name=args.name, threads=args.threads,
+        stall_s=args.stall_limit,
     )
     return run_printing(lambda state: run_host(opts, state))
 

@@ -13,7 +13,7 @@ HELP = "measure this machine: stage bandwidth, dispatch overhead, usable memory"
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
-    p.add_argument("--calls", type=int, default=30, help="timed decode calls per cut (default 30)")
+    p.add_argument("--calls", type=int, default=20, help="timed decode calls per cut (default 20)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -126,21 +126,30 @@ def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
     Calls go round-robin over the engines, so machine noise spreads over every size alike, and each
     call starts as a ring member's does: with cold caches (small cuts would otherwise run from cache
     and hide the fixed cost of a call) after an idle wait (calls right after one another ran up to a
-    third faster here than calls after 20 ms idle, which is how a member's calls come).
+    third faster here than calls after 20 ms idle, which is how a member's calls come). The caches are
+    cold when the other engines read more than EVICT_BYTES since this engine's last call (the probe's
+    large-block cuts do, every round); only otherwise is a buffer read to evict them, which was a third
+    of the probe's time when done before every call.
     """
     rng = np.random.default_rng(0)
     times: list[list[float]] = [[] for _ in engines]
     evict = np.ones(EVICT_BYTES // 4, np.float32)
+    sizes = [engine.path.stat().st_size for engine in engines]  # about what a call reads
+    since = [0] * len(engines)  # bytes read by other calls since each engine's last call
     for i in range(warmup + calls):
         for k, engine in enumerate(engines):
             x = rng.standard_normal((1, engine.n_embd)).astype(np.float32)
             rows = Rows(np.zeros(1, np.int32), np.array([i], np.int32), np.ones(1, bool))
-            evict.max()  # read past the caches, as a member's weights are after its neighbours ran
+            if since[k] < EVICT_BYTES:  # read past the caches, as a member's weights are after its neighbours ran
+                evict.max()
+                since = [n + evict.nbytes for n in since]
             time.sleep(IDLE_S)
             t0 = time.perf_counter()
             engine.run(x, rows)
             if i >= warmup:
                 times[k].append(time.perf_counter() - t0)
+            since = [n + sizes[k] for n in since]
+            since[k] = 0
         if on_call:
             on_call(i + 1)
     for engine in engines:
@@ -152,8 +161,8 @@ def probe(
     model: Path,
     cache: StageCache,
     sizes: tuple[int, ...] = DEFAULT_SIZES,
-    calls: int = 30,
-    warmup: int = 3,
+    calls: int = 20,
+    warmup: int = 2,
     on_step: Callable[[str, int, int], None] | None = None,
     threads: int = 0,
     large: tuple[int, ...] = LARGE_SIZES,

@@ -42,7 +42,6 @@ from kafila.session.stoppable import run_stoppable
 from kafila.session.transfer import send_stage
 
 log = logging.getLogger("kafila.host")
-READY_TIMEOUT_S = 300.0  # stage delivery + loading + ring edges, per epoch
 EXIT_REJECTED = 3
 OWN_MEMBER_STOP_S = 5.0  # how long the host's own member may take to close after the host's goodbye
 
@@ -79,6 +78,8 @@ class Joined:
     manifest: StageManifest | None = None
     stage_path: Path | None = None
     sending: set[asyncio.Task[None]] = field(default_factory=set)
+    progress_at: float = 0.0  # loop time of the last sign of progress: stage bytes moving, any message
+    step: str = "receiving its stage"  # what it was doing then, for a person
 
 
 class HostRuntime:
@@ -99,6 +100,7 @@ class HostRuntime:
         self.my_build = build_tag(build_identity())
         self._handlers: dict[type[messages.Control], Callable[[Joined, Any], None]] = {
             messages.Need: self._on_need,
+            messages.Working: self._on_working,
             messages.Loaded: self._on_loaded,
             messages.Ready: self._on_ready,
             messages.Lost: self._on_lost_report,
@@ -191,6 +193,7 @@ class HostRuntime:
                 handler = self._handlers.get(type(msg))
                 if j is None:
                     return
+                j.progress_at = asyncio.get_running_loop().time()
                 if handler is None:
                     log.warning("ignored a %r message from %s", msg.T, name)
                     continue
@@ -218,6 +221,10 @@ class HostRuntime:
         task = self._tg.create_task(self._send_chunks(j, list(msg.chunks)))
         j.sending.add(task)
         task.add_done_callback(j.sending.discard)
+
+    def _on_working(self, j: Joined, msg: messages.Working) -> None:
+        if msg.epoch == self.epoch:  # the message itself was progress (_recv_loop); what it says is for people
+            j.step = msg.step
 
     def _on_loaded(self, j: Joined, msg: messages.Loaded) -> None:
         if msg.epoch == self.epoch and j.loaded is not None and not j.loaded.done():
@@ -251,6 +258,8 @@ class HostRuntime:
         def progress(n: int) -> None:
             nonlocal done
             done += n
+            j.progress_at = asyncio.get_running_loop().time()
+            j.step = "receiving its stage"
             self.state.delivery[name] = (min(max(done, 0), total), total)
             self.state.changed()
 
@@ -372,22 +381,38 @@ class HostRuntime:
             self.state.plan or {}, model_label(self.model), j.manifest, cut_local))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
-        """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason)."""
+        """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason).
+
+        No fixed deadline: a multi-GB stage may take an hour to arrive over a slow link. A member is lost
+        when its link is, or when it shows no progress (stage bytes moving, a `working` or other message)
+        for `stall_s`: then it is named, with what it was doing, and the host plans again without it.
+        """
+        loop = asyncio.get_running_loop()
         waits: dict[str, asyncio.Future[Any]] = {}
         for n in order:
-            fut = self.joined[n].loaded if kind == "loaded" else self.joined[n].ready
+            j = self.joined[n]
+            fut = j.loaded if kind == "loaded" else j.ready
             assert fut is not None
             waits[n] = fut
+            j.progress_at = loop.time()
+            j.step = "opening its ring edges" if kind == "ready" else "receiving its stage"
+        stall = self.opts.stall_s
         lost_wait = asyncio.ensure_future(self._next_loss())
         try:
             pending: set[asyncio.Future[Any]] = set(waits.values())
-            deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
             while pending:
-                timeout = deadline - asyncio.get_running_loop().time()
-                if timeout <= 0:
-                    late = [n for n, f in waits.items() if f in pending]
-                    raise SessionError(f"members {late} did not report '{kind}' within {READY_TIMEOUT_S:.0f} s")
-                done, pending = await asyncio.wait(pending | {lost_wait}, timeout=timeout,
+                now = loop.time()
+                quiet = {n: now - self.joined[n].progress_at for n, f in waits.items() if f in pending}
+                stalled = max(quiet, key=lambda n: quiet[n])
+                if quiet[stalled] >= stall:
+                    j = self.joined[stalled]
+                    sent = self.state.delivery.get(stalled)
+                    where = f" ({sent[0] / 1e6:.1f} of {sent[1] / 1e6:.1f} MB sent)" \
+                        if sent is not None and j.step == "receiving its stage" else ""
+                    reason = f"made no progress for {stall:g} s while {j.step}{where}"
+                    self.state.log(f"{stalled} {reason}")
+                    return stalled, reason
+                done, pending = await asyncio.wait(pending | {lost_wait}, timeout=stall - quiet[stalled],
                                                    return_when=asyncio.FIRST_COMPLETED)
                 pending.discard(lost_wait)
                 if lost_wait in done:

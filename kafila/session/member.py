@@ -39,6 +39,7 @@ from kafila.session.api import ApiServer, Forwarder
 from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import StageManifest, StageReceiver
 from kafila.session.head import Head
+from kafila.session.heartbeat import working
 from kafila.session.local_model import cut_locally, model_claim
 from kafila.session.measure import Emulation, cached_probe, measurements
 from kafila.session.options import MemberOptions
@@ -301,8 +302,9 @@ class MemberRuntime:
         config = self._config()
         self.state.update_member(me, status="loading")
         try:
-            # stoppable: a SIGTERM while llama.cpp loads a big stage stops the load, not waits for it
-            engine = await run_stoppable(lambda progress: StageEngine(path, config, is_head, progress))
+            async with working(self.send_host, msg.epoch, "loading its stage"):
+                # stoppable: a SIGTERM while llama.cpp loads a big stage stops the load, not waits for it
+                engine = await run_stoppable(lambda progress: StageEngine(path, config, is_head, progress))
         except EngineError as exc:  # e.g. another build that does not know the model's architecture
             reason = f"its llama.cpp build cannot load this model's stage: {exc}"
             with contextlib.suppress(KafilaError):
@@ -316,6 +318,10 @@ class MemberRuntime:
         """Open this member's two ring edges (when the host says every stage is loaded)."""
         order = self._assigned.order
         self.state.set_phase("connecting", "opening ring edges")
+        async with working(self.send_host, self._assigned.epoch, "opening its ring edges"):
+            await self._open_edges(order)
+
+    async def _open_edges(self, order: tuple[str, ...]) -> None:
         # members only: a host's coordinating endpoint may share its machine's name with the member beside it
         by_name = {vm.name: vm for vm in (await self.ep.members()).verified if vm.measurements.get("role") != "host"}
         missing = [n for n in order if n not in by_name]
@@ -344,7 +350,8 @@ class MemberRuntime:
         if self.opts.model is None:
             raise ProtocolError("the host asked this member to cut its stage, but it was given no --model")
         self.state.log(f"cutting blocks [{spec.start}, {spec.end}) from {self.opts.model}")
-        path = await asyncio.to_thread(cut_locally, self.cache, self.opts.model, spec, msg.stage)
+        async with working(self.send_host, msg.epoch, "cutting its stage"):
+            path = await asyncio.to_thread(cut_locally, self.cache, self.opts.model, spec, msg.stage)
         await self.send_host(messages.Need(msg.epoch, ()))  # nothing to send: the host counts 0 bytes
         self.state.delivery[self.opts.name] = (msg.stage.size, msg.stage.size)
         self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
@@ -381,7 +388,19 @@ class MemberRuntime:
             if isinstance(msg, messages.Lost | messages.Assign | messages.Reject | messages.Bye):
                 raise Superseded(type(msg).__name__)
 
-        path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
+        seen = len(receiver.have)
+
+        def step() -> str | None:
+            # the host sees bytes leave it, not arrive here (a link's windows hold many MB): say when they
+            # do; once all are here, verifying the whole file is work it cannot see at all
+            nonlocal seen
+            if receiver.complete:
+                return "verifying its stage"
+            moved, seen = len(receiver.have) != seen, len(receiver.have)
+            return "receiving its stage" if moved else None
+
+        async with working(self.send_host, self._assigned.epoch, step):
+            path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
         self.state.delivery[me] = (total, total)
         self.state.log(f"stage {manifest.sha256[:12]} verified ({total / 1e6:.1f} MB)")
         return path

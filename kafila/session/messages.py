@@ -17,6 +17,8 @@ that may be null; fields this build does not know are ignored):
                               cut_local (true: the member holds the host's model file, announced by
                               its sha256, and cuts the stage itself; no chunks are sent)
     need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
+    working   member → host   epoch, step (e.g. "receiving its stage", "loading its stage"): still busy
+                              with a step the host cannot watch (each second; kafila.session.heartbeat)
     loaded    member → host   epoch (stage received, verified and loaded into llama.cpp)
     connect   host → member   epoch (every stage is loaded: open the ring edges now)
     ready     member → host   epoch, edge {predicted, actual, ready_ms|null, error|null}|null
@@ -145,6 +147,13 @@ class Need(Control):
     T = "need"
     epoch: int
     chunks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Working(Control):
+    T = "working"
+    epoch: int
+    step: str
 
 
 class Loaded(_Epoch):
@@ -385,6 +394,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
                         "config": _config, "plan": _plan, "model": _TEXT, "stage": _manifest,
                         "cut_local": _bool}),
     "need": (Need, {"epoch": _EPOCH, "chunks": _list(_int(0, MAX_INDEX))}),
+    "working": (Working, {"epoch": _EPOCH, "step": _NAME}),
     "loaded": (Loaded, {"epoch": _EPOCH}),
     "connect": (Connect, {"epoch": _EPOCH}),
     "ready": (Ready, {"epoch": _EPOCH, "edge": _null_or(_EDGE)}),

@@ -11,6 +11,7 @@ from pathlib import Path
 from tests.conftest import run_kafila
 
 TOKENS = 8
+REPLY_TOKENS = 6
 
 
 def close(a: float, b: float) -> bool:
@@ -19,6 +20,7 @@ def close(a: float, b: float) -> bool:
 
 def test_bench_scale_report(tmp_path: Path) -> None:
     out = run_kafila("bench", "scale", "--shape", "tiny", "--prompt-tokens", "150", "--tokens", str(TOKENS),
+                     "--reply-tokens", str(REPLY_TOKENS),
                      "--quic-mb", "4", "--json", "--out", str(tmp_path / "scale.json"),
                      env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -56,6 +58,17 @@ def test_bench_scale_report(tmp_path: Path) -> None:
         assert t["ok"], t
         assert t["ttft_s"] > 0 and t["prompt_tokens"] == local["prompt_tokens"] >= 100
     assert local["ttft_s"] > 0 and local["decode_ms_per_token"] > 0
+
+    # the long prompt's greedy reply through both rings equals llama-cpp-python's greedy chat completion
+    replies = doc["replies"]
+    assert replies["llama_cpp"] and local["reply_tokens"] == REPLY_TOKENS
+    for key in ("ring", "ring_slowed"):
+        assert doc[key]["ttft"]["reply_tokens"] == REPLY_TOKENS
+        assert replies[key] == {"reply": replies["llama_cpp"], "identical": True}, replies
+    assert doc["targets"]["reply_identical"] == {"value": 1.0, "met": True,
+                                                 "target": doc["targets"]["reply_identical"]["target"]}
+    # the pipe floor: the same stages over OS pipes, one figure per stage
+    assert doc["pipe_floor"]["ms_per_token"] > 0 and len(doc["pipe_floor"]["stage_ms"]) == 3
 
     # decode: a random model never ends a reply early (its control tokens' output rows are zero)
     assert ring["decode"]["completion_tokens"] == TOKENS and ring["decode"]["ms_per_token"] > 0

@@ -55,6 +55,7 @@ controls = st.one_of(
     assigns(),
     st.builds(m.Need, epochs, st.lists(st.integers(0, 2**31 - 1), max_size=8).map(tuple)),
     st.builds(m.Loaded, epochs), st.builds(m.Connect, epochs), st.builds(m.Admit, epochs),
+    st.builds(m.Working, epochs, names),
     st.builds(m.Ready, epochs, edges),
     st.builds(m.Reject, texts), st.builds(m.Refused, texts), st.builds(m.Bye, texts),
     st.builds(m.Lost, names, texts, epochs),
