@@ -182,8 +182,8 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     progress.update(task, total=1, completed=1)
     return {"shape": shape.name, "blocks": blocks, "model_bytes": model.stat().st_size, "model": model.name,
             "context": context, "n_batch": HostOptions.batch, "threads": threads, "throttles": throttles,
-            "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local, "pipe_floor": floor,
-            "replies": _replies(local, plain, slow)}
+            "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local,
+            "pipe_floor": floor, "replies": _replies(local, plain, slow)}
 
 
 def _seed_probe(scratch: Path, threads: int) -> None:
