@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,17 @@ class Cluster:
                     break
             time.sleep(0.3)
         raise AssertionError(f"phase never became {phases} (last {last and last['phase']}):\n{self.host.output}")
+
+    def wait_state(self, url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
+        """Poll the `/kafila/state` at url until done(state) holds."""
+        deadline = time.monotonic() + timeout
+        state: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            state = self.state(url)
+            if done(state):
+                return state
+            time.sleep(0.2)
+        raise AssertionError(f"the state at {url} never got there: {state}")
 
     def chat(self, content: str, max_tokens: int = 24, temperature: float = 0.0,
              timeout: float = REPLY_TIMEOUT_S,

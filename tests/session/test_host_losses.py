@@ -11,9 +11,7 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -98,16 +96,6 @@ REMEDY = "open a new session with `kafila host`"  # what the members say, since 
 STORY = "Tell me a long story about a dragon."
 
 
-def _wait_state(cluster: Cluster, url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = cluster.state(url)
-        if done(state):
-            return state
-        time.sleep(0.2)
-    raise AssertionError(f"the state at {url} never got there: {state}")
-
-
 def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path: Path, capital: str) -> None:
     with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo", "cy")]) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
@@ -121,7 +109,7 @@ def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path
         assert reply["choices"][0]["message"]["content"] == capital, reply
         # every member says the coordinator left, and names the same successor: the head
         for name, url in urls.items():
-            state = _wait_state(cluster, url, lambda s: s["coordinator_left"] is not None)
+            state = cluster.wait_state(url, lambda s: s["coordinator_left"] is not None)
             assert state["coordinator"] == head and state["phase"] == "admitted", (name, state)
             assert "the coordinator (host) left the session" in state["coordinator_left"]
             # the coordinator's state was replicated: every member of the ring, as the planner measured it
@@ -219,7 +207,7 @@ def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_re
         assert after.strip(), chunks[-3:]
         # every survivor names the new coordinator, serving on a ring re-planned over the survivors
         for name, url in urls.items():
-            state = _wait_state(cluster, url, lambda s: s["coordinator"] == HEIR and s["phase"] == "admitted", 120)
+            state = cluster.wait_state(url, lambda s: s["coordinator"] == HEIR and s["phase"] == "admitted", 120)
             assert sorted(state["plan"]["order"]) == ["ada", HEIR], (name, state["plan"])
             assert "the coordinator (host) left the session" in state["coordinator_left"], state
         assert "takes coordination over" in cluster.members["ada"].output, outputs

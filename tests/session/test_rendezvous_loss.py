@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,17 +24,6 @@ def capital(smollm: Path) -> str:
     return llama_cpp_reply(smollm, PROMPT, MAX_TOKENS)
 
 
-def wait_state(cluster: Cluster, url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    state: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        state = cluster.state(url)
-        if done(state):
-            return state
-        time.sleep(0.2)
-    raise AssertionError(f"the state at {url} never got there: {state}")
-
-
 def test_rendezvous_killed_with_an_all_direct_ring_serving_goes_on(tmp_path: Path, capital: str) -> None:
     with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in MEMBERS]) as cluster:
         state = cluster.wait_phase({"admitted"})
@@ -48,7 +35,7 @@ def test_rendezvous_killed_with_an_all_direct_ring_serving_goes_on(tmp_path: Pat
         reply = cluster.chat(PROMPT, MAX_TOKENS)  # at once: serving never waits on the rendezvous
         assert reply["choices"][0]["message"]["content"] == capital, reply
         for name, url in urls.items():  # everybody notices, and says so; the session goes on
-            state = wait_state(cluster, url, lambda s: s["rendezvous_unreachable"] is not None)
+            state = cluster.wait_state(url, lambda s: s["rendezvous_unreachable"] is not None)
             assert "unreachable" in state["rendezvous_unreachable"] and state["phase"] == "admitted", (name, state)
             assert "0 relayed link(s)" in state["rendezvous_unreachable"], state["rendezvous_unreachable"]
         for name in MEMBERS:  # the ring serves through every member's API, long after the rendezvous went
@@ -61,7 +48,7 @@ def test_rendezvous_killed_with_an_all_direct_ring_serving_goes_on(tmp_path: Pat
         cluster.procs[0] = back
         back.wait_for(LISTENING_RE, 60)
         for url in urls.values():
-            wait_state(cluster, url, lambda s: s["rendezvous_unreachable"] is None)
+            cluster.wait_state(url, lambda s: s["rendezvous_unreachable"] is None)
         back.wait_for(re.compile(r"created again"), 30)
         deadline = time.monotonic() + 30
         while len(re.findall(r"member \w+ joined", back.output)) < 1 + len(MEMBERS):
