@@ -104,13 +104,15 @@ def test_host_and_join_dashboards_on_one_machine_both_chat(terminals: dict[str, 
         for t in (host, join):
             t.wait_for(lambda s: "ADMITTED" in s or "REJECTED" in s or "LOST" in s or "EXIT=" in s, 480)
             t.wait_for("Admitted: the ring serves", 30)  # the chat opened itself
-        for role, t in terminals.items():
+        # one chat after the other: two at once share the ring's frames, and llama.cpp's numbers move with the
+        # rows per call, so concurrent greedy replies need not equal each one alone (README, batching)
+        for n, (role, t) in enumerate(terminals.items(), 1):
             t.type(PROMPTS[role])
             t.keys("Enter")
-        deadline = time.monotonic() + 300
-        while len(got := replies(data_dir)) < len(PROMPTS):
-            assert time.monotonic() < deadline, f"replies so far {got}:\n{host.screen()}\n{join.screen()}"
-            time.sleep(0.5)
+            deadline = time.monotonic() + 300
+            while len(got := replies(data_dir)) < n:
+                assert time.monotonic() < deadline, f"replies so far {got}:\n{host.screen()}\n{join.screen()}"
+                time.sleep(0.5)
         apis = {role: got[PROMPTS[role]][0] for role in PROMPTS}
         for role in PROMPTS:
             assert got[PROMPTS[role]][1].strip() == truth[role].strip(), (role, got)
