@@ -14,8 +14,7 @@ from typing import Any
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.pmtu import PmtuState
 from kafila.net.quic import Link
-from rendezvous.server import RendezvousServer
-from tests.rendezvous.inprocess import start_on_free_pair
+from tests.net.linked import linked
 
 
 async def _searched(ep: PeerEndpoint, link: Link, timeout_s: float) -> None:
@@ -26,32 +25,19 @@ async def _searched(ep: PeerEndpoint, link: Link, timeout_s: float) -> None:
 
 async def measure(nbytes: int, timeout_s: float = 60.0, allow_direct: bool = True) -> dict[str, Any]:
     """Open a link, send `nbytes` each way, wait for both searches; both ends' datagram sizes and the path."""
-    server: RendezvousServer = await start_on_free_pair(lambda port: RendezvousServer("127.0.0.1", port))
-    rdv = ("127.0.0.1", server.port)
-    try:
-        async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as a, \
-                PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as b:
-            await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
-            code = await a.create_session(rdv)
-            await b.join_session(rdv, str(code))
-            await asyncio.gather(a.announce({}), b.announce({}))
-            await asyncio.gather(a.wait_for_members(2, 10), b.wait_for_members(2, 10))
-            link = await a.connect(a.peers[b.member_id])
-            incoming = await b.accept(10)
-            await a.settle_path(a.peers[b.member_id])
-            payload = bytes(range(256)) * (nbytes // 256)
-            await link.send(payload)
-            got = await incoming.recv(timeout_s)
-            await incoming.send(got[::-1])
-            back = await link.recv(timeout_s)
-            await asyncio.gather(_searched(a, link, timeout_s), _searched(b, incoming, timeout_s))
-            # and data at the found size: a size the path did not carry would stall this
-            await link.send(payload)
-            again = await incoming.recv(timeout_s)
-            return {"host": link.conn.datagram_size, "member": incoming.conn.datagram_size, "path": link.path,
-                    "intact": got == payload and back == payload[::-1] and again == payload}
-    finally:
-        server.close()
+    async with linked(allow_direct) as (a, b, link, incoming):
+        await a.settle_path(a.peers[b.member_id])
+        payload = bytes(range(256)) * (nbytes // 256)
+        await link.send(payload)
+        got = await incoming.recv(timeout_s)
+        await incoming.send(got[::-1])
+        back = await link.recv(timeout_s)
+        await asyncio.gather(_searched(a, link, timeout_s), _searched(b, incoming, timeout_s))
+        # and data at the found size: a size the path did not carry would stall this
+        await link.send(payload)
+        again = await incoming.recv(timeout_s)
+        return {"host": link.conn.datagram_size, "member": incoming.conn.datagram_size, "path": link.path,
+                "intact": got == payload and back == payload[::-1] and again == payload}
 
 
 if __name__ == "__main__":

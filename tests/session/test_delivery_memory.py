@@ -12,12 +12,10 @@ from pathlib import Path
 import pytest
 
 from kafila.net import quic
-from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
 from kafila.session.delivery import CHUNK_SIZE, StageReceiver, manifest_for
 from kafila.session.transfer import receive_stage, send_stage
-from rendezvous.server import RendezvousServer
-from tests.net.conftest import free_port_pair
+from tests.net.linked import linked
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,22 +23,8 @@ pytestmark = pytest.mark.timeout(300)
 @asynccontextmanager
 async def link_pair(allow_direct: bool = True) -> AsyncIterator[tuple[Link, Link]]:
     """A host's link to a member and the member's end of it, through an in-process rendezvous."""
-    port = free_port_pair(alt_ip=None)
-    server = RendezvousServer("127.0.0.1", port)
-    await server.start()
-    rdv = ("127.0.0.1", port)
-    try:
-        async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as a, \
-                PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as b:
-            await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
-            code = await a.create_session(rdv)
-            await b.join_session(rdv, str(code))
-            await asyncio.gather(a.announce({"bw": 1.0}), b.announce({"bw": 1.0}))
-            await asyncio.gather(a.wait_for_members(2, 10), b.wait_for_members(2, 10))
-            link = await a.connect(a.peers[b.member_id])
-            yield link, await b.accept(10)
-    finally:
-        server.close()
+    async with linked(allow_direct, {"bw": 1.0}) as (_, _, link, incoming):
+        yield link, incoming
 
 
 def stage_file(folder: Path, size: int) -> Path:
