@@ -1,0 +1,136 @@
+"""Predicted time to first token (TTFT) of a P-token prompt through the ring (issue 11, DESIGN §3).
+
+The head cuts a prompt into C = ⌈P / B⌉ chunks of at most B = n_batch rows and sends chunk k+1 while
+chunk k is still in later stages (kafila/session/head.py), with at most D frames in the ring at once
+(counted from the head's send until the head's own stage takes the frame back). A chunk visits the
+stages in ring order after the head, then the head's own stage; after the last chunk the head
+unembeds its last row and samples the first token.
+
+Every term below is a lower bound on when the last chunk can leave the head's stage, and TTFT is their
+maximum plus the unembedding:
+
+- the flow-shop critical path (stages are FIFO servers, links pure delays): with C−1 equal chunks and a
+  last one of r ≤ B rows, the longest path through the chunk × stage grid runs along chunk 1 to some
+  stage q, waits there for the C−2 middle chunks at the slowest stage before q, and follows the last
+  chunk from q on: L + max_q [Σ_{i≤q} f_i + (C−2)·max_{i≤q} f_i + Σ_{i≥q} l_i], f and l a full and
+  the last chunk's stage times, L every link's latency once. For a ring whose stages run on machines
+  of their own and a window that does not bind, this is the exact completion time (the grid's
+  longest path is the flow shop's makespan);
+- each machine that runs several stages (members may share one machine: the demo runs three on one):
+  its stages do not compute in parallel, so it must do (C−1)·Σ f^c + Σ l^c of compute (f^c the part of a
+  stage time that is compute: emulated slow-downs are sleeps and overlap), after chunk 1 reaches its
+  first stage and before the last chunk leaves its last stage;
+- the window: frame k cannot be sent before frame k−D came back, which takes at least a lap
+  (the non-head stages plus every link), so ⌊(C−1)/D⌋ laps pass before the last chunk is sent.
+
+A stage's time for r rows is interpolated between its one-row (decode) time and its B-row (prefill)
+time, both predicted by the cost model from the member's probe (straight lines: a chunk of r rows
+pays the call's fixed costs once and the rows' compute in proportion). Attention over the growing
+context is left out: at the context lengths the probe measured it is a few per cent of a chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kafila.errors import PlanInputError
+
+
+@dataclass(frozen=True)
+class PrefillStage:
+    """One stage as a prompt chunk meets it."""
+
+    name: str
+    decode_s: float  # one row (without the head's unembedding)
+    chunk_s: float  # n_batch rows
+    machine: str = ""  # stages with the same non-empty id share one machine's cores
+    throttle: float = 1.0  # emulated slow-down: 1/throttle of the stage time is compute, the rest a sleep
+    link_s: float = 0.0  # one-way latency of the edge that brings a chunk to this stage
+
+    def seconds(self, rows: int, n_batch: int) -> float:
+        """Seconds of a call of `rows` rows: the line through (1, decode_s) and (n_batch, chunk_s)."""
+        if n_batch <= 1:
+            return self.chunk_s * rows
+        slope = max(self.chunk_s - self.decode_s, 0.0) / (n_batch - 1)
+        return self.decode_s + slope * (rows - 1)
+
+    def compute_s(self, rows: int, n_batch: int) -> float:
+        """The part of `seconds` that occupies the machine's cores (an emulated slow-down only sleeps)."""
+        return self.seconds(rows, n_batch) / self.throttle
+
+
+@dataclass(frozen=True)
+class TtftModel:
+    """What TTFT depends on: the stages in the order a chunk visits them (the head's last), B, D, unembedding."""
+
+    stages: tuple[PrefillStage, ...]
+    n_batch: int
+    depth: int  # frames in the ring at once (head.py: one per stage, one on the wire)
+    unembed_s: float = 0.0  # the head's unembedding of the prompt's last row
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise PlanInputError("ttft: a ring needs at least one stage")
+        if self.n_batch < 1 or self.depth < 1:
+            raise PlanInputError(f"ttft: n_batch and depth must be >= 1, got {self.n_batch} and {self.depth}")
+        for s in self.stages:
+            if not all(math.isfinite(v) and v >= 0 for v in (s.decode_s, s.chunk_s, s.link_s)) or s.throttle < 1:
+                raise PlanInputError(f"ttft: stage {s.name!r} has a negative or non-finite time, or throttle < 1")
+
+    def predict(self, prompt_tokens: int) -> float:
+        """Seconds from a P-token prompt's arrival at the head to its first token (see the module's docstring)."""
+        if prompt_tokens < 1:
+            raise PlanInputError(f"ttft: a prompt has at least one token, got {prompt_tokens}")
+        B, st = self.n_batch, self.stages
+        C = math.ceil(prompt_tokens / B)
+        r = prompt_tokens - (C - 1) * B
+        f = [s.seconds(B, B) for s in st]
+        last = [s.seconds(r, B) for s in st]
+        first = f if C > 1 else last  # the times of the chunk that goes first
+        links = sum(s.link_s for s in st)
+        bounds = [links + _critical_path(f, last, C)]
+        by_machine: dict[str, list[int]] = {}
+        for j, s in enumerate(st):
+            if s.machine:
+                by_machine.setdefault(s.machine, []).append(j)
+        for js in by_machine.values():
+            if len(js) < 2:
+                continue
+            a, z = js[0], js[-1]
+            work = sum((C - 1) * st[j].compute_s(B, B) + st[j].compute_s(r, B) for j in js)
+            sleep_z = last[z] - st[z].compute_s(r, B)
+            before = sum(first[:a]) + sum(s.link_s for s in st[:a + 1])  # links between its stages may overlap
+            after = sleep_z + sum(last[z + 1:]) + sum(s.link_s for s in st[z + 1:])
+            bounds.append(before + work + after)
+        lap_f, lap_l = sum(f[:-1]) + links, sum(last[:-1]) + links
+        bounds.append((C - 1) // self.depth * lap_f + lap_l + last[-1])
+        return max(bounds) + self.unembed_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n_batch": self.n_batch, "depth": self.depth, "unembed_s": self.unembed_s,
+                "stages": [asdict(s) for s in self.stages]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TtftModel:
+        """The model back from `to_json` (as the plan JSON carries it); PlanInputError when malformed."""
+        try:
+            stages = tuple(PrefillStage(**s) for s in d["stages"])
+            return cls(stages, int(d["n_batch"]), int(d["depth"]), float(d["unembed_s"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanInputError(f"plan ttft: malformed model ({exc})") from None
+
+
+def _critical_path(f: list[float], last: list[float], C: int) -> float:
+    """Longest path through C chunks × m stages: C−1 chunks of stage times f, the last of `last` (≤ f)."""
+    if C == 1:
+        return sum(last)
+    best, slowest, ahead = 0.0, 0.0, 0.0
+    behind = sum(last)
+    for q in range(len(f)):
+        ahead += f[q]
+        slowest = max(slowest, f[q])
+        best = max(best, ahead + (C - 2) * slowest + behind)
+        behind -= last[q]
+    return best
