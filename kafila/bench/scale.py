@@ -120,7 +120,8 @@ def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, thr
         ttft = scale_ring.ttft(url, prompt, reply_tokens)
         out: dict[str, Any] = {"order": state.plan.get("order") if state.plan else None,
                                "ranges": state.plan.get("ranges") if state.plan else None,
-                               "ttft": ttft, "plan_ttft_s": scale_ring.predicted_ttft(state.plan or {})}
+                               "ttft": ttft,
+                               "plan_ttft_s": scale_ring.predicted_ttft(state.plan or {}, ttft.get("prompt_tokens"))}
         if all(m.throttle == 1 for m in members):
             progress.update(task, description=f"{label}: decode")
             out["decode"] = scale_ring.decode(url, decode_tokens)

@@ -142,12 +142,11 @@ def stage_errors(stages: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def predicted_ttft(plan: dict[str, Any]) -> float | None:
-    """The plan's predicted time to first token, if this version of the planner predicts one."""
-    for key, value in plan.items():
-        if "ttft" in key.lower() and isinstance(value, int | float):
-            return float(value)
-    return None
+def predicted_ttft(plan: dict[str, Any], prompt_tokens: int | None) -> float | None:
+    """The plan's predicted time to first token for a prompt of `prompt_tokens` (None: it predicts none)."""
+    from kafila.planner.ttft import predicted_ttft as predict
+
+    return predict(plan, prompt_tokens) if prompt_tokens else None
 
 
 def session(model: Path, members: tuple[Any, ...], context: int, cache_dir: Path, threads: int) -> Any:

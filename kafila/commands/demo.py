@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"text": text, "admitted": True, "plan": state.plan, "rejection": None,
                               "tokens_per_s": stats.get("tokens_per_s"), "stages": stats.get("stages"),
                               "network_share": stats.get("network_share"), "builds": state.builds,
+                              # this reply's time to first token beside the plan's for as many prompt tokens
+                              "ttft": stats.get("ttft"),
                               "members": {n: {"emulated": m.emulated} for n, m in state.members.items()}}))
         else:
             sys.stdout.write("\n")

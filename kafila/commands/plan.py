@@ -40,6 +40,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--concurrency", type=_positive, default=1, help="concurrent requests to admit (default 1)")
     p.add_argument("--context", type=_positive, default=4096, help="tokens of context per request (default 4096)")
+    p.add_argument("--prompt-tokens", type=_positive, default=2000,
+                   help="predict the time to first token of a prompt this long (default 2000)")
+    p.add_argument("--batch", type=_positive, default=128,
+                   help="most rows per stage call: a prompt goes round in chunks of this many (default 128)")
     p.add_argument(
         "--strategy",
         choices=("kafila", "uniform", "memory"),
@@ -89,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
     members = load_fleet(args.fleet)
     model = load_model(args.model)
-    plan = make_plan(members, model, Workload(concurrency=args.concurrency, context=args.context))
+    plan = make_plan(members, model, Workload(concurrency=args.concurrency, context=args.context, batch=args.batch,
+                                              prompt_tokens=args.prompt_tokens))
     if args.json:
         print(json.dumps(plan.to_json(args.strategy), indent=2))
     else:
@@ -141,15 +146,20 @@ def render(plan: Plan, members: tuple[Member, ...], strategy: str) -> None:
     console.print(table)
 
     summary = Table(title="strategies side by side (◀ marks each one's bottleneck above)")
-    for col in ("strategy", "fits", "bottleneck ms", "utilisation", "circuit ms", "note"):
-        summary.add_column(col, justify="right" if col.endswith("ms") or col == "utilisation" else "left")
+    for col in ("strategy", "fits", "bottleneck ms", "utilisation", "circuit ms", f"TTFT s ({wl.prompt_tokens} tok)",
+                "note"):
+        summary.add_column(col, justify="right" if col.endswith(("ms", "tok)")) or col == "utilisation" else "left")
     for s in strategies:
         p = plan.placement(s)
         util = "—" if p.utilisation is None else f"{p.utilisation:.0%}"
         note = "" if p.feasible else (p.reason or "").split(":")[0]  # the details are in the table and below
         fits = "yes" if p.feasible else "[red]no[/]"
-        summary.add_row(s, fits, _ms(p.bottleneck_seconds), util, _ms(p.circuit_seconds), note)
+        ttft = "—" if p.ttft is None else f"{p.ttft['seconds']:.2f}"
+        summary.add_row(s, fits, _ms(p.bottleneck_seconds), util, _ms(p.circuit_seconds), ttft, note)
     console.print(summary)
+    if chosen.ttft is None and chosen.feasible:
+        console.print("[dim]no time to first token predicted: a member of the fleet has no prefill numbers "
+                      "(prefill_rows)[/]")
 
     if chosen.edges:
         edges = Table(title=f"ring edges (predicted cost {plan.ring_cost_ms:.1f} ms in all)")

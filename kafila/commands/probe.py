@@ -7,7 +7,7 @@ import json
 
 from kafila.commands._common import add_model_arg
 
-HELP = "measure this machine: stage bandwidth, dispatch overhead, usable memory"
+HELP = "measure this machine: stage bandwidth, dispatch overhead, prefill speed, usable memory"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -48,4 +48,12 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"  {n:3d} blocks, {b / 1e6:8.1f} MB stage: {s * 1e3:7.3f} ms per decode call "
                   f"(fit {result.predict(n, b) * 1e3:7.3f} ms)")
     out.print(f"  fit error {result.fit_residual:.1%}")
+    if result.prefill_rows:
+        out.print(f"[bold]prefill[/]          {result.prefill_dispatch_s * 1e3:.1f} ms + "
+                  f"{result.prefill_block_s * 1e3:.1f} ms per block + bytes at "
+                  f"{result.prefill_bandwidth_bytes_per_s / 1e9:.3f} GB/s per call of {result.prefill_rows} rows")
+        for (b, s), n in zip(result.prefill_samples, result.prefill_sample_blocks, strict=True):
+            out.print(f"  {n:3d} blocks, {b / 1e6:8.1f} MB stage: {s * 1e3:9.1f} ms per prefill call "
+                      f"(fit {result.predict_prefill(n, b) * 1e3:9.1f} ms)")
+        out.print(f"  fit error {result.prefill_fit_residual:.1%}")
     return 0

@@ -8,6 +8,11 @@ written once into the cache), and fits `o`, `p` and `b` by least squares: on sma
 per-block cost looks like bandwidth, and the fit would predict large blocks twice too slow.
 A head cut (the last block with the output layer) is timed among them: what it takes beyond its
 block is the unembedding, whose own quantisation and shape run at another speed than the blocks.
+
+Prefill: the same cuts are timed on one call of PREFILL_ROWS rows (the host's default --batch), and
+the same three-term shape is fitted to it; the planner predicts a chunk of another size on the line
+between a decode call (1 row) and this one (kafila.planner.ttft). A row of prefill is compute, not
+weight reads, so its "bandwidth" is weight bytes processed per second at that many rows.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +42,10 @@ LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
 IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
+PREFILL_ROWS = 128  # rows of the probe's prefill calls: the host's default --batch
+PREFILL_CALLS = 1  # timed prefill calls per cut: each is long (0.1–5 s here), so one is steady enough
+PREFILL_SMALL = (1, 4)  # the small-block cuts whose prefill is timed (with every large-block cut): a
+# 128-row call of the embedded model's 20-block cut took 3.5 s here, most of the probe's time for little
 
 
 @dataclass(frozen=True)
@@ -55,16 +65,37 @@ class ProbeResult:
     device_free_bytes: int | None = None
     block_s: float = 0.0  # fixed seconds per block per call (p), besides its bytes
     sample_blocks: tuple[int, ...] = ()  # blocks of each sample's cut, in the order of `samples`
+    # prefill: one call of `prefill_rows` rows costs prefill_dispatch_s + n·prefill_block_s + bytes/prefill_bandwidth
+    prefill_rows: int = 0  # 0: not measured (a probe of an older version)
+    prefill_bandwidth_bytes_per_s: float = 0.0
+    prefill_dispatch_s: float = 0.0
+    prefill_block_s: float = 0.0
+    prefill_samples: tuple[tuple[int, float], ...] = ()  # (weight bytes, fastest seconds per prefill call)
+    prefill_fit_residual: float = 0.0
+    prefill_sample_blocks: tuple[int, ...] = ()  # blocks of each prefill sample's cut
 
     def predict(self, n_blocks: int, nbytes: int) -> float:
         """Seconds of one decode call of a stage of `n_blocks` blocks holding `nbytes`: o + n·p + bytes/b."""
         return self.dispatch_s + n_blocks * self.block_s + nbytes / self.bandwidth_bytes_per_s
 
+    def predict_prefill(self, n_blocks: int, nbytes: int) -> float:
+        """Seconds of one prefill call of `prefill_rows` rows through such a stage (same shape, own fit)."""
+        return self.prefill_dispatch_s + n_blocks * self.prefill_block_s + nbytes / self.prefill_bandwidth_bytes_per_s
+
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["samples"] = [list(s) for s in self.samples]
         d["sample_blocks"] = list(self.sample_blocks)
+        d["prefill_samples"] = [list(s) for s in self.prefill_samples]
+        d["prefill_sample_blocks"] = list(self.prefill_sample_blocks)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProbeResult:
+        """The result back from `as_dict` (a cached probe)."""
+        lists = {k: tuple(tuple(s) for s in d.get(k, ())) for k in ("samples", "prefill_samples")}
+        counts = {k: tuple(d.get(k, ())) for k in ("sample_blocks", "prefill_sample_blocks")}
+        return cls(**{**d, **lists, **counts})
 
 
 def memory_read_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -157,6 +188,28 @@ def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
     return [statistics.median(t) for t in times]
 
 
+def time_prefill_calls(engines: list[StageEngine], rows: int, calls: int,
+                       on_call: Callable[[int], None] | None = None) -> list[float]:
+    """Fastest seconds of a `rows`-row prefill call (positions 0..rows−1 of a fresh sequence) for each engine.
+
+    Round-robin like `time_decode_calls`; no cache eviction or idle wait: a call this long is compute,
+    which neither changes. The fastest of `calls` is what the machine does when nothing else runs.
+    """
+    rng = np.random.default_rng(1)
+    best = [float("inf")] * len(engines)
+    r = Rows(np.zeros(rows, np.int32), np.arange(rows, dtype=np.int32), np.zeros(rows, bool))
+    for i in range(calls):
+        for k, engine in enumerate(engines):
+            x = rng.standard_normal((rows, engine.n_embd)).astype(np.float32)
+            t0 = time.perf_counter()
+            engine.run(x, r)
+            best[k] = min(best[k], time.perf_counter() - t0)
+            engine.free(0)
+        if on_call:
+            on_call(i + 1)
+    return best
+
+
 def probe(
     model: Path,
     cache: StageCache,
@@ -167,6 +220,8 @@ def probe(
     threads: int = 0,
     large: tuple[int, ...] = LARGE_SIZES,
     large_shape: Shape = LARGE_SHAPE,
+    prefill_rows: int = PREFILL_ROWS,
+    prefill_calls: int = PREFILL_CALLS,
 ) -> ProbeResult:
     """Measure this machine with cuts of `model` of the given block counts and, unless `large` is empty,
     cuts of those block counts of a random-weight file with large (Llama-3.1-8B-shaped) blocks, on
@@ -175,7 +230,9 @@ def probe(
     sizes = tuple(sorted({min(s, info.n_blocks) for s in sizes}))
     if len(sizes) < 2:
         raise EngineError("probing needs at least two different cut sizes")
-    config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=8, n_threads=threads)
+    # the session's batch size (a decode call reads the same weights whatever the context's n_batch)
+    config = ContextConfig(n_ctx_per_seq=max(256, prefill_rows), n_seq_max=1, n_batch=max(8, prefill_rows),
+                           n_threads=threads)
     total = warmup + calls
     k = info.n_blocks
     engines: list[StageEngine] = []
@@ -205,6 +262,13 @@ def probe(
         *seconds, head_s = time_decode_calls(
             engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
         )
+        # the large-block cuts and the small ones of PREFILL_SMALL blocks (the large ones come after the small)
+        timed = [i for i, (n, _) in enumerate(cuts) if i >= len(sizes) or n in PREFILL_SMALL]
+        if len({cuts[i][0] for i in timed if i < len(sizes)}) < 2:  # a model of few blocks: its two smallest
+            timed = sorted({*range(min(2, len(sizes))), *timed})
+        prefill_s = time_prefill_calls(
+            [engines[i] for i in timed], prefill_rows, prefill_calls,
+            lambda done: on_step("timing prefill calls", done, prefill_calls) if on_step else None)
     finally:
         for engine in engines:
             engine.close()
@@ -220,8 +284,11 @@ def probe(
     device, device_free = offload_memory(offload)
     if device_free is not None:  # weights and KV cache live on the GPU: its memory is what the planner may fill
         usable = int(device_free * (1 - DEVICE_MARGIN))
+    prefill = [(cuts[i][1], t) for i, t in zip(timed, prefill_s, strict=True)]
+    p_bw, p_dispatch, p_block, p_resid = fit_cost(prefill, [cuts[i][0] for i in timed])
     return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw,
-                       device, device_free, block_s, tuple(counts))
+                       device, device_free, block_s, tuple(counts), prefill_rows, p_bw, p_dispatch, p_block,
+                       tuple(prefill), p_resid, tuple(cuts[i][0] for i in timed))
 
 
 def offload_memory(offload: Offload | None) -> tuple[str | None, int | None]:

@@ -42,6 +42,9 @@ class Placement:
     utilisation: float | None
     edges: tuple[Edge, ...]
     memory_bytes: dict[str, int]
+    # {"prompt_tokens": P, "seconds": predicted TTFT, "model": kafila.planner.ttft.TtftModel's JSON}; None: the
+    # members measured no prefill (or the placement is infeasible)
+    ttft: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON fields of the issue, in its order."""
@@ -57,6 +60,7 @@ class Placement:
             "utilisation": self.utilisation,
             "edges": [e.to_json() for e in self.edges],
             "memory_bytes": dict(self.memory_bytes),
+            "ttft": self.ttft,
         }
 
 

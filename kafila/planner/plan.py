@@ -13,6 +13,7 @@ from kafila.planner.order import EXACT_LIMIT, Cycle, cost_tiers, heuristic_cycle
 from kafila.planner.partition import OrderSet, Solution, fits, solve
 from kafila.planner.placement import Placement, describe, unplaced
 from kafila.planner.spec import Member, ModelSpec, Workload, check_inputs
+from kafila.planner.ttft import with_ttft
 
 STRATEGIES = ("kafila", "uniform", "memory")
 
@@ -101,11 +102,12 @@ def make_plan(members: Sequence[Member], model: ModelSpec, workload: Workload | 
     else:
         order = solution.order
         kafila = describe("kafila", ctx, ms, order, solution.ranges)
+    by_name = {mem.name: mem for mem in ms}
     return Plan(
-        kafila=kafila,
+        kafila=with_ttft(kafila, by_name, model, workload),
         baselines={
-            "uniform": baselines.uniform(ctx, ms, order),
-            "memory": baselines.memory_proportional(ctx, ms, order),
+            "uniform": with_ttft(baselines.uniform(ctx, ms, order), by_name, model, workload),
+            "memory": with_ttft(baselines.memory_proportional(ctx, ms, order), by_name, model, workload),
         },
         admission=admission,
         model=model.name,

@@ -26,6 +26,16 @@ class Member:
     # fixed seconds each block adds to a call besides its bytes (a few dozen ops, each a thread barrier:
     # DESIGN §2c); 0 for a fleet measured without it
     block_s: float = 0.0
+    # a prefill call of `prefill_rows` rows costs prefill_dispatch_s + n·prefill_block_s + bytes/prefill_bandwidth
+    # (the probe's own fit); prefill_rows 0: not measured, and the plan predicts no TTFT
+    prefill_bandwidth: float = 0.0
+    prefill_dispatch_s: float = 0.0
+    prefill_block_s: float = 0.0
+    prefill_rows: int = 0
+    machine: str = ""  # members with the same non-empty id share one machine's cores ("" : a machine of its own)
+    throttle: float = 1.0  # emulated slow-down already in the numbers above: 1/throttle of a call is compute
+
+
 
 
 class DescribedModel(Protocol):
@@ -106,6 +116,8 @@ class Workload:
 
     concurrency: int = 1
     context: int = 4096
+    batch: int = 128  # most rows per stage call: a prompt goes round in chunks of this many tokens
+    prompt_tokens: int = 2000  # the prompt length whose time to first token the plan predicts
 
     @property
     def tokens(self) -> int:
@@ -138,6 +150,13 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
             raise PlanInputError(f"{where}: unembedding bandwidth must be > 0, got {ub}")
         if not (math.isfinite(mem.block_s) and mem.block_s >= 0):
             raise PlanInputError(f"{where}: per-block time must be >= 0, got {mem.block_s}")
+        prefill = (mem.prefill_bandwidth, mem.prefill_dispatch_s, mem.prefill_block_s)
+        if not all(math.isfinite(v) and v >= 0 for v in prefill) or mem.prefill_rows < 0:
+            raise PlanInputError(f"{where}: prefill numbers must be >= 0, got {prefill} at {mem.prefill_rows} rows")
+        if mem.prefill_rows and mem.prefill_bandwidth <= 0:
+            raise PlanInputError(f"{where}: prefill bandwidth must be > 0 when prefill was measured")
+        if not (math.isfinite(mem.throttle) and mem.throttle >= 1):
+            raise PlanInputError(f"{where}: throttle must be >= 1, got {mem.throttle}")
     if model.k == 0:
         raise PlanInputError(f"model {model.name!r}: blocks_bytes is empty")
     if len(model.kv_bytes_per_token) != model.k:
@@ -160,6 +179,10 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
     if workload.concurrency < 1 or workload.context < 1:
         raise PlanInputError(
             f"workload: concurrency and context must be >= 1, got {workload.concurrency} and {workload.context}"
+        )
+    if workload.batch < 1 or workload.prompt_tokens < 1:
+        raise PlanInputError(
+            f"workload: batch and prompt_tokens must be >= 1, got {workload.batch} and {workload.prompt_tokens}"
         )
 
 

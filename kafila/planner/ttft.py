@@ -32,10 +32,13 @@ context is left out: at the context lengths the probe measured it is a few per c
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kafila.errors import PlanInputError
+from kafila.planner.cost import edge_cost_ns, read_bytes, stage_time
+from kafila.planner.placement import Placement
+from kafila.planner.spec import Member, ModelSpec, Workload
 
 
 @dataclass(frozen=True)
@@ -134,3 +137,68 @@ def _critical_path(f: list[float], last: list[float], C: int) -> float:
         best = max(best, ahead + (C - 2) * slowest + behind)
         behind -= last[q]
     return best
+
+
+def window_depth(m: int) -> int:
+    """Frames the head keeps in a ring of m members at once: one per stage and one on the wire (head.py)."""
+    return m + 1
+
+
+def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec, workload: Workload
+              ) -> TtftModel | None:
+    """The TTFT model of a feasible placement; None when it has no ranges or a member measured no prefill.
+
+    A member measured prefill at R = prefill_rows rows; a chunk of the session's B rows is read off the
+    line through its one-row (decode) time and its R-row time. Its decode time here is one row's (MoE
+    blocks read fewer experts than at the admitted concurrency), its prefill time reads the experts R
+    rows touch (cost.read_bytes).
+    """
+    if not placement.ranges or placement.head is None:
+        return None
+    order = placement.order
+    if any(members[n].prefill_rows < 1 for n in order):
+        return None
+    one, prefix_one = read_bytes(model, 1), [0]
+    for r in one:
+        prefix_one.append(prefix_one[-1] + r)
+    B = workload.batch
+    stages = []
+    for j, name in enumerate((*order[1:], order[0])):
+        mem = members[name]
+        a, e = placement.ranges[name]
+        R = mem.prefill_rows
+        reads_r = read_bytes(model, R)
+        decode = stage_time(mem.dispatch_s, mem.block_s, mem.bandwidth, e - a, prefix_one[e] - prefix_one[a])
+        at_r = stage_time(mem.prefill_dispatch_s, mem.prefill_block_s, mem.prefill_bandwidth, e - a,
+                          sum(reads_r[a:e]))
+        chunk = decode + max(at_r - decode, 0.0) * (B - 1) / (R - 1) if R > 1 else at_r * B
+        prev = members[order[j]]  # the member that sends this stage its chunks (order[j] precedes it)
+        link = edge_cost_ns(prev, mem) / 2e9 if len(order) > 1 else 0.0  # edge costs are round-trip figures
+        stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link))
+    head = members[order[0]]
+    unembed = model.unembed_bytes / (head.unembed_bandwidth or head.bandwidth)
+    return TtftModel(tuple(stages), B, window_depth(len(order)), unembed)
+
+
+def with_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec, workload: Workload
+              ) -> Placement:
+    """The placement with its predicted TTFT for the workload's prompt length (and the model to predict others)."""
+    ttft = ring_ttft(placement, members, model, workload) if placement.feasible else None
+    if ttft is None:
+        return placement
+    return replace(placement, ttft={"prompt_tokens": workload.prompt_tokens,
+                                    "seconds": ttft.predict(workload.prompt_tokens), "model": ttft.to_json()})
+
+
+def plan_model(plan_json: dict[str, Any]) -> TtftModel | None:
+    """The TTFT model a plan's JSON carries (None when the plan predicts none); PlanInputError when malformed."""
+    ttft = plan_json.get("ttft")
+    if not isinstance(ttft, dict) or not isinstance(ttft.get("model"), dict):
+        return None
+    return TtftModel.from_json(ttft["model"])
+
+
+def predicted_ttft(plan_json: dict[str, Any], prompt_tokens: int) -> float | None:
+    """TTFT for `prompt_tokens` from a plan's JSON (None when the plan predicts none)."""
+    model = plan_model(plan_json)
+    return None if model is None else model.predict(prompt_tokens)

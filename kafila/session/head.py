@@ -24,7 +24,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
 from kafila.errors import EngineError, NetworkError, SessionEnded, SessionError
+from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session import frames, messages
 from kafila.session.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
 from kafila.session.frames import ActivationHeader, Frame, Phase
@@ -72,6 +73,7 @@ class RingStats:
     tokens: int = 0
     window_start: float = field(default_factory=time.perf_counter)
     tokens_per_s: float | None = None
+    ttft: messages.TtftTime | None = None  # the latest request's time to first token, beside the plan's
 
     def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
         for name, t in zip(names, times_ns, strict=False):
@@ -95,12 +97,13 @@ class RingStats:
             "stages": {n: {"predicted_s": p, "measured_s": self.measured.get(n)} for n, p in self.predicted.items()},
             "network_share": self.network_share,
             "tokens_per_s": self.tokens_per_s,
+            "ttft": None if self.ttft is None else asdict(self.ttft),
         }
 
     def message(self) -> messages.Stats:
         """The `stats` message the head sends the host."""
         return messages.Stats({n: messages.StageTime(p, self.measured.get(n)) for n, p in self.predicted.items()},
-                              self.network_share, self.tokens_per_s)
+                              self.network_share, self.tokens_per_s, self.ttft)
 
 
 class Head:
@@ -117,18 +120,20 @@ class Head:
         send_next: Callable[[bytes], Awaitable[None]] | None,
         inbox: asyncio.Queue[bytes],
         trace: Callable[[dict[str, Any]], None] | None = None,
+        ttft: TtftModel | None = None,
     ) -> None:
         self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
         self.order = order
         self.send_next = send_next  # None for a ring of one
         self.inbox = inbox  # messages coming back from the last member (or from ourselves)
         self.stats = RingStats(predicted)
+        self.ttft = ttft  # the plan's TTFT model: the prediction beside each measured first token
         self._slots = Slots.empty(config.n_seq_max)
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, which rows want logits, when it was sent)
         self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int]] = {}
-        self._depth = len(order) + 1  # frames in the ring at once: one per stage, one on the wire
+        self._depth = window_depth(len(order))  # frames in the ring at once: one per stage, one on the wire
         self._wake = asyncio.Event()
         self._ids = itertools.count()
         self._frame_ids = itertools.count()
@@ -323,6 +328,8 @@ class Head:
                 await self._free(slot)
                 continue
             new = job.request.generated[before:]
+            if new and not job.token_times:
+                self._first_token(job)
             if new:
                 self.stats.count_token()
                 job.token_times.append(time.perf_counter())
@@ -334,6 +341,13 @@ class Head:
             if job.request.done:
                 await self._finish_job(slot, job)
         self._wake.set()
+
+    def _first_token(self, job: Job) -> None:
+        """Record the request's time to first token (from its arrival here) beside the plan's for its prompt."""
+        assert job.request is not None
+        fed = max(len(job.request.prompt) - job.request.cached, 1)  # a reused cache's tokens were not prefilled
+        predicted = self.ttft.predict(fed) if self.ttft is not None else None
+        self.stats.ttft = messages.TtftTime(fed, time.perf_counter() - job.started, predicted)
 
     async def _finish_job(self, slot: int, job: Job) -> None:
         assert job.request is not None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,13 @@ def planner_member(vm: VerifiedMember) -> Member:
     """The planner's view of a member's verified announcement."""
     m = vm.measurements
     try:
+        emu = m.get("emu") or {}
         return Member(vm.name, float(m["bw"]), float(m["disp"]), int(m["mem"]), float(vm.rtt_ms or 0.0),
-                      vm.nat_class, float(m["ubw"]), block_s=float(m.get("blk", 0.0)))
+                      vm.nat_class, float(m["ubw"]), block_s=float(m.get("blk", 0.0)),
+                      # prefill and the machine: absent from an older member's announcement (no TTFT then)
+                      prefill_bandwidth=float(m.get("pbw", 0.0)), prefill_dispatch_s=float(m.get("pdisp", 0.0)),
+                      prefill_block_s=float(m.get("pblk", 0.0)), prefill_rows=int(m.get("prow", 0)),
+                      machine=str(m.get("mach", "")), throttle=float(emu.get("throttle", 1.0)))
     except (KeyError, TypeError, ValueError):
         raise SessionError(f"member {vm.name} announced no usable measurements") from None
 
@@ -244,6 +249,7 @@ class HostRuntime:
             if stage in self.state.stages:
                 self.state.stages[stage].measured_s = s.measured_s
         self.state.network_share, self.state.tokens_per_s = msg.network_share, msg.tokens_per_s
+        self.state.ttft = None if msg.ttft is None else asdict(msg.ttft)
         self.state.changed()
 
     def _on_chat_evt(self, j: Joined, msg: messages.ChatEvt) -> None:
@@ -279,7 +285,7 @@ class HostRuntime:
         names = sorted(self.joined)
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer) for n in names]
-        workload = Workload(self.opts.concurrency, self.opts.context)
+        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
         plan = make_plan(members, ModelSpec.described(self.info), workload)
         placement = plan.placement(self.opts.strategy)
         self.plan = plan

@@ -7,8 +7,10 @@ started together on one machine (the demo) do not time each other's noise. Emula
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,15 +49,13 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
     `large_shape`: the block shape of the probe's large-block cuts (tests pass a small one to save disk)."""
     tag = build_tag(build_identity())
     # one file per build: members of two builds on one machine must not overwrite each other's
-    # v2: with the per-block time (an older file lacks it, so it is measured again)
-    path = cache.root / f"probe-v2-{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
+    # v3: with prefill (v2 added the per-block time; an older file lacks them, so it is measured again)
+    path = cache.root / f"probe-v3-{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
     if not fresh:
         try:
             saved = json.loads(path.read_text())
             if saved["build"] == tag and time.time() - saved["time"] < PROBE_MAX_AGE_S:
-                r = saved["result"]
-                return ProbeResult(**{**r, "samples": tuple(tuple(s) for s in r["samples"]),
-                                      "sample_blocks": tuple(r["sample_blocks"])})
+                return ProbeResult.from_dict(saved["result"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     result = probe(model, cache, on_step=on_step, threads=threads, large_shape=large_shape)
@@ -64,6 +64,22 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
     tmp.write_text(json.dumps({"build": tag, "time": time.time(), "result": result.as_dict()}))
     os.replace(tmp, path)
     return result
+
+
+def machine_id() -> str:
+    """A short, stable name for this machine (not the id itself): equal for members that share its cores.
+
+    The systemd/D-Bus machine id where there is one, else the kernel's boot id (containers on one host
+    share it), else the host name.
+    """
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id", "/proc/sys/kernel/random/boot_id"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
 
 
 def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
@@ -80,6 +96,12 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         "disp": result.dispatch_s * t,
         "blk": result.block_s * t,  # seconds per block per call besides its bytes (DESIGN §2c)
         "mem": memory,
+        # prefill at `prow` rows per call, the same three terms (the planner's TTFT, kafila.planner.ttft)
+        "pbw": round(result.prefill_bandwidth_bytes_per_s / t),
+        "pdisp": result.prefill_dispatch_s * t,
+        "pblk": result.prefill_block_s * t,
+        "prow": result.prefill_rows,
+        "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
         "samples": [round(b / s / t) for b, s in result.samples],
         "emu": emulation.as_dict(),
         "build": build_tag(build_identity()),

@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from kafila.errors import (
     EngineError,
     KafilaError,
     NetworkError,
+    PlanInputError,
     ProtocolError,
     SessionEnded,
     SessionError,
@@ -34,6 +35,7 @@ from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint, RingEdges
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
+from kafila.planner.ttft import TtftModel, plan_model
 from kafila.session import frames, messages
 from kafila.session.api import ApiServer, Forwarder
 from kafila.session.cache_inventory import InUse, start_cache_use
@@ -421,7 +423,8 @@ class MemberRuntime:
                     vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
                     nxt = self.edges.next
                     self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
-                                     nxt.send if nxt is not None else None, inbox, self._trace_writer())
+                                     nxt.send if nxt is not None else None, inbox, self._trace_writer(),
+                                     self._ttft_model())
                     if self.api:
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
@@ -503,6 +506,14 @@ class MemberRuntime:
                 continue
             await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
 
+    def _ttft_model(self) -> TtftModel | None:
+        """The plan's TTFT model (None when it predicts none, or a host of another version sent a malformed one)."""
+        try:
+            return plan_model(self._assigned.plan)
+        except PlanInputError as exc:
+            log.warning("the plan's TTFT model is unusable: %s", exc)
+            return None
+
     async def _report_stats(self) -> None:
         assert self.head is not None
         while True:
@@ -512,6 +523,7 @@ class MemberRuntime:
                 if name in self.state.stages:
                     self.state.stages[name].measured_s = s.measured_s
             self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
+            self.state.ttft = None if stats.ttft is None else asdict(stats.ttft)
             self.state.changed()
             try:
                 await self.send_host(stats)

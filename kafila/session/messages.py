@@ -28,7 +28,9 @@ that may be null; fields this build does not know are ignored):
     refused   host → member   reason (this member cannot take part, e.g. a different llama.cpp build)
     lost      any → host/all  who, reason, epoch
     stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
-                              tokens_per_s|null
+                              tokens_per_s|null, ttft {prompt_tokens, measured_s, predicted_s|null}|null
+                              (the latest request's time to first token, and the plan's for as many
+                              prompt tokens)
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
     trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
                               reuses the rest; travels the ring back to the head, ahead of the frames
@@ -107,6 +109,15 @@ class StageTime:
 
     predicted_s: float
     measured_s: float | None
+
+
+@dataclass(frozen=True)
+class TtftTime:
+    """The latest request's time to first token against the plan's prediction for its prompt."""
+
+    prompt_tokens: int  # the tokens it prefilled (those a reused cache held are not counted)
+    measured_s: float  # from its arrival at the head to its first token
+    predicted_s: float | None  # the plan's TTFT for as many tokens (None: the plan predicts none)
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,7 @@ class Stats(Control):
     stages: dict[str, StageTime]
     network_share: float | None
     tokens_per_s: float | None
+    ttft: TtftTime | None = None
 
 
 @dataclass(frozen=True)
@@ -387,6 +399,8 @@ _EDGE = _record(EdgeOutcome, {"predicted": _NAME, "actual": _NAME, "ready_ms": _
 _MEASURED = _record(Measured, {"bw": _num(0.0, 1e15), "disp": _SECONDS, "mem": _int(0, 1 << 60),
                               "ubw": _num(0.0, 1e15), "nat": _NAME, "rtt_ms": _null_or(_SECONDS)})
 _STAGE_TIME = _record(StageTime, {"predicted_s": _SECONDS, "measured_s": _null_or(_SECONDS)})
+_TTFT = _record(TtftTime, {"prompt_tokens": _int(0, MAX_INDEX), "measured_s": _SECONDS,
+                           "predicted_s": _null_or(_SECONDS)})
 
 # The one decode table: each type's class and a check per field.
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
@@ -403,7 +417,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "refused": (Refused, {"reason": _TEXT}),
     "lost": (Lost, {"who": _NAME, "reason": _TEXT, "epoch": _EPOCH}),
     "stats": (Stats, {"stages": _map(_STAGE_TIME), "network_share": _null_or(_num(0.0, 1.0)),
-                      "tokens_per_s": _null_or(_num(0.0, 1e9))}),
+                      "tokens_per_s": _null_or(_num(0.0, 1e9)), "ttft": _null_or(_TTFT)}),
     "free": (Free, {"seq": _int(0, 0xFFFF)}),
     "trim": (Trim, {"seq": _int(0, 0xFFFF), "keep": _int(0, MAX_INDEX)}),
     "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
@@ -454,7 +468,7 @@ def _plain(v: Any) -> Any:
     """A message field as JSON data."""
     if isinstance(v, StageManifest):
         return v.as_dict()
-    if isinstance(v, EdgeOutcome | StageTime | Measured):
+    if isinstance(v, EdgeOutcome | StageTime | TtftTime | Measured):
         return {f.name: getattr(v, f.name) for f in fields(v)}
     if isinstance(v, tuple | list):
         return [_plain(x) for x in v]

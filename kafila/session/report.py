@@ -26,6 +26,9 @@ def plan_summary(state: SessionState) -> Table:
         table.add_row(name, f"[{start}, {end})", f"{t * 1e3:.2f}{mark}", f"{plan['memory_bytes'][name] / 1e6:.0f} MB",
                       emulated)
     lines = [f"bottleneck {bottleneck * 1e3:.2f} ms, utilisation {plan.get('utilisation', 0):.0%}"]
+    ttft = plan.get("ttft") or {}
+    if ttft.get("seconds") is not None:
+        lines.append(f"time to first token {ttft['seconds']:.2f} s predicted for {ttft['prompt_tokens']} prompt tokens")
     for name, base in (plan.get("baselines") or {}).items():
         if base.get("feasible"):
             ratio = base["bottleneck_seconds"] / bottleneck if bottleneck else float("nan")

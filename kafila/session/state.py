@@ -37,6 +37,9 @@ class MemberView:
     nat_evidence: dict[str, Any] = field(default_factory=dict)
     emulated: dict[str, float] = field(default_factory=dict)  # {"throttle": 4, "memory_gb": 2}: emulation only
     probe_samples: list[float] = field(default_factory=list)  # bytes/s of each probe call, for a sparkline
+    # prefill per call of `prow` rows: pdisp + n·pblk + bytes/pbw (empty: not measured); the machine's short id
+    prefill: dict[str, float] = field(default_factory=dict)
+    machine: str = ""
     build: str = ""
     note: str = ""  # why refused or lost
 
@@ -50,6 +53,8 @@ def member_view(vm: VerifiedMember) -> MemberView:
         rtt_ms=vm.rtt_ms, nat=vm.nat_class.value,
         nat_evidence={"mapped": vm.mapped, "local": vm.local, "observed": vm.observed},
         emulated=dict(m.get("emu") or {}), probe_samples=list(m.get("samples") or []), build=str(m.get("build", "")),
+        prefill={k: m[k] for k in ("pbw", "pdisp", "pblk", "prow") if isinstance(m.get(k), int | float)},
+        machine=str(m.get("mach", "")),
     )
 
 
@@ -99,6 +104,9 @@ class SessionState:
     stages: dict[str, StageStats] = field(default_factory=dict)
     network_share: float | None = None  # fraction of a token's ring time spent outside compute
     tokens_per_s: float | None = None
+    # the latest request's time to first token: {prompt_tokens, measured_s, predicted_s|null} (predicted: the
+    # plan's for as many prompt tokens)
+    ttft: dict[str, Any] | None = None
     api_url: str | None = None
     lost: str | None = None  # which member was lost, and what happened (or why the session cannot go on)
     coordinator: str | None = None  # who coordinates the session: the host, or the head once the host left

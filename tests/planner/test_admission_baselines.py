@@ -102,6 +102,7 @@ KEYS = [
     "utilisation",
     "edges",
     "memory_bytes",
+    "ttft",
 ]
 
 

@@ -62,6 +62,13 @@ def detail_text(view: MemberView) -> Text:
     t.append(view.nat or "not classified yet", style="bold")
     if view.nat_evidence:
         t.append(" from: " + ", ".join(f"{k}={v}" for k, v in view.nat_evidence.items()), style="dim")
+    if view.prefill.get("prow"):
+        p = view.prefill
+        t.append(f"\nprefill per {p['prow']:g}-row call: {p.get('pdisp', 0) * 1e3:.1f} ms + "
+                 f"{p.get('pblk', 0) * 1e3:.1f} ms/block + bytes at {p.get('pbw', 0) / 1e9:.3f} GB/s")
+    if view.machine:
+        t.append(f"\nmachine {view.machine}", style="dim")
+        t.append(" (members on one machine share its cores)", style="dim")
     if view.emulated:
         t.append("\n")
         t.append_text(emulation_text(view))

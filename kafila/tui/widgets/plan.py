@@ -93,6 +93,25 @@ def summary_text(placement: dict[str, Any]) -> Text:
     return t
 
 
+def ttft_text(placement: dict[str, Any], seen: dict[str, Any] | None = None) -> Text:
+    """The plan's predicted time to first token and, once a request got one, the measured beside its prediction."""
+    plan_ttft = placement.get("ttft") or {}
+    t = Text()
+    t.append("time to first token ", style="bold")
+    if plan_ttft.get("seconds") is None:
+        t.append("not predicted (a member measured no prefill)", style="dim")
+    else:
+        t.append(f"{plan_ttft['seconds']:.2f} s", style="bold")
+        t.append(f" predicted for {plan_ttft['prompt_tokens']} prompt tokens")
+    if seen:
+        t.append(" · last request ", style="bold")
+        t.append(f"{seen['measured_s']:.2f} s measured", style="bold cyan")
+        pred = seen.get("predicted_s")
+        t.append(f" vs {pred:.2f} s predicted" if pred is not None else "", style="")
+        t.append(f" for its {seen['prompt_tokens']} tokens")
+    return t
+
+
 def comparison_table(plan: dict[str, Any]) -> Table:
     """Kafila against the two baselines: fits?, bottleneck, how many times slower, utilisation, why not."""
     ours = plan.get("bottleneck_seconds") if plan.get("feasible") else None
@@ -114,14 +133,14 @@ def comparison_table(plan: dict[str, Any]) -> Table:
 
 
 def placement_block(title: str, placement: dict[str, Any], width: int,
-                    measured: dict[str, float] | None = None) -> RenderableType:
+                    measured: dict[str, float] | None = None, ttft: dict[str, Any] | None = None) -> RenderableType:
     """A strategy's ring, ranges, stage bars and summary; or, when it cannot place the model, why."""
     heading = Text(title, style="bold underline")
     if not placement.get("feasible"):
         return Group(heading, Text("cannot place the model: ", style="bold red") +
                      Text(placement.get("reason") or "no reason given"))
     return Group(heading, ring_text(placement), placement_table(placement, width, measured),
-                 summary_text(placement))
+                 summary_text(placement), ttft_text(placement, ttft))
 
 
 class PlanPane(VerticalScroll):
@@ -153,7 +172,7 @@ class PlanPane(VerticalScroll):
         main = self.query_one("#plan-main", Static)
         if plan.get("feasible"):
             title = f"Kafila plan — head {plan.get('head')}, chosen among {len(plan.get('order') or [])} rotations"
-            block = placement_block(title, plan, width, measured)
+            block = placement_block(title, plan, width, measured, state.ttft)
             if measured:
                 block = Group(block, Text("stage ms: predicted (measured); ⌂ = head; ◀ = bottleneck", style="dim"))
             main.update(block)
