@@ -55,6 +55,32 @@ def test_fit_on_small_blocks_alone_mistakes_the_block_cost_for_bandwidth() -> No
     assert o3 + p3 + 122_716_160 / b3 == pytest.approx(t(1, 122_716_160), rel=1e-9)
 
 
+def test_prefill_fit_predicts_both_block_families() -> None:
+    # prefill is compute, whose cost per byte depends on the quantisation: here the embedded model's Q4_1 blocks
+    # (2.2 MB, 0.16 s per 128-row call each) and the 8B-shaped Q4_0 blocks (123 MB, 1.1 s each), timed as the probe
+    # times prefill (1 and 4 small blocks, 1 and 2 large). Each family is a line through the origin in blocks;
+    # the three terms fit both at once, so cuts of any size of either family are predicted
+    small, large = 2_216_448, 122_716_160
+
+    def t(n: int, block_bytes: int) -> float:
+        return n * (0.16 if block_bytes == small else 1.1)
+
+    cuts = [(1, small), (4, small), (1, large), (2, large)]
+    b, o, p, resid = fit_cost([(n * s, t(n, s)) for n, s in cuts], [n for n, _ in cuts])
+    assert resid < 1e-9
+    for n, s in [(20, small), (30, small), (6, large)]:
+        assert o + n * p + n * s / b == pytest.approx(t(n, s), rel=1e-9)
+
+
+def test_probe_result_round_trips_through_its_dict() -> None:
+    result = ProbeResult(2e10, 1e-4, 10**9, 2 * 10**9, 10**8, ((10**6, 1e-4), (10**7, 5e-4)), 0.01, 2e-4, 1e10,
+                         block_s=1e-4, sample_blocks=(1, 4), prefill_rows=128, prefill_bandwidth_bytes_per_s=6e7,
+                         prefill_dispatch_s=0.0, prefill_block_s=0.15, prefill_samples=((10**6, 0.2), (10**7, 0.7)),
+                         prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4))
+    assert ProbeResult.from_dict(json.loads(json.dumps(result.as_dict()))) == result
+    assert result.predict_prefill(4, 10**7) == pytest.approx(4 * 0.15 + 10**7 / 6e7)
+
+
 def test_fit_keeps_overhead_and_block_cost_non_negative() -> None:
     b, o, p, _ = fit_cost([(1e6, 0.0001), (2e6, 0.0003), (4e6, 0.0007)])
     assert o == 0.0 and p == 0.0 and b > 0
@@ -89,7 +115,7 @@ def probe_retrying_noise(model: Path, cache: StageCache) -> ProbeResult:
     """
     for _ in range(4):
         try:
-            return probe(model, cache, sizes=(2, 12), calls=5, large=(1, 2), large_shape=WIDE)
+            return probe(model, cache, sizes=(2, 12), calls=5, large=(1, 2), large_shape=WIDE, prefill_rows=32)
         except EngineError as exc:
             if "noisy" not in str(exc):
                 raise
@@ -119,6 +145,16 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
         assert result.head_call_s == pytest.approx(body + unembed / u, rel=1e-9)
     else:
         assert u == result.bandwidth_bytes_per_s
+    # prefill: one call of 32 rows per cut (the model has no 1- or 4-block cut here: its two smallest), same fit
+    assert result.prefill_rows == 32 and result.prefill_sample_blocks == (2, 12, 1, 2)
+    assert [b for b, _ in result.prefill_samples] == [b for b, _ in result.samples]
+    fitted = [result.predict_prefill(n, b) for n, (b, _) in zip(result.prefill_sample_blocks, result.prefill_samples,
+                                                                 strict=True)]
+    times = [t for _, t in result.prefill_samples]
+    rms = (sum((f - t) ** 2 for f, t in zip(fitted, times, strict=True)) / len(times)) ** 0.5 / (sum(times) / 4)
+    assert result.prefill_fit_residual == pytest.approx(rms, rel=1e-6)
+    # 32 rows through a stage cost more than one row through it, cut for cut (a comparison within one run)
+    assert all(p > d for (_, p), (_, d) in zip(result.prefill_samples, result.samples, strict=True))
 
 
 def test_probe_cli_json(tmp_path: Path) -> None:
@@ -126,6 +162,8 @@ def test_probe_cli_json(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["bandwidth_bytes_per_s"] > 0 and doc["memory_bytes"] > 0
+    assert doc["prefill_rows"] == 128 and doc["prefill_bandwidth_bytes_per_s"] > 0
+    assert len(doc["prefill_samples"]) == len(doc["prefill_sample_blocks"]) == 4  # 1 and 4 small blocks, 1 and 2 large
 
 
 def test_bench_engine_report(tmp_path: Path) -> None:
