@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kafila.planner.ttft import TtftModel
 from tests.session.cluster import Cluster
 from tests.session.test_ring_e2e import replay_on_one_context
 
@@ -100,6 +101,15 @@ def test_long_prompt_pipelined_equals_llama_cpp(ring: Cluster, llama_cpp_long: d
     assert len(ring.members) <= most <= len(ring.members) + 2
     frames, identical = replay_on_one_context(smollm, ring.trace)
     assert frames and identical == frames
+
+    # the head measured this request's time to first token; the host shows it beside the plan's prediction
+    # for as many prompt tokens (the plan's TTFT model, chunks of the host's --batch)
+    state = ring.wait_state(ring.url, lambda s: (s.get("ttft") or {}).get("prompt_tokens") == n_prompt)
+    model = TtftModel.from_json(state["plan"]["ttft"]["model"])
+    assert model.n_batch == BATCH and [s.name for s in model.stages] == [*state["plan"]["order"][1:],
+                                                                         state["plan"]["head"]]
+    assert state["ttft"]["measured_s"] > 0
+    assert state["ttft"]["predicted_s"] == pytest.approx(model.predict(n_prompt), rel=1e-9)
 
 
 def test_short_request_streams_during_long_prefill(ring: Cluster, smollm: Path) -> None:

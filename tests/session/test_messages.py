@@ -60,7 +60,8 @@ controls = st.one_of(
     st.builds(m.Reject, texts), st.builds(m.Refused, texts), st.builds(m.Bye, texts),
     st.builds(m.Lost, names, texts, epochs),
     st.builds(m.Stats, st.dictionaries(names, st.builds(m.StageTime, seconds, st.none() | seconds), max_size=4),
-              st.none() | st.floats(0, 1), st.none() | seconds),
+              st.none() | st.floats(0, 1), st.none() | seconds,
+              st.none() | st.builds(m.TtftTime, st.integers(0, 2**31 - 1), seconds, st.none() | seconds)),
     st.builds(m.Free, st.integers(0, 0xFFFF)),
     st.builds(m.Chat, names, names, st.dictionaries(st.text(max_size=8), json_values.filter(_finite := (
         lambda v: "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v))), max_size=4)),
@@ -120,7 +121,10 @@ def test_deep_nesting_is_a_protocol_error() -> None:
     (b'{"t":"free"}', "'free' message: missing field seq"),
     (b'{"t":"free","seq":70000}', r"'free' message: seq must be an integer in \[0, 65535\]"),
     (b'{"t":"free","seq":true}', "seq must be an integer"),
-    (b'{"t":"stats","stages":{},"network_share":NaN,"tokens_per_s":null}', "network_share must be a number"),
+    (b'{"t":"stats","stages":{},"network_share":NaN,"tokens_per_s":null,"ttft":null}',
+     "network_share must be a number"),
+    (b'{"t":"stats","stages":{},"network_share":null,"tokens_per_s":null,"ttft":{"prompt_tokens":-1,'
+     b'"measured_s":1,"predicted_s":null}}', "prompt_tokens must be an integer"),
     (b'{"t":"nope"}', "unknown type 'nope'"),
     (b'[1]', "not a JSON object"),
     (b'{"t":"need","epoch":1,"chunks":[-1]}', r"chunks\[0\] must be an integer"),

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kafila.session.state import EdgeView, SessionState
 from kafila.tui.format import range_bar, sparkline, value_bar
 from kafila.tui.widgets.admission import progress_text, split_rejection
-from kafila.tui.widgets.plan import bottleneck_member, total_blocks
+from kafila.tui.widgets.plan import bottleneck_member, total_blocks, ttft_text
 from kafila.tui.widgets.reachability import matrix_cell, ring_edges
 from tests.tui import states
 
@@ -99,3 +99,12 @@ def test_plan_helpers_on_a_real_plan() -> None:
     assert plan is not None
     assert total_blocks(plan) == 36  # Qwen3-8B
     assert bottleneck_member(plan) == "old-i7-desktop"
+
+
+def test_ttft_line_shows_the_prediction_and_the_measured_request() -> None:
+    placement = {"ttft": {"prompt_tokens": 2000, "seconds": 12.345, "model": {}}}
+    assert ttft_text(placement).plain == "time to first token 12.35 s predicted for 2000 prompt tokens"
+    seen = {"prompt_tokens": 512, "measured_s": 3.21, "predicted_s": 2.9}
+    assert ttft_text(placement, seen).plain.endswith("· last request 3.21 s measured vs 2.90 s predicted "
+                                                     "for its 512 tokens")
+    assert "not predicted" in ttft_text({"ttft": None}).plain
