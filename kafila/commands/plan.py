@@ -146,9 +146,8 @@ def render(plan: Plan, members: tuple[Member, ...], strategy: str) -> None:
     console.print(table)
 
     summary = Table(title="strategies side by side (◀ marks each one's bottleneck above)")
-    for col in ("strategy", "fits", "bottleneck ms", "utilisation", "circuit ms", f"TTFT s ({wl.prompt_tokens} tok)",
-                "note"):
-        summary.add_column(col, justify="right" if col.endswith(("ms", "tok)")) or col == "utilisation" else "left")
+    for col in ("strategy", "fits", "bottleneck ms", "utilisation", "circuit ms", "TTFT s", "note"):
+        summary.add_column(col, justify="right" if col.endswith(("ms", " s")) or col == "utilisation" else "left")
     for s in strategies:
         p = plan.placement(s)
         util = "—" if p.utilisation is None else f"{p.utilisation:.0%}"
@@ -157,7 +156,10 @@ def render(plan: Plan, members: tuple[Member, ...], strategy: str) -> None:
         ttft = "—" if p.ttft is None else f"{p.ttft['seconds']:.2f}"
         summary.add_row(s, fits, _ms(p.bottleneck_seconds), util, _ms(p.circuit_seconds), ttft, note)
     console.print(summary)
-    if chosen.ttft is None and chosen.feasible:
+    if chosen.ttft is not None:
+        console.print(f"time to first token: {chosen.ttft['seconds']:.2f} s predicted for a {wl.prompt_tokens}-token "
+                      f"prompt (chunks of {wl.batch} rows; TTFT s above: each strategy's)")
+    elif chosen.feasible:
         console.print("[dim]no time to first token predicted: a member of the fleet has no prefill numbers "
                       "(prefill_rows)[/]")
 

@@ -64,6 +64,22 @@ def test_plan_human_output_and_strategy(tmp_path: Path) -> None:
     assert "laptop" in r.stdout and "uniform" in r.stdout and "bottleneck" in r.stdout
 
 
+def test_plan_predicts_ttft_for_the_prompt_length_asked(tmp_path: Path) -> None:
+    from kafila.planner.ttft import TtftModel
+
+    prefill = {"prefill_bandwidth_gbs": 2, "prefill_dispatch_ms": 5, "prefill_block_ms": 20, "prefill_rows": 128}
+    fleet = write(tmp_path, "f.json", {"members": [member(**prefill), member(name="desk", **prefill)]})
+    model = write(tmp_path, "m.json", MODEL)
+    r = kafila("plan", "--fleet", fleet, "--model", model, "--json", "--prompt-tokens", "500", "--batch", "64")
+    assert r.returncode == 0, r.stderr
+    ttft = json.loads(r.stdout)["ttft"]
+    assert ttft["prompt_tokens"] == 500 and ttft["model"]["n_batch"] == 64
+    assert ttft["seconds"] == TtftModel.from_json(ttft["model"]).predict(500) > 0
+    text = kafila("plan", "--fleet", fleet, "--model", model, "--prompt-tokens", "500", "--batch", "64")
+    assert text.returncode == 0
+    assert f"time to first token: {ttft['seconds']:.2f} s predicted for a 500-token prompt" in text.stdout
+
+
 def test_rejected_plan_exits_3_with_reasons(tmp_path: Path) -> None:
     fleet = write(tmp_path, "f.json", {"members": [member(memory_gb=0.000002), member(name="b", memory_gb=0.000002)]})
     model = write(tmp_path, "m.json", MODEL)
