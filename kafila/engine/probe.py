@@ -17,6 +17,7 @@ weight reads, so its "bandwidth" is weight bytes processed per second at that ma
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import time
@@ -36,6 +37,7 @@ from kafila.model.describe import describe_model
 from kafila.model.random_gguf import SHAPES, Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 
+log = logging.getLogger("kafila.probe")
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
 LARGE_SHAPE = SHAPES["llama3-8b"]  # the large-block file's shape (kafila.model.random_gguf)
 LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
@@ -285,7 +287,11 @@ def probe(
     if device_free is not None:  # weights and KV cache live on the GPU: its memory is what the planner may fill
         usable = int(device_free * (1 - DEVICE_MARGIN))
     prefill = [(cuts[i][1], t) for i, t in zip(timed, prefill_s, strict=True)]
-    p_bw, p_dispatch, p_block, p_resid = fit_cost(prefill, [cuts[i][0] for i in timed])
+    try:
+        p_bw, p_dispatch, p_block, p_resid = fit_cost(prefill, [cuts[i][0] for i in timed])
+    except EngineError as exc:  # the member can still serve; the plan then predicts no TTFT
+        log.warning("prefill not measured: %s", exc)
+        prefill_rows, (p_bw, p_dispatch, p_block, p_resid) = 0, (0.0, 0.0, 0.0, 0.0)
     return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw,
                        device, device_free, block_s, tuple(counts), prefill_rows, p_bw, p_dispatch, p_block,
                        tuple(prefill), p_resid, tuple(cuts[i][0] for i in timed))
