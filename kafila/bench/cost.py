@@ -1,16 +1,16 @@
 """`kafila bench cost`: the planner's stage-time model against measured decode calls, at real block sizes.
 
-One fresh probe fits o + n·p + bytes/b (DESIGN §2c) on its own cuts. Then, with the same timing
-method (cold caches, idle waits: `time_cases`), this measures cuts the fit never saw: of the
-embedded SmolLM2-135M (2.2 MB blocks) and of a random-weight file with Llama-3.1-8B's blocks (123 MB,
-`--blocks` of them), and compares each with the three-term prediction and with the two-term
-`o + bytes/b` fitted on the small cuts alone (the old model). With `--moe` it also times one
-random-weight block of Qwen3-30B-A3B's shape (128 experts, 8 per token, Q4_0) and of gpt-oss-20b's
-(32 experts, 4 per token, MXFP4 experts and Q8_0 attention, sinks, a window) at decode batches 1
-and 4 against the planner's MoE bytes (dense tensors plus the expected distinct experts,
-kafila.planner.cost), and the 8B-shaped dense block at both batches for reference. All cases are
-timed in the same rounds, and each block is predicted from the probe and from the three terms fitted
-on those rounds' cuts in wall and in CPU time (which other programs' load cannot bend).
+One fresh probe fits o + n·p + bytes/b (DESIGN §2c) on its own cuts. Then, with the same timing method
+(cold caches, idle waits: `time_cases`), this measures cuts the fit never saw: of the embedded
+SmolLM2-135M (2.2 MB blocks) and of random-weight files with Llama-3.1-8B's blocks (123 MB, `--blocks`
+of them) and Qwen3-32B's (274 MB, `--blocks-32b`), and compares each with the three-term prediction and
+with the two-term `o + bytes/b` fitted on the small cuts alone (the old model). With `--moe` it also
+times one random-weight block of Qwen3-30B-A3B's shape (128 experts, 8 per token, Q4_0) and of
+gpt-oss-20b's (32 experts, 4 per token, MXFP4 experts and Q8_0 attention, sinks, a window) at decode batches
+1 and 4 against the planner's MoE bytes (dense tensors plus the expected distinct experts,
+kafila.planner.cost), and the 8B-shaped dense block at both batches for reference. All cases are timed
+in the same rounds, and each block is predicted from the probe and from the three terms fitted on those
+rounds' cuts in wall and in CPU time (which other programs' load cannot bend).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ BATCHES = (1, 4)  # decode batches the MoE blocks are timed at
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calls", type=int, default=20, help="timed decode calls per cut (default 20)")
     p.add_argument("--blocks", type=int, default=4, help="blocks of the 8B-shaped file to cut 1..N of (default 4)")
+    p.add_argument("--blocks-32b", type=int, default=2,
+                   help="blocks of a Qwen3-32B-shaped file (274 MB each) to cut 1..N of (default 2; 0: none)")
     p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default 0: all cores)")
     p.add_argument("--moe", action=argparse.BooleanOptionalAction, default=True,
                    help="also time Qwen3-30B-A3B- and gpt-oss-20b-shaped MoE blocks at batch 1 and 4 (default on)")
@@ -139,8 +141,11 @@ def run(args: argparse.Namespace) -> int:
 
     big = cached_random_gguf(SHAPES["llama3-8b"], args.blocks, cache_models, tokenizer=False)
     cuts = [(smol, n) for n in SMALL_CUTS] + [(big, n) for n in range(1, args.blocks + 1)]
+    larger = [cached_random_gguf(SHAPES["qwen3-32b"], args.blocks_32b, cache_models, tokenizer=False)] \
+        if args.blocks_32b > 0 else []
+    cuts += [(path, n) for path in larger for n in range(1, args.blocks_32b + 1)]
     config = ContextConfig(n_ctx_per_seq=256, n_seq_max=4, n_batch=8, n_threads=args.threads)
-    infos = {smol: describe_model(smol), big: describe_model(big)}
+    infos = {path: describe_model(path) for path in {path for path, _ in cuts}}
     # Decode batches 1 and 4 of one block: each MoE shape, and the 8B-shaped dense block for reference
     # (the model's bytes do not grow with the batch there; what a compute-bound CPU does, this shows).
     batched = [(name, batch) for name in (*(MOE_SHAPES if args.moe else ()), "llama3-8b") for batch in BATCHES]
@@ -198,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         r["cpu_rows_predicted_ms"] = r["cpu_predicted_ms"] + (extra / row_rate * 1e3 if row_rate else 0.0)
         r["cpu_rows_error"] = _err(r["cpu_rows_predicted_ms"], r["cpu_ms"])
 
-    big_errors = [abs(r["error"]) for r in rows if r["file"] == big.name]
+    big_errors = [abs(r["error"]) for r in rows if r["file"] != smol.name]
     results = {
         "threads": args.threads,
         "load_average": _load(),
@@ -217,7 +222,10 @@ def run(args: argparse.Namespace) -> int:
         "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
         "median_abs_error_large_blocks": statistics.median(big_errors),
         "median_abs_error_two_term_large_blocks": statistics.median(
-            abs(r["two_term_error"]) for r in rows if r["file"] == big.name),
+            abs(r["two_term_error"]) for r in rows if r["file"] != smol.name),
+        "median_abs_error_by_file": {
+            path.name: statistics.median(abs(r["error"]) for r in rows if r["file"] == path.name)
+            for path in dict.fromkeys(path for path, _ in cuts)},
         "target": "median |predicted - measured| / measured <= 10 % (issue 11); MoE within 20 % (issue 12)",
         "target_met": statistics.median(abs(r["error"]) for r in rows) <= 0.10,
         # issue 12's check of the MoE bytes: the Qwen3-30B-A3B-shaped block against the three terms fitted on
@@ -268,5 +276,6 @@ def _print(r: dict[str, Any]) -> None:
     console.print(f"load average {r['load_average']}, threads {r['threads'] or 'all'}")
     console.print(f"median |error|: {r['median_abs_error']:.1%} over all cuts, "
                   f"{r['median_abs_error_large_blocks']:.1%} on large blocks "
-                  f"(two-term model: {r['median_abs_error_two_term_large_blocks']:.1%}). "
-                  f"Target met: {r['target_met']}")
+                  f"(two-term model: {r['median_abs_error_two_term_large_blocks']:.1%}); by file: "
+                  + ", ".join(f"{name} {e:.1%}" for name, e in r["median_abs_error_by_file"].items())
+                  + f". Target met: {r['target_met']}")

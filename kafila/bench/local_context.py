@@ -1,6 +1,6 @@
 """One local llama.cpp context on the whole file: the baseline `kafila bench scale` holds the ring against.
 
-The long prompt goes through llama-cpp-python's own greedy chat completion (its reply is what the ring's
+The long prompt goes through llama-cpp-python's greedy chat completion (its reply is what the ring's
 must equal, and its time to first token the ring's TTFT is held against); decode is timed on a context of
 Kafila's engine from position 0.
 
@@ -21,36 +21,49 @@ from kafila.errors import EngineError
 
 
 def _chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
-    """llama-cpp-python's own greedy chat completion of `prompt` as one user message: its reply (the ground
-    truth the ring's must equal) and its time to first token (prefilled in n_batch rows, as the ring's chunks).
+    """llama-cpp-python's greedy chat reply to `prompt` as one user message (the ground truth the ring's must
+    equal) and its time to first token (prefilled in n_batch rows, as the ring's chunks).
+
+    The prompt is what llama-cpp-python's `create_chat_completion` builds (the model's own template through
+    its Jinja2 formatter, tokenized as it does), prefilled and decoded greedily on its context; the steps are
+    counted here in tokens because its completion loop checks `max_tokens` only after a token ends a UTF-8
+    character: on a random-weight model that keeps choosing byte fragments it decodes until the context is
+    full and fails (`llama_decode returned 1`). The reply's bytes are decoded as the ring's head does
+    (kafila.engine.vocab: incomplete or invalid UTF-8 dropped).
     """
     import os
 
-    from llama_cpp import Llama, LogitsProcessorList
+    import numpy as np
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     from kafila.engine.llama_lib import llama
 
-    llama()  # the library Kafila's own engine uses
+    lib = llama()  # the library Kafila's own engine uses
     threads = os.cpu_count() or 1
     llm = Llama(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
                 verbose=False)
-    seen: list[tuple[float, int]] = []  # (time, tokens so far) at every sampling: the first is the end of prefill
-
-    def watch(ids: Any, scores: Any) -> Any:  # sees the logits, changes nothing
-        seen.append((time.perf_counter(), len(ids)))
-        return scores
-
     try:
+        text = llm._model.token_get_text  # as llama-cpp-python builds its own chat handler
+        eos, bos = llm.token_eos(), llm.token_bos()
+        formatted = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], text(eos) if eos != -1 else "",
+                                        text(bos) if bos != -1 else "")(messages=[{"role": "user", "content": prompt}])
+        ids = llm.tokenize(formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True)
         t0 = time.perf_counter()
-        out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=reply_tokens,
-                                         temperature=0, logits_processor=LogitsProcessorList([watch]))
+        llm.eval(ids)
+        ttft, reply = 0.0, []
+        for _ in range(reply_tokens):  # the last row's logits (llama-cpp-python keeps none itself)
+            token = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))))
+            ttft = ttft or time.perf_counter() - t0
+            if lib.llama_vocab_is_eog(lib.llama_model_get_vocab(llm.model), token):
+                break
+            reply.append(token)
+            llm.eval([token])
+        text_bytes = llm.detokenize(reply)
     finally:
         llm.close()
-    if not seen:
-        raise EngineError("llama-cpp-python's chat completion sampled no token")
-    return {"prompt_tokens": seen[0][1], "ttft_s": seen[0][0] - t0,
-            "reply": str(out["choices"][0]["message"]["content"]),  # type: ignore[index]
-            "reply_tokens": len(seen)}
+    return {"prompt_tokens": len(ids), "ttft_s": ttft, "reply_tokens": len(reply),
+            "reply": text_bytes.decode("utf-8", errors="ignore")}
 
 
 def _decode(model: str, n_ctx: int, n_batch: int, tokens: int) -> float:
