@@ -192,11 +192,11 @@ def _seed_probe(scratch: Path, threads: int) -> None:
     day, as a member keeps it), not measured afresh into a scratch cache every run."""
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache, default_cache_root
-    from kafila.session.measure import cached_probe
+    from kafila.session.measure import PROBE_FILE_PREFIX, cached_probe
 
     user = StageCache(default_cache_root())
     cached_probe(default_model_path(), user, threads=threads)
-    for probe in user.root.glob("probe-v2-*.json"):
+    for probe in user.root.glob(f"{PROBE_FILE_PREFIX}*.json"):
         shutil.copyfile(probe, scratch / probe.name)
 
 

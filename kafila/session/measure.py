@@ -23,6 +23,7 @@ from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
 from kafila.session.builds import build_tag, wire_protocol
 
+PROBE_FILE_PREFIX = "probe-v3-"  # v3: with prefill (v2 added the per-block time; older files are measured again)
 PROBE_MAX_AGE_S = 24 * 3600
 
 
@@ -49,8 +50,7 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
     `large_shape`: the block shape of the probe's large-block cuts (tests pass a small one to save disk)."""
     tag = build_tag(build_identity())
     # one file per build: members of two builds on one machine must not overwrite each other's
-    # v3: with prefill (v2 added the per-block time; an older file lacks them, so it is measured again)
-    path = cache.root / f"probe-v3-{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
+    path = cache.root / f"{PROBE_FILE_PREFIX}{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
     if not fresh:
         try:
             saved = json.loads(path.read_text())
