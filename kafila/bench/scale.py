@@ -152,7 +152,7 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     names = ("ada", "bo", "cy")
     throttles = [float(t) for t in args.throttles.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=default_cache_root()))
-    task = progress.add_task("this machine's probe (cached for a day, as a member's)", total=None)
+    task = progress.add_task("this machine's probe, measured for this run", total=None)
     _seed_probe(scratch, threads)
     progress.update(task, total=1, completed=1)
     tokens = (args.tokens, args.reply_tokens)
@@ -188,14 +188,15 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
 
 
 def _seed_probe(scratch: Path, threads: int) -> None:
-    """The members' probe in the scratch cache: this machine's own, from the user cache (measured there once a
-    day, as a member keeps it), not measured afresh into a scratch cache every run."""
+    """The members' probe in the scratch cache: measured afresh for this run (a probe kept for a day may have
+    been taken under another load, and the predictions are held against this run's times), in the user
+    cache, whose large-block probe file is made once."""
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache, default_cache_root
     from kafila.session.measure import PROBE_FILE_PREFIX, cached_probe
 
     user = StageCache(default_cache_root())
-    cached_probe(default_model_path(), user, threads=threads)
+    cached_probe(default_model_path(), user, threads=threads, fresh=True)
     for probe in user.root.glob(f"{PROBE_FILE_PREFIX}*.json"):
         shutil.copyfile(probe, scratch / probe.name)
 
