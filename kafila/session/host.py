@@ -86,10 +86,12 @@ class HostRuntime:
     """The host's session after it is open (see run_host)."""
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
-                 cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None,
+                 serving: messages.Assign | None = None) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
         self.beside = beside  # the ring member in this process (lost with it); None: this process only coordinates
+        self.serving = serving  # a ring already serving, to take over as it is (its coordinator held no stage)
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -124,10 +126,10 @@ class HostRuntime:
             accept = tg.create_task(self._accept_loop())
             try:
                 await self._wait_for_members()
-                while True:
+                status = None if self.serving is None else await self._adopt(self.serving)
+                while status is None:
                     status = await self._epoch()
-                    if status is not None:
-                        return status
+                return status
             finally:
                 accept.cancel()
                 for j in self.joined.values():
@@ -154,7 +156,7 @@ class HostRuntime:
                 with contextlib.suppress(KafilaError):
                     await link.send(messages.encode(messages.Refused(reason)))
                 continue
-            if peer.name in self.joined or (self.plan is not None and self.state.phase == "admitted"):
+            if peer.name in self.joined or (self.state.plan is not None and self.state.phase == "admitted"):
                 with contextlib.suppress(KafilaError):
                     why = "a member of that name is already in the session (join with another --name)" \
                         if peer.name in self.joined else \
@@ -322,6 +324,31 @@ class HostRuntime:
             await self._tell(n, roster)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
+        who, reason = await self._next_loss()
+        return await self._on_lost(who, reason)
+
+    async def _adopt(self, assign: messages.Assign) -> int | None:
+        """Coordinate the ring of `assign`, which serves on without its coordinator; None to plan again.
+
+        Nothing is planned, cut or sent: each member keeps its stage and edges, and only its control link
+        moves here. A member of the ring that never connected is lost, and the others are planned again.
+        """
+        self.epoch = assign.epoch  # the members' epoch goes on: their reports name it
+        order = list(assign.order)
+        self.state.plan, self.state.model = assign.plan, assign.model
+        self.state.stages = {n: StageStats(float(s)) for n, s in assign.stage_seconds.items()}
+        missing = [n for n in order if n not in self.joined]
+        if missing:
+            status = None
+            for n in missing:
+                status = await self._on_lost(n, "it did not reach the member that took coordination over")
+            return status
+        for n in order:
+            self.state.update_member(n, status="serving")
+        roster = self._roster(order)
+        for n in order:
+            await self._tell(n, roster)
+        self.state.set_phase("admitted", f"took the serving ring over: {len(order)} members, head {assign.head}")
         who, reason = await self._next_loss()
         return await self._on_lost(who, reason)
 
