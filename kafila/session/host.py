@@ -37,7 +37,7 @@ from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import CHUNK_SIZE, StageManifest, manifest_for
 from kafila.session.local_model import MODEL_KEY, claimed_hash, judge_model
 from kafila.session.options import HostOptions, MemberOptions
-from kafila.session.state import EdgeView, SessionState, StageStats, member_view
+from kafila.session.state import EdgeView, MemberView, SessionState, StageStats, member_view
 from kafila.session.stoppable import run_stoppable
 from kafila.session.transfer import send_stage
 
@@ -87,11 +87,13 @@ class HostRuntime:
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
                  cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None,
-                 serving: messages.Assign | None = None) -> None:
+                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset()) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
         self.beside = beside  # the ring member in this process (lost with it); None: this process only coordinates
         self.serving = serving  # a ring already serving, to take over as it is (its coordinator held no stage)
+        self.departed = set(departed)  # ring members lost so far: one that comes back (restarted) may rejoin
+        self.order: list[str] = []  # the ring serving now (empty before the first admission)
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -156,6 +158,9 @@ class HostRuntime:
                 with contextlib.suppress(KafilaError):
                     await link.send(messages.encode(messages.Refused(reason)))
                 continue
+            if peer.name in self.departed and peer.name not in self.joined:
+                self._hold(peer, link, view)  # a lost member back (a restarted host's machine): the next plan has it
+                continue
             if peer.name in self.joined or (self.state.plan is not None and self.state.phase == "admitted"):
                 with contextlib.suppress(KafilaError):
                     why = "a member of that name is already in the session (join with another --name)" \
@@ -169,6 +174,18 @@ class HostRuntime:
             self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.expected})")
             self._tg.create_task(self._recv_loop(peer.name, link))
             self._arrived.set()
+
+    def _hold(self, peer: VerifiedMember, link: Link, view: MemberView) -> None:
+        """Take back a member lost earlier; while a ring serves it waits, unplanned, for the next plan."""
+        self.departed.discard(peer.name)
+        self.joined[peer.name] = Joined(peer, link)
+        waiting = self.state.phase == "admitted"
+        if waiting:
+            view.note = "rejoined: the next re-plan includes it"
+        self.state.upsert_member(view)
+        self.state.log(f"{peer.name} rejoined the session" + ("; the next re-plan includes it" if waiting else ""))
+        self._tg.create_task(self._recv_loop(peer.name, link))
+        self._arrived.set()
 
     @property
     def expected(self) -> int:
@@ -313,6 +330,7 @@ class HostRuntime:
         if loss is not None:
             return await self._on_lost(*loss)
         self._record_edges(order)
+        self.order = order
         self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
         if self.api is not None:
             self.api.chat = self.forwarder.chat
@@ -343,6 +361,7 @@ class HostRuntime:
             for n in missing:
                 status = await self._on_lost(n, "it did not reach the member that took coordination over")
             return status
+        self.order = order
         for n in order:
             self.state.update_member(n, status="serving")
         roster = self._roster(order)
@@ -353,9 +372,21 @@ class HostRuntime:
         return await self._on_lost(who, reason)
 
     async def _next_loss(self) -> tuple[str, str]:
-        """The next loss of a member still in the session (a late report of an earlier loss is no news)."""
+        """The next loss of a member still in the session (a late report of an earlier loss is no news).
+
+        A member waiting for the next plan (one that rejoined while the ring served) is dropped without a
+        re-plan: the ring serving lost nothing.
+        """
         while True:
             who, reason = await self.lost.get()
+            if who in self.joined and self.order and who not in self.order and self.state.phase == "admitted":
+                waiting = self.joined.pop(who)
+                self.departed.add(who)
+                self.state.update_member(who, status="lost", note=reason)
+                self.state.log(f"{who}, waiting for the next plan, left: {reason}")
+                with contextlib.suppress(KafilaError):
+                    await waiting.link.close()
+                continue
             if who in self.joined:
                 return who, reason
 
@@ -472,6 +503,7 @@ class HostRuntime:
             for task in list(j.sending):
                 task.cancel()
         gone = self.joined.pop(who, None)
+        self.departed.add(who)
         if gone is not None:
             with contextlib.suppress(KafilaError):
                 await gone.link.close()

@@ -77,6 +77,31 @@ async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] =
         raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
 
+async def connect_host(ep: PeerEndpoint, timeout_s: float) -> Link:
+    """A link to the session's coordinator; one that does not answer is passed over for another.
+
+    A host killed stays listed at the rendezvous until it drops it as silent, beside the member that
+    took coordination over: a member joining then (a restarted host's machine, say) may find it first.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    gone: set[bytes] = set()
+    failed: NetworkError | None = None
+    while True:
+        try:
+            host = await find_host(ep, max(0.0, deadline - loop.time()), frozenset(gone))
+        except SessionError:
+            if failed is not None:  # the one coordinator listed does not answer: say so, not that none is listed
+                raise failed from None
+            raise
+        try:
+            return await ep.connect(host)
+        except NetworkError as exc:
+            log.info("the coordinator %s does not answer (%s); looking for another", host.name, exc)
+            gone.add(host.member_id)
+            failed = exc
+
+
 def _first(group: BaseException) -> BaseException:
     """The first exception in a (nested) exception group."""
     while isinstance(group, BaseExceptionGroup):
@@ -343,7 +368,13 @@ class MemberRuntime:
 
     async def _open_edges(self, order: tuple[str, ...]) -> None:
         # members only: a host's coordinating endpoint may share its machine's name with the member beside it
-        by_name = {vm.name: vm for vm in (await self.ep.members()).verified if vm.measurements.get("role") != "host"}
+        by_name: dict[str, VerifiedMember] = {}
+        for vm in (await self.ep.members()).verified:
+            # a member restarted (a host's machine rejoining) is listed beside its dead self until the
+            # rendezvous drops that as silent: the newest announcement is the one alive
+            if vm.measurements.get("role") != "host" and (
+                    vm.name not in by_name or vm.issued_at > by_name[vm.name].issued_at):
+                by_name[vm.name] = vm
         missing = [n for n in order if n not in by_name]
         if missing:
             raise SessionError(f"ring members {missing} are not in the verified member list")
@@ -587,9 +618,8 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
                                   "heard_change_port": report.heard_change_port})
         state.upsert_member(view)
         state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
-        host = await find_host(ep, opts.join_timeout_s)
-        control = await ep.connect(host)
-        state.coordinator = host.name
+        control = await connect_host(ep, opts.join_timeout_s)
+        state.coordinator = control.peer.name
         api = None
         if opts.api_port is not None:
             api = await ApiServer(state, port=opts.api_port).start_or_none()

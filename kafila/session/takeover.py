@@ -84,5 +84,5 @@ async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member
         await ep.announce(coordinator_announcement())
         state.set_phase("waiting", f"waiting for {', '.join(ring)}")
         runtime = HostRuntime(ep, host_opts, state, host_opts.model, info, cache, None, use, beside=opts.name,
-                              serving=assign if adopt else None)
+                              serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)))
         return await runtime.run()

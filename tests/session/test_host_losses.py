@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kafila.session.api_token import read_token
-from tests.session.cluster import HOST_MEMBER, Cluster
+from tests.session.cluster import HOST_MEMBER, Cluster, Proc
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 8
@@ -267,5 +267,32 @@ def test_coordinate_only_host_killed_then_a_member_a_holder_takes_over_and_re_pl
         for name in left:
             proc = cluster.members[name]
             assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
+        procs = list(cluster.procs)
+    assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running
+
+
+def test_a_restarted_serving_host_rejoins_as_a_member_at_the_next_re_plan(
+        tmp_path: Path, smollm: Path, capital: str) -> None:
+    members = [("ada", ["--api-port", "0"]), (HEIR, ["--api-port", "0", "--model", str(smollm)])]
+    with Cluster(tmp_path, members, serve_host=True) as cluster:
+        cluster.wait_phase({"admitted"})
+        url = cluster.member_url(HEIR)
+        cluster.host.popen.kill()  # kill -9: the host and its machine's stage; the holder re-plans
+        cluster.host.popen.wait()
+        cluster.wait_state(url, lambda s: s["phase"] == "admitted" and sorted(s["plan"]["order"]) == ["ada", HEIR],
+                           300)
+        # the host's machine back, as a member under its old name: held for the next plan, not refused
+        back = Proc(HOST_MEMBER, ["join", cluster.code, "--rendezvous", cluster.rdv, "--name", HOST_MEMBER,
+                                  "--api-port", "-1"], cluster.env)
+        cluster.procs.append(back)
+        cluster.members[HEIR].wait_for(re.compile(f"{HOST_MEMBER} rejoined the session"), 240)
+        assert cluster.state(url)["phase"] == "admitted" and back.popen.poll() is None, back.output
+        cluster.members["ada"].popen.kill()  # the next loss: the ring is planned again, with the host's machine
+        state = cluster.wait_state(url, lambda s: s["phase"] == "admitted"
+                                   and sorted(s["plan"]["order"]) == [HEIR, HOST_MEMBER], 300)
+        assert state["coordinator"] == HEIR, state
+        again = cluster.chat(PROMPT, MAX_TOKENS, url=url)
+        assert again["choices"][0]["message"]["content"] == capital, (again, back.output[-3000:])
+        assert back.popen.poll() is None and "Traceback" not in back.output, back.output
         procs = list(cluster.procs)
     assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running
