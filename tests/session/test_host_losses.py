@@ -258,12 +258,18 @@ def test_coordinate_only_host_killed_then_a_member_a_holder_takes_over_and_re_pl
         pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
         before = "".join(p for t, p in pieces if t < notices[0][0])
         assert before and story.startswith(before), (before, story)
-        for name in left:  # re-planned over the two survivors, still coordinated by the holder
-            state = cluster.wait_state(urls[name], lambda s: s["phase"] == "admitted"
-                                       and sorted(s["plan"]["order"]) == sorted(left), 300)
-            assert state["coordinator"] == HEIR, (name, state["coordinator"])
-            again = cluster.chat(PROMPT, MAX_TOKENS, url=urls[name])
-            assert again["choices"][0]["message"]["content"] == capital, (name, again, outputs)
+        try:
+            for name in left:  # re-planned over the two survivors, still coordinated by the holder
+                state = cluster.wait_state(urls[name], lambda s: s["phase"] == "admitted"
+                                           and sorted(s["plan"]["order"]) == sorted(left), 300)
+                assert state["coordinator"] == HEIR, (name, state["coordinator"])
+                again = cluster.chat(PROMPT, MAX_TOKENS, url=urls[name])
+                assert again["choices"][0]["message"]["content"] == capital, (name, again)
+        except (AssertionError, OSError) as exc:  # a survivor gone: its own words say why
+            for name in left:
+                exc.add_note(f"{name} (status {cluster.members[name].popen.poll()}):\n"
+                             f"{cluster.members[name].output[-6000:]}")
+            raise
         for name in left:
             proc = cluster.members[name]
             assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
