@@ -159,6 +159,7 @@ class HostRuntime:
                     await link.send(messages.encode(messages.Refused(reason)))
                 continue
             if peer.name in self.departed and peer.name not in self.joined:
+                self.builds.add(peer.name, verdict)
                 self._hold(peer, link, view)  # a lost member back (a restarted host's machine): the next plan has it
                 continue
             if peer.name in self.joined or (self.state.plan is not None and self.state.phase == "admitted"):
