@@ -94,6 +94,7 @@ class HostRuntime:
         self.serving = serving  # a ring already serving, to take over as it is (its coordinator held no stage)
         self.departed = set(departed)  # ring members lost so far: one that comes back (restarted) may rejoin
         self.order: list[str] = []  # the ring serving now (empty before the first admission)
+        self._replanning = False  # a loss ended this epoch: members' reports of it are stale (_on_lost_report)
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -257,6 +258,12 @@ class HostRuntime:
             self.state.update_member(j.peer.name, status="ready")
 
     def _on_lost_report(self, j: Joined, msg: messages.Lost) -> None:
+        # A report of an epoch already given up is stale: when a member stops serving on the coordinator's
+        # word it closes its ring edges, and a neighbour still serving reports it lost, alive as it is. A
+        # member truly gone is lost on its own link to the coordinator too (_recv_loop), so none is missed.
+        if msg.epoch != self.epoch or self._replanning:
+            log.info("ignored %s's stale report of epoch %d: %s lost (%s)", j.peer.name, msg.epoch, msg.who, msg.reason)
+            return
         self.lost.put_nowait((msg.who, msg.reason))
 
     def _on_stats(self, j: Joined, msg: messages.Stats) -> None:
@@ -296,6 +303,7 @@ class HostRuntime:
     async def _epoch(self) -> int | None:
         """Plan and serve once; None to plan again (after a loss), else the exit status."""
         self.epoch += 1
+        self._replanning = False
         names = sorted(self.joined)
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer) for n in names]
@@ -493,6 +501,7 @@ class HostRuntime:
                                f" (usable after {edge.ready_ms} ms)")
 
     async def _on_lost(self, who: str, reason: str) -> int | None:
+        self._replanning = True  # this epoch is over: its members' reports from now on are stale
         self.state.lost = f"{who}: {reason}"
         self.state.update_member(who, status="lost", note=reason)
         self.state.set_phase("lost", f"member {who} was lost: {reason}")
