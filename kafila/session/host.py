@@ -37,7 +37,7 @@ from kafila.session.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery import CHUNK_SIZE, StageManifest, manifest_for
 from kafila.session.local_model import MODEL_KEY, claimed_hash, judge_model
 from kafila.session.options import HostOptions, MemberOptions
-from kafila.session.state import EdgeView, SessionState, StageStats, member_view
+from kafila.session.state import EdgeView, MemberView, SessionState, StageStats, member_view
 from kafila.session.stoppable import run_stoppable
 from kafila.session.transfer import send_stage
 
@@ -91,10 +91,15 @@ class HostRuntime:
     """The host's session after it is open (see run_host)."""
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
-                 cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None) -> None:
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None,
+                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset()) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
         self.beside = beside  # the ring member in this process (lost with it); None: this process only coordinates
+        self.serving = serving  # a ring already serving, to take over as it is (its coordinator held no stage)
+        self.departed = set(departed)  # ring members lost so far: one that comes back (restarted) may rejoin
+        self.order: list[str] = []  # the ring serving now (empty before the first admission)
+        self._replanning = False  # a loss ended this epoch: members' reports of it are stale (_on_lost_report)
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -129,10 +134,10 @@ class HostRuntime:
             accept = tg.create_task(self._accept_loop())
             try:
                 await self._wait_for_members()
-                while True:
+                status = None if self.serving is None else await self._adopt(self.serving)
+                while status is None:
                     status = await self._epoch()
-                    if status is not None:
-                        return status
+                return status
             finally:
                 accept.cancel()
                 for j in self.joined.values():
@@ -159,7 +164,11 @@ class HostRuntime:
                 with contextlib.suppress(KafilaError):
                     await link.send(messages.encode(messages.Refused(reason)))
                 continue
-            if peer.name in self.joined or (self.plan is not None and self.state.phase == "admitted"):
+            if peer.name in self.departed and peer.name not in self.joined:
+                self.builds.add(peer.name, verdict)
+                self._hold(peer, link, view)  # a lost member back (a restarted host's machine): the next plan has it
+                continue
+            if peer.name in self.joined or (self.state.plan is not None and self.state.phase == "admitted"):
                 with contextlib.suppress(KafilaError):
                     why = "a member of that name is already in the session (join with another --name)" \
                         if peer.name in self.joined else \
@@ -172,6 +181,18 @@ class HostRuntime:
             self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.expected})")
             self._tg.create_task(self._recv_loop(peer.name, link))
             self._arrived.set()
+
+    def _hold(self, peer: VerifiedMember, link: Link, view: MemberView) -> None:
+        """Take back a member lost earlier; while a ring serves it waits, unplanned, for the next plan."""
+        self.departed.discard(peer.name)
+        self.joined[peer.name] = Joined(peer, link)
+        waiting = self.state.phase == "admitted"
+        if waiting:
+            view.note = "rejoined: the next re-plan includes it"
+        self.state.upsert_member(view)
+        self.state.log(f"{peer.name} rejoined the session" + ("; the next re-plan includes it" if waiting else ""))
+        self._tg.create_task(self._recv_loop(peer.name, link))
+        self._arrived.set()
 
     @property
     def expected(self) -> int:
@@ -242,6 +263,12 @@ class HostRuntime:
             self.state.update_member(j.peer.name, status="ready")
 
     def _on_lost_report(self, j: Joined, msg: messages.Lost) -> None:
+        # A report of an epoch already given up is stale: when a member stops serving on the coordinator's
+        # word it closes its ring edges, and a neighbour still serving reports it lost, alive as it is. A
+        # member truly gone is lost on its own link to the coordinator too (_recv_loop), so none is missed.
+        if msg.epoch != self.epoch or self._replanning:
+            log.info("ignored %s's stale report of epoch %d: %s lost (%s)", j.peer.name, msg.epoch, msg.who, msg.reason)
+            return
         self.lost.put_nowait((msg.who, msg.reason))
 
     def _on_stats(self, j: Joined, msg: messages.Stats) -> None:
@@ -282,6 +309,7 @@ class HostRuntime:
     async def _epoch(self) -> int | None:
         """Plan and serve once; None to plan again (after a loss), else the exit status."""
         self.epoch += 1
+        self._replanning = False
         names = sorted(self.joined)
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer) for n in names]
@@ -317,6 +345,7 @@ class HostRuntime:
         if loss is not None:
             return await self._on_lost(*loss)
         self._record_edges(order)
+        self.order = order
         self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
         if self.api is not None:
             self.api.chat = self.forwarder.chat
@@ -331,10 +360,48 @@ class HostRuntime:
         who, reason = await self._next_loss()
         return await self._on_lost(who, reason)
 
+    async def _adopt(self, assign: messages.Assign) -> int | None:
+        """Coordinate the ring of `assign`, which serves on without its coordinator; None to plan again.
+
+        Nothing is planned, cut or sent: each member keeps its stage and edges, and only its control link
+        moves here. A member of the ring that never connected is lost, and the others are planned again.
+        """
+        self.epoch = assign.epoch  # the members' epoch goes on: their reports name it
+        order = list(assign.order)
+        self.state.plan, self.state.model = assign.plan, assign.model
+        self.state.stages = {n: StageStats(float(s)) for n, s in assign.stage_seconds.items()}
+        missing = [n for n in order if n not in self.joined]
+        if missing:
+            status = None
+            for n in missing:
+                status = await self._on_lost(n, "it did not reach the member that took coordination over")
+            return status
+        self.order = order
+        for n in order:
+            self.state.update_member(n, status="serving")
+        roster = self._roster(order)
+        for n in order:
+            await self._tell(n, roster)
+        self.state.set_phase("admitted", f"took the serving ring over: {len(order)} members, head {assign.head}")
+        who, reason = await self._next_loss()
+        return await self._on_lost(who, reason)
+
     async def _next_loss(self) -> tuple[str, str]:
-        """The next loss of a member still in the session (a late report of an earlier loss is no news)."""
+        """The next loss of a member still in the session (a late report of an earlier loss is no news).
+
+        A member waiting for the next plan (one that rejoined while the ring served) is dropped without a
+        re-plan: the ring serving lost nothing.
+        """
         while True:
             who, reason = await self.lost.get()
+            if who in self.joined and self.order and who not in self.order and self.state.phase == "admitted":
+                waiting = self.joined.pop(who)
+                self.departed.add(who)
+                self.state.update_member(who, status="lost", note=reason)
+                self.state.log(f"{who}, waiting for the next plan, left: {reason}")
+                with contextlib.suppress(KafilaError):
+                    await waiting.link.close()
+                continue
             if who in self.joined:
                 return who, reason
 
@@ -440,6 +507,7 @@ class HostRuntime:
                                f" (usable after {edge.ready_ms} ms)")
 
     async def _on_lost(self, who: str, reason: str) -> int | None:
+        self._replanning = True  # this epoch is over: its members' reports from now on are stale
         self.state.lost = f"{who}: {reason}"
         self.state.update_member(who, status="lost", note=reason)
         self.state.set_phase("lost", f"member {who} was lost: {reason}")
@@ -451,6 +519,7 @@ class HostRuntime:
             for task in list(j.sending):
                 task.cancel()
         gone = self.joined.pop(who, None)
+        self.departed.add(who)
         if gone is not None:
             with contextlib.suppress(KafilaError):
                 await gone.link.close()

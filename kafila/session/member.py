@@ -79,6 +79,31 @@ async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] =
         raise SessionError(f"the session's host did not appear within {timeout_s:.0f} s (has it ended?)") from None
 
 
+async def connect_host(ep: PeerEndpoint, timeout_s: float) -> Link:
+    """A link to the session's coordinator; one that does not answer is passed over for another.
+
+    A host killed stays listed at the rendezvous until it drops it as silent, beside the member that
+    took coordination over: a member joining then (a restarted host's machine, say) may find it first.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    gone: set[bytes] = set()
+    failed: NetworkError | None = None
+    while True:
+        try:
+            host = await find_host(ep, max(0.0, deadline - loop.time()), frozenset(gone))
+        except SessionError:
+            if failed is not None:  # the one coordinator listed does not answer: say so, not that none is listed
+                raise failed from None
+            raise
+        try:
+            return await ep.connect(host)
+        except NetworkError as exc:
+            log.info("the coordinator %s does not answer (%s); looking for another", host.name, exc)
+            gone.add(host.member_id)
+            failed = exc
+
+
 def _first(group: BaseException) -> BaseException:
     """The first exception in a (nested) exception group."""
     while isinstance(group, BaseExceptionGroup):
@@ -214,20 +239,26 @@ class MemberRuntime:
     async def _without_coordinator(self, reason: str) -> int | None:
         """Go on after the coordinator left: None once connected to a member that took coordination over.
 
-        When the coordinator's process held a stage, the ring must be re-planned: a survivor holding
-        the model takes over (kafila.session.takeover), a choice every member makes alike. Otherwise
-        the ring serves on, and every member makes the same choice of who coordinates now: the head.
-        Re-planning after a later loss needs the model's bytes, so that loss (or one already suffered
-        with no survivor holding the model) ends the session with that reason, on every member.
+        Every member makes the same choice from the same replicated roster and assignment: the first
+        survivor in ring order holding the model coordinates now (kafila.session.takeover). When the
+        coordinator's process held a stage, that member re-plans over the survivors; when it held none
+        and the ring still serves, it takes the ring over as it is, so that it can re-plan after a later
+        loss. With no survivor holding the model the ring serves on under the head until a later loss
+        ends the session with that reason (re-planning needs the model's bytes), on every member.
         """
         left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
         self.state.coordinator_left = left
         roster, assignment = self.roster, self.assignment
-        if roster is not None and assignment is not None and roster.beside in assignment.order:
+        serving = self._serving is not None and not self._serving.done()
+        if roster is not None and assignment is not None and self._ended is None:
             heir = successor(roster, assignment.order)
-            if heir is not None and heir not in self._heirs and self._ended is None:
-                await self._take_over(heir, left)
-                return None
+            if heir is not None and heir not in self._heirs:
+                if roster.beside in assignment.order:  # the ring lost a stage with its coordinator
+                    await self._take_over(heir, left)
+                    return None
+                if serving:  # a coordinate-only host: the ring is whole
+                    await self._hand_over(heir, left)
+                    return None
         if self.assignment is not None and self._serving is not None and not self._serving.done():
             self.state.coordinator = self.assignment.head
             self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
@@ -253,26 +284,40 @@ class MemberRuntime:
     async def _take_over(self, heir: str, left: str) -> None:
         """Stop serving the broken ring and connect to `heir`, which coordinates now (this member, maybe)."""
         assert self.roster is not None and self.assignment is not None
-        self._heirs.add(heir)
-        self._gone.add(self.control.peer.member_id)
         doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
         self.state.coordinator = heir
         self.state.set_phase("lost", f"{left}; {doing} coordination over (it holds the model) and re-plans "
                                      f"over {', '.join(survivors(self.roster, self.assignment.order))}")
         await self._stop_serving(f"{left}; re-planning over the survivors")  # resumable: the API servers wait
+        await self._follow(heir, adopt=False)
+
+    async def _hand_over(self, heir: str, left: str) -> None:
+        """Serve on, and report from now on to `heir` (this member, maybe), which takes the ring over as it is."""
+        assert self.roster is not None and self.assignment is not None
+        doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
+        self.state.coordinator = heir
+        self.state.log(f"{left}; the ring serves on, and {doing} coordination over (it holds the model, "
+                       f"so it can re-plan after a later loss)")
+        await self._follow(heir, adopt=True)
+
+    async def _follow(self, heir: str, adopt: bool) -> None:
+        """Leave the lost coordinator for `heir`; start coordinating first when `heir` is this member."""
+        assert self.roster is not None and self.assignment is not None
+        self._heirs.add(heir)
+        self._gone.add(self.control.peer.member_id)
         with contextlib.suppress(KafilaError):
             await self.control.close()
         if heir == self.opts.name:
-            self._coordinating = self._tg.create_task(self._coordinate(self.assignment, self.roster))
+            self._coordinating = self._tg.create_task(self._coordinate(self.assignment, self.roster, adopt))
         found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir)
         self.control = await self.ep.connect(found)
         self._pending.clear()  # the lost coordinator's instructions are void
         self.state.log(f"connected to {heir}, which coordinates now")
 
-    async def _coordinate(self, assign: messages.Assign, roster: messages.Roster) -> None:
+    async def _coordinate(self, assign: messages.Assign, roster: messages.Roster, adopt: bool) -> None:
         """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
         try:
-            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use)
+            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use, adopt)
             self.state.log(f"coordination ended (status {status})")
         except KafilaError as exc:
             self.state.log(f"coordination failed: {exc}")
@@ -325,7 +370,13 @@ class MemberRuntime:
 
     async def _open_edges(self, order: tuple[str, ...]) -> None:
         # members only: a host's coordinating endpoint may share its machine's name with the member beside it
-        by_name = {vm.name: vm for vm in (await self.ep.members()).verified if vm.measurements.get("role") != "host"}
+        by_name: dict[str, VerifiedMember] = {}
+        for vm in (await self.ep.members()).verified:
+            # a member restarted (a host's machine rejoining) is listed beside its dead self until the
+            # rendezvous drops that as silent: the newest announcement is the one alive
+            if vm.measurements.get("role") != "host" and (
+                    vm.name not in by_name or vm.issued_at > by_name[vm.name].issued_at):
+                by_name[vm.name] = vm
         missing = [n for n in order if n not in by_name]
         if missing:
             raise SessionError(f"ring members {missing} are not in the verified member list")
@@ -525,10 +576,9 @@ class MemberRuntime:
             self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
             self.state.ttft = None if stats.ttft is None else asdict(stats.ttft)
             self.state.changed()
-            try:
+            # the coordinator may be gone: the ring serves on without it (see run), and reports to its successor
+            with contextlib.suppress(NetworkError):
                 await self.send_host(stats)
-            except NetworkError:  # the host is gone: the ring serves on without it (see run)
-                return
 
     async def _stop_serving(self, reason: str | None) -> None:
         if reason:
@@ -580,9 +630,8 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
                                   "heard_change_port": report.heard_change_port})
         state.upsert_member(view)
         state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
-        host = await find_host(ep, opts.join_timeout_s)
-        control = await ep.connect(host)
-        state.coordinator = host.name
+        control = await connect_host(ep, opts.join_timeout_s)
+        state.coordinator = control.peer.name
         api = None
         if opts.api_port is not None:
             api = await ApiServer(state, port=opts.api_port).start_or_none()

@@ -1,4 +1,4 @@
-"""A member takes coordination over when a serving host is lost (issue 14 (b)).
+"""A member takes coordination over when the host is lost (issue 14 (b), and (a) followed by a later loss).
 
 The host's own stage goes with it, so the ring must be re-planned over the survivors, and only a
 process that holds the model's bytes can cut new stages. Every member knows the same replicated
@@ -10,11 +10,18 @@ That member runs the host's own coordinator (`HostRuntime`: plan, cut, deliver, 
 endpoint in its process, announced as the session's coordinator; every survivor, the successor's
 own member included, connects to it as it connected to the host, and the session goes on as after
 any member loss (the API servers resume replies that were in flight).
+
+A coordinate-only host held no stage, so its loss leaves the ring serving. The same choice names
+the member that coordinates from then on, and it starts at once (`adopt`): its coordinator takes the
+serving ring over as it is (no re-plan, no stage moved), so that `/kafila/state` names a coordinator
+that is really there, and a later member loss reaches it as the host's own `lost` reports do. Waiting
+for the later loss instead would need every member to agree on who was lost, which only the lost
+member's two neighbours see: without a coordinator the others would never hear of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
@@ -29,14 +36,18 @@ TAKEOVER_WAIT_S = 60.0  # how long the new coordinator waits for the survivors b
 FIND_COORDINATOR_S = 60.0  # how long a survivor looks for the new coordinator's announcement
 
 
-def successor(roster: Roster, order: Sequence[str]) -> str | None:
-    """Who coordinates after the coordinator is lost with its own ring member; None: no survivor holds the model."""
-    return next((n for n in order if n != roster.beside and n in roster.holders), None)
+def successor(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) -> str | None:
+    """Who coordinates after the coordinator is lost: the first survivor in ring order holding the model.
+
+    The coordinator's own ring member (`roster.beside`) is gone with it, and so are the `lost`.
+    None: no survivor holds the model, so nobody can cut stages for a new plan.
+    """
+    return next((n for n in survivors(roster, order, lost) if n in roster.holders), None)
 
 
-def survivors(roster: Roster, order: Sequence[str]) -> list[str]:
-    """The ring members left once the coordinator's process (and its ring member) is gone."""
-    return [n for n in order if n != roster.beside]
+def survivors(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) -> list[str]:
+    """The ring members left once the coordinator's process (and its ring member) and the `lost` are gone."""
+    return [n for n in order if n != roster.beside and n not in lost]
 
 
 def coordinator_options(opts: MemberOptions, assign: Assign, roster: Roster, expected: int) -> HostOptions:
@@ -54,9 +65,13 @@ def coordinator_options(opts: MemberOptions, assign: Assign, roster: Roster, exp
 
 
 async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member_state: SessionState,
-                     cache: StageCache, use: InUse | None) -> int:
-    """Run the session's coordination from this member's process until the session ends; returns its status."""
-    host_opts = coordinator_options(opts, assign, roster, len(survivors(roster, assign.order)))
+                     cache: StageCache, use: InUse | None, adopt: bool = False) -> int:
+    """Run the session's coordination from this member's process until the session ends; returns its status.
+
+    `adopt`: the ring of `assign` still serves (its coordinator held no stage): take it over as it is.
+    """
+    ring = list(assign.order) if adopt else survivors(roster, assign.order)
+    host_opts = coordinator_options(opts, assign, roster, len(ring))
     assert host_opts.model is not None
     state = SessionState()
     state.role, state.me, state.coordinator, state.model = "host", opts.name, opts.name, roster.model
@@ -67,6 +82,7 @@ async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member
         await ep.probe_nat(opts.rendezvous)
         await ep.join_session(opts.rendezvous, opts.code)
         await ep.announce(coordinator_announcement())
-        state.set_phase("waiting", f"waiting for {', '.join(survivors(roster, assign.order))}")
-        runtime = HostRuntime(ep, host_opts, state, host_opts.model, info, cache, None, use, beside=opts.name)
+        state.set_phase("waiting", f"waiting for {', '.join(ring)}")
+        runtime = HostRuntime(ep, host_opts, state, host_opts.model, info, cache, None, use, beside=opts.name,
+                              serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)))
         return await runtime.run()

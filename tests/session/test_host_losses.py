@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kafila.session.api_token import read_token
-from tests.session.cluster import HOST_MEMBER, Cluster
+from tests.session.cluster import HOST_MEMBER, Cluster, Proc
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 8
@@ -218,3 +218,87 @@ def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_re
             assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
         procs = list(cluster.procs)
     assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running (stop checks each status)
+
+
+def test_coordinate_only_host_killed_then_a_member_a_holder_takes_over_and_re_plans(
+        tmp_path: Path, smollm: Path, capital: str, story: str) -> None:
+    members = [("ada", ["--api-port", "0"]), (HEIR, ["--api-port", "0", "--model", str(smollm)]),
+               ("cy", ["--api-port", "0"])]
+    with Cluster(tmp_path, members) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        urls = {n: cluster.member_url(n) for n, _ in members}
+        cluster.host.popen.kill()  # kill -9: the host held no stage, so the ring is whole
+        cluster.host.popen.wait()
+        reply = cluster.chat(PROMPT, MAX_TOKENS, url=urls[plan["head"]])  # serving never waits on the host
+        assert reply["choices"][0]["message"]["content"] == capital, reply
+        # every member names the one holding the model, which coordinates the ring as it is (no re-plan)
+        for name, url in urls.items():
+            state = cluster.wait_state(url, lambda s: s["coordinator"] == HEIR and s["coordinator_left"] is not None,
+                                       120)
+            assert state["phase"] == "admitted" and state["plan"]["order"] == plan["order"], (name, state)
+        heir = cluster.members[HEIR]
+        heir.wait_for(re.compile("took the serving ring over"), 120)
+        # a later loss: a member holding no model, and not the head (a head's replies are not sent again)
+        victim = next(n for n in plan["order"] if n not in (HEIR, plan["head"]))
+        left = [n for n in plan["order"] if n != victim]
+        streaming = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(cluster.stream_chat, STORY, STORY_TOKENS, 600, streaming, urls[HEIR])
+            while not streaming.wait(0.1):
+                if pending.done():
+                    raise AssertionError(f"the reply ended before the kill: {pending.result()}")
+            cluster.members[victim].popen.kill()
+            chunks = pending.result(timeout=600)
+        outputs = {n: m.output[-4000:] for n, m in cluster.members.items()}
+        assert cluster.members[victim].popen.wait(10) == -9
+        # the reply in flight resumes on the re-planned ring: exact up to the cut, then it goes on
+        assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), (chunks[-3:], outputs)
+        notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
+        assert len(notices) == 1 and f"{victim} was lost" in notices[0][1], (notices, outputs)
+        pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
+        before = "".join(p for t, p in pieces if t < notices[0][0])
+        assert before and story.startswith(before), (before, story)
+        try:
+            for name in left:  # re-planned over the two survivors, still coordinated by the holder
+                state = cluster.wait_state(urls[name], lambda s: s["phase"] == "admitted"
+                                           and sorted(s["plan"]["order"]) == sorted(left), 300)
+                assert state["coordinator"] == HEIR, (name, state["coordinator"])
+                again = cluster.chat(PROMPT, MAX_TOKENS, url=urls[name])
+                assert again["choices"][0]["message"]["content"] == capital, (name, again)
+        except (AssertionError, OSError) as exc:  # a survivor gone: its own words say why
+            for name in left:
+                exc.add_note(f"{name} (status {cluster.members[name].popen.poll()}):\n"
+                             f"{cluster.members[name].output[-6000:]}")
+            raise
+        for name in left:
+            proc = cluster.members[name]
+            assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
+        procs = list(cluster.procs)
+    assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running
+
+
+def test_a_restarted_serving_host_rejoins_as_a_member_at_the_next_re_plan(
+        tmp_path: Path, smollm: Path, capital: str) -> None:
+    members = [("ada", ["--api-port", "0"]), (HEIR, ["--api-port", "0", "--model", str(smollm)])]
+    with Cluster(tmp_path, members, serve_host=True) as cluster:
+        cluster.wait_phase({"admitted"})
+        url = cluster.member_url(HEIR)
+        cluster.host.popen.kill()  # kill -9: the host and its machine's stage; the holder re-plans
+        cluster.host.popen.wait()
+        cluster.wait_state(url, lambda s: s["phase"] == "admitted" and sorted(s["plan"]["order"]) == ["ada", HEIR],
+                           300)
+        # the host's machine back, as a member under its old name: held for the next plan, not refused
+        back = Proc(HOST_MEMBER, ["join", cluster.code, "--rendezvous", cluster.rdv, "--name", HOST_MEMBER,
+                                  "--api-port", "-1"], cluster.env)
+        cluster.procs.append(back)
+        cluster.members[HEIR].wait_for(re.compile(f"{HOST_MEMBER} rejoined the session"), 240)
+        assert cluster.state(url)["phase"] == "admitted" and back.popen.poll() is None, back.output
+        cluster.members["ada"].popen.kill()  # the next loss: the ring is planned again, with the host's machine
+        state = cluster.wait_state(url, lambda s: s["phase"] == "admitted"
+                                   and sorted(s["plan"]["order"]) == [HEIR, HOST_MEMBER], 300)
+        assert state["coordinator"] == HEIR, state
+        again = cluster.chat(PROMPT, MAX_TOKENS, url=url)
+        assert again["choices"][0]["message"]["content"] == capital, (again, back.output[-3000:])
+        assert back.popen.poll() is None and "Traceback" not in back.output, back.output
+        procs = list(cluster.procs)
+    assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running

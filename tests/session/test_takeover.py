@@ -37,3 +37,25 @@ def test_brute_force_every_member_order_and_holder_set_agrees_with_the_definitio
                 assert got == (holding[0] if holding else None)
                 # the choice needs only what every member holds alike: the same roster and order
                 assert successor(roster("hal", tuple(reversed(holders)), names), order) == got
+
+
+def test_brute_force_every_order_holder_set_and_lost_set_with_a_coordinate_only_host() -> None:
+    """A coordinate-only host (beside None) held no stage; the lost are excluded like the coordinator's own member."""
+    names = ("ada", "bo", "cy", "di")
+    subsets = [s for k in range(len(names) + 1) for s in itertools.combinations(names, k)]
+    for order in itertools.permutations(names):
+        for holders in subsets:
+            for lost in subsets:
+                for beside in (None, *names):
+                    r = roster(beside, holders, names)
+                    gone = set(lost) | {beside}
+                    left = [n for n in order if n not in gone]
+                    assert survivors(r, order, lost) == left
+                    holding = [n for n in left if n in holders]
+                    got = successor(r, order, lost)
+                    assert got == (holding[0] if holding else None), (order, holders, lost, beside)
+                    # alike on every member: the order the lost were noticed in does not matter
+                    assert successor(r, order, tuple(reversed(lost))) == got
+    # with nobody lost and a coordinate-only host, the first holder in ring order, wherever it sits
+    assert successor(roster(None, ("cy",), names), ("cy", "ada", "bo")) == "cy"
+    assert successor(roster(None, ("cy", "bo"), names), ("ada", "bo", "cy"), ("bo",)) == "cy"
