@@ -39,6 +39,7 @@ from kafila.planner.ttft import TtftModel, plan_model
 from kafila.session import frames, messages
 from kafila.session.api import ApiServer, Forwarder
 from kafila.session.cache_inventory import InUse, start_cache_use
+from kafila.session.compute_turn import ComputeTurn
 from kafila.session.delivery import StageManifest, StageReceiver
 from kafila.session.head import Head
 from kafila.session.heartbeat import working
@@ -357,7 +358,7 @@ class MemberRuntime:
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(me, reason, msg.epoch))
             raise SessionError(f"{me} left the session: {reason}") from None
-        self.worker = StageWorker(engine, self.opts.throttle)
+        self.worker = StageWorker(engine, self.opts.throttle, ComputeTurn(self.cache.root))
         await self.send_host(messages.Loaded(msg.epoch))
         self.state.update_member(me, status="loaded")
 

@@ -16,15 +16,20 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kafila.engine.stage import Rows, StageEngine
+from kafila.session.compute_turn import ComputeTurn
 from kafila.session.frames import Frame
 
 
 class StageWorker:
-    """One stage engine, run in its own thread; `throttle` > 1 emulates a slower machine."""
+    """One stage engine, run in its own thread; `throttle` > 1 emulates a slower machine.
 
-    def __init__(self, engine: StageEngine, throttle: float = 1.0) -> None:
+    `turn`: the machine's compute turn, shared with the other stages on it (None: computes at will).
+    """
+
+    def __init__(self, engine: StageEngine, throttle: float = 1.0, turn: ComputeTurn | None = None) -> None:
         self.engine = engine
         self.throttle = throttle
+        self.turn = turn
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafila-stage")
 
     async def run(self, frame: Frame, want: np.ndarray | None = None) -> tuple[np.ndarray, int]:
@@ -40,11 +45,14 @@ class StageWorker:
         return out, spent
 
     def _timed(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int]:
-        # timed on the stage's thread: the hand-over between threads is not compute (and must not
-        # be multiplied by a throttle)
-        t0 = time.perf_counter_ns()
-        out = self.engine.run(embd, rows)
-        return out, time.perf_counter_ns() - t0
+        # timed on the stage's thread, once its turn came: the hand-over between threads and the wait
+        # for another stage on this machine are not this stage's compute (nor multiplied by a throttle)
+        if self.turn is None:
+            t0 = time.perf_counter_ns()
+            return self.engine.run(embd, rows), time.perf_counter_ns() - t0
+        with self.turn:
+            t0 = time.perf_counter_ns()
+            return self.engine.run(embd, rows), time.perf_counter_ns() - t0
 
     async def free(self, seq: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
@@ -54,3 +62,5 @@ class StageWorker:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.engine.close()
+        if self.turn is not None:
+            self.turn.close()
