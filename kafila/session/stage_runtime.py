@@ -10,6 +10,7 @@ depend on which rows share a call, so regrouping per stage would make them depen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,10 +48,7 @@ class StageWorker:
     def _timed(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int]:
         # timed on the stage's thread, once its turn came: the hand-over between threads and the wait
         # for another stage on this machine are not this stage's compute (nor multiplied by a throttle)
-        if self.turn is None:
-            t0 = time.perf_counter_ns()
-            return self.engine.run(embd, rows), time.perf_counter_ns() - t0
-        with self.turn:
+        with self.turn or contextlib.nullcontext():
             t0 = time.perf_counter_ns()
             return self.engine.run(embd, rows), time.perf_counter_ns() - t0
 
