@@ -176,7 +176,7 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         decode = stage_time(mem.dispatch_s, mem.block_s, mem.bandwidth, e - a, prefix_one[e] - prefix_one[a])
         at_r = stage_time(mem.prefill_dispatch_s, mem.prefill_block_s, mem.prefill_bandwidth, e - a,
                           sum(reads_r[a:e]))
-        chunk = decode + max(at_r - decode, 0.0) * (B - 1) / (R - 1) if R > 1 else at_r * B
+        chunk = PrefillStage(name, decode, at_r).seconds(B, R)  # B rows on the line through 1 and R rows
         prev = members[order[j]]  # the member that sends this stage its chunks (order[j] precedes it)
         link = edge_cost_ns(prev, mem) / 2e9 if len(order) > 1 else 0.0  # edge costs are round-trip figures
         stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link))
