@@ -4,7 +4,11 @@ One fresh probe fits o + n·p + bytes/b (DESIGN §2c) on its own cuts. Then, wit
 (cold caches, idle waits: `time_cases`), this measures cuts the fit never saw: of the embedded
 SmolLM2-135M (2.2 MB blocks) and of random-weight files with Llama-3.1-8B's blocks (123 MB, `--blocks`
 of them) and Qwen3-32B's (274 MB, `--blocks-32b`), and compares each with the three-term prediction and
-with the two-term `o + bytes/b` fitted on the small cuts alone (the old model). With `--moe` it also
+with the two-term `o + bytes/b` fitted on the small cuts alone (the old model). Head cuts too: the
+embedded model's last 6 blocks with its output layer, and one Qwen3-32B block with a real 151,936-token
+output matrix (437 MB; the probe fitted the unembedding on 30 MB and 295 MB ones), against the probe's
+unembedding fit and against the unembedding timed on the small model's output alone (the old probe's).
+With `--moe` it also
 times one random-weight block of Qwen3-30B-A3B's shape (128 experts, 8 per token, Q4_0) and of
 gpt-oss-20b's (32 experts, 4 per token, MXFP4 experts and Q8_0 attention, sinks, a window) at decode batches
 1 and 4 against the planner's MoE bytes (dense tensors plus the expected distinct experts,
@@ -25,6 +29,7 @@ import numpy as np
 
 HELP = "cost model: predicted vs measured stage times on small- and large-block cuts (and MoE blocks)"
 SMALL_CUTS = (2, 6, 15, 30)
+HEAD_SMALL_BLOCKS = 6  # the embedded model's head cut: its last 6 blocks and output layer (the probe times 1)
 MOE_SHAPES = ("qwen3-30b-a3b", "gpt-oss-20b")  # kafila.model.random_gguf.SHAPES
 BATCHES = (1, 4)  # decode batches the MoE blocks are timed at
 
@@ -141,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
 
     big = cached_random_gguf(SHAPES["llama3-8b"], args.blocks, cache_models, tokenizer=False)
     cuts = [(smol, n) for n in SMALL_CUTS] + [(big, n) for n in range(1, args.blocks + 1)]
-    larger = [cached_random_gguf(SHAPES["qwen3-32b"], args.blocks_32b, cache_models, tokenizer=False)] \
-        if args.blocks_32b > 0 else []
+    # with its real vocabulary: its head cut's output matrix is one the probe never timed
+    larger = [cached_random_gguf(SHAPES["qwen3-32b"], args.blocks_32b, cache_models)] if args.blocks_32b > 0 else []
     cuts += [(path, n) for path in larger for n in range(1, args.blocks_32b + 1)]
+    heads = [(smol, HEAD_SMALL_BLOCKS)] + [(path, 1) for path in larger]
     config = ContextConfig(n_ctx_per_seq=256, n_seq_max=4, n_batch=8, n_threads=args.threads)
-    infos = {path: describe_model(path) for path in {path for path, _ in cuts}}
+    infos = {path: describe_model(path) for path in {path for path, _ in cuts + heads}}
     # Decode batches 1 and 4 of one block: each MoE shape, and the 8B-shaped dense block for reference
     # (the model's bytes do not grow with the batch there; what a compute-bound CPU does, this shows).
     batched = [(name, batch) for name in (*(MOE_SHAPES if args.moe else ()), "llama3-8b") for batch in BATCHES]
@@ -155,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
         for path, n in cuts:
             console.log(f"loading {path.name} blocks [0, {n})")
             cases.append((StageEngine(cache.stage(path, StageSpec(0, n, head=False)), config, final=False), 1))
+        for path, n in heads:
+            k = infos[path].n_blocks
+            console.log(f"loading {path.name} blocks [{k - n}, {k}) with the output layer")
+            cases.append((StageEngine(cache.stage(path, StageSpec(k - n, k, head=True)), config, final=True), 1))
         for name, batch in batched:
             # one block, one context per batch, so every case's sequences start at position 0
             path = big if name == "llama3-8b" else cached_random_gguf(SHAPES[name], 1, cache_models, tokenizer=False)
@@ -166,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for engine, _ in cases:
             engine.close()
-    cut_times, batch_times = measured[:len(cuts)], measured[len(cuts):]
+    cut_times, head_times = measured[:len(cuts)], measured[len(cuts):len(cuts) + len(heads)]
+    batch_times = measured[len(cuts) + len(heads):]
     nbytes_of = [sum(infos[path].blocks_bytes[:n]) for path, n in cuts]
     blocks_of = [n for _, n in cuts]
     # The same three terms fitted on these rounds' cuts, in wall and in CPU time: they predict the MoE
@@ -181,6 +192,18 @@ def run(args: argparse.Namespace) -> int:
                      "predicted_ms": p3 * 1e3, "error": _err(p3, t.wall_s),
                      "two_term_predicted_ms": p2 * 1e3, "two_term_error": _err(p2, t.wall_s),
                      "cpu_ms": t.cpu_s * 1e3})
+
+    small_u, small_s = fit.unembed_samples[0]  # the old probe's unembedding: the small model's output alone
+    head_rows: list[dict[str, Any]] = []
+    for (path, n), t in zip(heads, head_times, strict=True):
+        info = infos[path]
+        body = fit.predict(n, sum(info.blocks_bytes[info.n_blocks - n:]))
+        p3 = body + fit.unembed_s + info.unembed_bytes / fit.unembed_bandwidth_bytes_per_s
+        p1 = body + info.unembed_bytes * max(small_s, 0.0) / small_u
+        head_rows.append({"file": path.name, "blocks": n, "unembed_bytes": info.unembed_bytes,
+                          "measured_ms": t.wall_s * 1e3, "predicted_ms": p3 * 1e3, "error": _err(p3, t.wall_s),
+                          "small_vocab_predicted_ms": p1 * 1e3, "small_vocab_error": _err(p1, t.wall_s),
+                          "cpu_ms": t.cpu_s * 1e3})
 
     batch_rows: list[dict[str, Any]] = []
     for (name, batch), t in zip(batched, batch_times, strict=True):
@@ -203,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
         r["cpu_rows_predicted_ms"] = r["cpu_predicted_ms"] + (extra / row_rate * 1e3 if row_rate else 0.0)
         r["cpu_rows_error"] = _err(r["cpu_rows_predicted_ms"], r["cpu_ms"])
 
-    big_errors = [abs(r["error"]) for r in rows if r["file"] != smol.name]
+    stages = rows + head_rows  # every stage time the planner predicts: body cuts and head cuts
+    big_errors = [abs(r["error"]) for r in stages if r["file"] != smol.name]
     results = {
         "threads": args.threads,
         "load_average": _load(),
@@ -213,21 +237,24 @@ def run(args: argparse.Namespace) -> int:
                      "and in CPU time (CPU: process CPU time per thread, exact with --threads 1)"),
         "probe": {"seconds": probe_s, "dispatch_ms": fit.dispatch_s * 1e3, "block_ms": fit.block_s * 1e3,
                   "bandwidth_gbs": fit.bandwidth_bytes_per_s / 1e9, "fit_residual": fit.fit_residual,
+                  "unembed_ms": fit.unembed_s * 1e3, "unembed_gbs": fit.unembed_bandwidth_bytes_per_s / 1e9,
+                  "unembed_samples": [{"bytes": b, "ms": u * 1e3} for b, u in fit.unembed_samples],
                   "two_term_small_cuts": {"dispatch_ms": o2 * 1e3, "bandwidth_gbs": b2 / 1e9}},
         "round_fit": {name: {"dispatch_ms": f[1] * 1e3, "block_ms": f[2] * 1e3, "bandwidth_gbs": f[0] / 1e9,
                              "fit_residual": f[3]} for name, f in (("wall", wall_fit), ("cpu", cpu_fit))},
         "cuts": rows,
+        "heads": head_rows,
         "batched": batch_rows,
         "row_rate_gbs": row_rate / 1e9 if row_rate else None,
-        "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+        "median_abs_error": statistics.median(abs(r["error"]) for r in stages),
         "median_abs_error_large_blocks": statistics.median(big_errors),
         "median_abs_error_two_term_large_blocks": statistics.median(
             abs(r["two_term_error"]) for r in rows if r["file"] != smol.name),
         "median_abs_error_by_file": {
-            path.name: statistics.median(abs(r["error"]) for r in rows if r["file"] == path.name)
-            for path in dict.fromkeys(path for path, _ in cuts)},
+            path.name: statistics.median(abs(r["error"]) for r in stages if r["file"] == path.name)
+            for path in dict.fromkeys(path for path, _ in cuts + heads)},
         "target": "median |predicted - measured| / measured <= 10 % (issue 11); MoE within 20 % (issue 12)",
-        "target_met": statistics.median(abs(r["error"]) for r in rows) <= 0.10,
+        "target_met": statistics.median(abs(r["error"]) for r in stages) <= 0.10,
         # issue 12's check of the MoE bytes: the Qwen3-30B-A3B-shaped block against the three terms fitted on
         # the same rounds' cuts (the probe's own drift since it ran shows in the cuts' errors, and in "error")
         "moe_target_met": any(m["shape"] == MOE_SHAPES[0] for m in moe_rows)
@@ -257,6 +284,14 @@ def _print(r: dict[str, Any]) -> None:
                   f"{c['predicted_ms']:.3f}", f"{c['error']:+.1%}", f"{c['two_term_predicted_ms']:.3f}",
                   f"{c['two_term_error']:+.1%}")
     console.print(t)
+    h = Table("file", "blocks", "output MB", "measured ms", "predicted ms", "error", "small-vocab ms", "error",
+              title="head cut (blocks + unembedding): measured vs predicted, and with the unembedding timed on the "
+              "embedded model's output alone")
+    for c in r["heads"]:
+        h.add_row(c["file"], str(c["blocks"]), f"{c['unembed_bytes'] / 1e6:.1f}", f"{c['measured_ms']:.3f}",
+                  f"{c['predicted_ms']:.3f}", f"{c['error']:+.1%}", f"{c['small_vocab_predicted_ms']:.3f}",
+                  f"{c['small_vocab_error']:+.1%}")
+    console.print(h)
     if r["batched"]:
         m = Table("block", "batch", "read MB", "wall ms", "probe", "error", "same rounds", "error", "CPU ms",
                   "CPU fit", "error", "+ rows", "error", title="one block at decode batch 1 and 4: measured vs "
@@ -274,7 +309,7 @@ def _print(r: dict[str, Any]) -> None:
         console.print(f"{MOE_SHAPES[0]} within 20 % of the same rounds' wall-time fit at batch "
                       f"{' and '.join(map(str, BATCHES))}: {r['moe_target_met']}")
     console.print(f"load average {r['load_average']}, threads {r['threads'] or 'all'}")
-    console.print(f"median |error|: {r['median_abs_error']:.1%} over all cuts, "
+    console.print(f"median |error|: {r['median_abs_error']:.1%} over all cuts and heads, "
                   f"{r['median_abs_error_large_blocks']:.1%} on large blocks "
                   f"(two-term model: {r['median_abs_error_two_term_large_blocks']:.1%}); by file: "
                   + ", ".join(f"{name} {e:.1%}" for name, e in r["median_abs_error_by_file"].items())

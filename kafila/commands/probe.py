@@ -39,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"[bold]bandwidth[/]        {result.bandwidth_bytes_per_s / 1e9:.2f} GB/s (effective, fitted)")
     out.print(f"[bold]dispatch[/]         {result.dispatch_s * 1e3:.3f} ms per stage call")
     out.print(f"[bold]per block[/]        {result.block_s * 1e3:.3f} ms per block per call (besides its bytes)")
-    out.print(f"[bold]unembedding[/]      {result.unembed_bandwidth_bytes_per_s / 1e9:.2f} GB/s "
-              f"(head cut: {result.head_call_s * 1e3:.3f} ms per decode call)")
+    out.print(f"[bold]unembedding[/]      {result.unembed_s * 1e3:.3f} ms + bytes at "
+              f"{result.unembed_bandwidth_bytes_per_s / 1e9:.2f} GB/s")
+    for b, s in result.unembed_samples:
+        out.print(f"  {b / 1e6:8.1f} MB output matrix: {s * 1e3:7.3f} ms of its head cut's decode call")
     out.print(f"[bold]usable memory[/]    {result.memory_bytes / 1e9:.2f} GB "
               f"(available {result.available_bytes / 1e9:.2f} GB − runtime "
               f"{result.runtime_overhead_bytes / 1e6:.0f} MB − 10% margin)")

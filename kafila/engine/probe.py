@@ -6,8 +6,11 @@ The probe times decode calls of cuts with small blocks (the model given, usually
 model's 2.2 MB blocks) and with large ones (a random-weight file with Llama-3.1-8B's 123 MB blocks,
 written once into the cache), and fits `o`, `p` and `b` by least squares: on small blocks alone the
 per-block cost looks like bandwidth, and the fit would predict large blocks twice too slow.
-A head cut (the last block with the output layer) is timed among them: what it takes beyond its
-block is the unembedding, whose own quantisation and shape run at another speed than the blocks.
+Head cuts (the last block with the output layer) of both files are timed among them: what each takes
+beyond its block is the unembedding, whose own quantisation and shape run at another speed than the
+blocks. From the small model's output matrix (SmolLM2: 30 MB, 576 wide) and the large file's (a real
+128,256-token vocabulary, 295 MB) the probe fits unembedding seconds = fixed + bytes / speed: measured
+on the small one alone, the 8B shape's head was predicted a third too slow in the ring.
 
 Prefill: the same cuts are timed on one call of PREFILL_ROWS rows (the host's default --batch), and
 the same three-term shape is fitted to it; the planner predicts a chunk of another size on the line
@@ -61,8 +64,8 @@ class ProbeResult:
     runtime_overhead_bytes: int
     samples: tuple[tuple[int, float], ...]  # (weight bytes, median seconds per decode call)
     fit_residual: float  # relative RMS error of the linear fit
-    head_call_s: float  # median seconds per decode call of the head cut
-    unembed_bandwidth_bytes_per_s: float  # unembedding bytes / its share of the head cut's call
+    head_call_s: float  # median seconds per decode call of the (small model's) head cut
+    unembed_bandwidth_bytes_per_s: float  # unembedding: bytes / (its share of a head cut's call − unembed_s)
     device: str | None = None  # the GPU the stages ran on (None: the CPU); then memory_bytes is its memory
     device_free_bytes: int | None = None
     block_s: float = 0.0  # fixed seconds per block per call (p), besides its bytes
@@ -75,6 +78,8 @@ class ProbeResult:
     prefill_samples: tuple[tuple[int, float], ...] = ()  # (weight bytes, fastest seconds per prefill call)
     prefill_fit_residual: float = 0.0
     prefill_sample_blocks: tuple[int, ...] = ()  # blocks of each prefill sample's cut
+    unembed_s: float = 0.0  # fixed seconds of an unembedding besides its bytes (norm, logits, a graph's nodes)
+    unembed_samples: tuple[tuple[int, float], ...] = ()  # (output matrix bytes, its seconds in a head call)
 
     def predict(self, n_blocks: int, nbytes: int) -> float:
         """Seconds of one decode call of a stage of `n_blocks` blocks holding `nbytes`: o + n·p + bytes/b."""
@@ -90,12 +95,13 @@ class ProbeResult:
         d["sample_blocks"] = list(self.sample_blocks)
         d["prefill_samples"] = [list(s) for s in self.prefill_samples]
         d["prefill_sample_blocks"] = list(self.prefill_sample_blocks)
+        d["unembed_samples"] = [list(s) for s in self.unembed_samples]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProbeResult:
         """The result back from `as_dict` (a cached probe)."""
-        lists = {k: tuple(tuple(s) for s in d.get(k, ())) for k in ("samples", "prefill_samples")}
+        lists = {k: tuple(tuple(s) for s in d.get(k, ())) for k in ("samples", "prefill_samples", "unembed_samples")}
         counts = {k: tuple(d.get(k, ())) for k in ("sample_blocks", "prefill_sample_blocks")}
         return cls(**{**d, **lists, **counts})
 
@@ -236,14 +242,13 @@ def probe(
     config = ContextConfig(n_ctx_per_seq=max(256, prefill_rows), n_seq_max=1, n_batch=max(8, prefill_rows),
                            n_threads=threads)
     total = warmup + calls
-    k = info.n_blocks
     engines: list[StageEngine] = []
     cuts = [(n, sum(info.blocks_bytes[:n])) for n in sizes]
     if large:
         if on_step:
             on_step("writing a large-block model (once)", 0, total)
-        # body stages only: the stub vocabulary spares the file a real-sized embedding no one reads
-        big = cached_random_gguf(large_shape, max(large), cache.root / "probe-models", tokenizer=False)
+        # a real-sized vocabulary: its head cut times an unembedding of the size real models have
+        big = cached_random_gguf(large_shape, max(large), cache.root / "probe-models")
         big_info = describe_model(big)
         cuts += [(n, sum(big_info.blocks_bytes[:n])) for n in sorted(set(large))]
     try:
@@ -257,13 +262,17 @@ def probe(
             engines.append(StageEngine(cache.stage(big, StageSpec(0, n, head=False)), config, final=False))
         if on_step:
             on_step("loading a head stage", 0, total)
-        engines.append(StageEngine(cache.stage(model, StageSpec(k - 1, k, head=True)), config, final=True))
+        heads = [(model, info)] + ([(big, big_info)] if large else [])
+        for path, about in heads:
+            n = about.n_blocks
+            engines.append(StageEngine(cache.stage(path, StageSpec(n - 1, n, head=True)), config, final=True))
         # what this process holds beyond the weights: interpreter, libraries, compute buffers
-        weights = sum(b for _, b in cuts) + info.blocks_bytes[-1] + info.head_bytes
+        weights = sum(b for _, b in cuts) + sum(a.blocks_bytes[-1] + a.head_bytes for _, a in heads)
         overhead = max(resident_memory() - weights, 0)
-        *seconds, head_s = time_decode_calls(
+        seconds = time_decode_calls(
             engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
         )
+        seconds, head_seconds = seconds[:len(cuts)], seconds[len(cuts):]
         # the large-block cuts and the small ones of PREFILL_SMALL blocks (the large ones come after the small)
         timed = [i for i, (n, _) in enumerate(cuts) if i >= len(sizes) or n in PREFILL_SMALL]
         if len({cuts[i][0] for i in timed if i < len(sizes)}) < 2:  # a model of few blocks: its two smallest
@@ -278,9 +287,9 @@ def probe(
     samples = [(nbytes, t) for (_, nbytes), t in zip(cuts, seconds, strict=True)]
     counts = [n for n, _ in cuts]
     bandwidth, dispatch, block_s, resid = fit_cost(samples, counts)
-    unembed_s = head_s - (dispatch + block_s + info.blocks_bytes[-1] / bandwidth)
-    # a head cut no slower than a body cut (noise, or a tiny output layer): count it at the blocks' speed
-    unembed_bw = info.unembed_bytes / unembed_s if unembed_s > 0 else bandwidth
+    unembed = [(a.unembed_bytes, t - (dispatch + block_s + a.blocks_bytes[-1] / bandwidth))
+               for (_, a), t in zip(heads, head_seconds, strict=True)]
+    unembed_bw, unembed_fixed = fit_unembedding(unembed, bandwidth)
     avail = available_memory()
     usable = max(int(avail * (1 - SAFETY_MARGIN)) - overhead, 0)
     device, device_free = offload_memory(offload)
@@ -292,9 +301,29 @@ def probe(
     except EngineError as exc:  # the member can still serve; the plan then predicts no TTFT
         log.warning("prefill not measured: %s", exc)
         prefill_rows, (p_bw, p_dispatch, p_block, p_resid) = 0, (0.0, 0.0, 0.0, 0.0)
-    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_s, unembed_bw,
-                       device, device_free, block_s, tuple(counts), prefill_rows, p_bw, p_dispatch, p_block,
-                       tuple(prefill), p_resid, tuple(cuts[i][0] for i in timed))
+    return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_seconds[0],
+                       unembed_bw, device, device_free, block_s, tuple(counts), prefill_rows, p_bw, p_dispatch,
+                       p_block, tuple(prefill), p_resid, tuple(cuts[i][0] for i in timed), unembed_fixed,
+                       tuple(unembed))
+
+
+def fit_unembedding(samples: list[tuple[int, float]], bandwidth: float) -> tuple[float, float]:
+    """(bytes/s, fixed seconds) of the unembedding from (output bytes, seconds) of head cuts.
+
+    A head cut no slower than its body (noise, or a tiny output layer) tells nothing: it is left out,
+    and with nothing left the unembedding counts at the blocks' speed. One sample gives bytes / seconds.
+    """
+    usable = [(b, s) for b, s in samples if s > 0 and b > 0]
+    if len(usable) >= 2 and len({b for b, _ in usable}) >= 2:
+        try:
+            speed, fixed, _, _ = fit_cost(usable)
+            return speed, fixed
+        except EngineError:  # did not grow with size: fall back to the larger output's own speed
+            pass
+    if usable:
+        b, s = max(usable)
+        return b / s, 0.0
+    return bandwidth, 0.0
 
 
 def offload_memory(offload: Offload | None) -> tuple[str | None, int | None]:

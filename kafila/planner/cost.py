@@ -1,9 +1,10 @@
 """The derived cost model (DESIGN §3, §2c): stage time, memory need and edge cost. Nothing here is fitted.
 
-- stage time  t_i = o_i + |S_i|·p_i + Σ_{j∈S_i} r_j / b_i + [head]·U / u_i, where p_i is the member's
+- stage time  t_i = o_i + |S_i|·p_i + Σ_{j∈S_i} r_j / b_i + [head]·(q_i + U / u_i), where p_i is the member's
   fixed time per block (DESIGN §2c: a block costs ~0.1 ms of thread barriers besides its bytes), r_j the
-  bytes block j reads per call (`read_bytes`) and u_i the member's unembedding bandwidth (b_i when it
-  has none); kept as U_i = U·b_i/u_i "block-equivalent" bytes, so every formula stays o + n·p + bytes/b
+  bytes block j reads per call (`read_bytes`), u_i the member's unembedding bandwidth (b_i when it
+  has none) and q_i its fixed unembedding time; kept as U_i = (q_i + U/u_i)·b_i "block-equivalent"
+  bytes, so every formula stays o + n·p + bytes/b
 - memory      Σ_{j∈S_i} (s_j + C·T_j·kv_j) + [head]·H ≤ M_i, with T_j = min(T, window_j) for a
   sliding-window layer (it keeps only the window's positions) and T otherwise
 - edge cost   r_A + r_B when relayed, |r_A − r_B| when predicted direct (a round-trip figure)
@@ -164,10 +165,16 @@ def cut_rule(model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(first_end), tuple(last_start)
 
 
+def unembed_seconds(nbytes: int, mem: Member) -> float:
+    """Seconds of `mem`'s unembedding of `nbytes`: its fixed time plus the bytes at its own speed."""
+    return mem.unembed_s + nbytes / (mem.unembed_bandwidth or mem.bandwidth)
+
+
 def _unembed(nbytes: int, mem: Member) -> int:
     """The unembedding's bytes as the blocks' bytes that take the same time on `mem`."""
-    ub = mem.unembed_bandwidth
-    return nbytes if ub is None else round(nbytes * mem.bandwidth / ub)
+    if mem.unembed_bandwidth is None and not mem.unembed_s:
+        return nbytes
+    return round(unembed_seconds(nbytes, mem) * mem.bandwidth)
 
 
 def _scale(nbytes: int, factor: float) -> int:

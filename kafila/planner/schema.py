@@ -1,7 +1,8 @@
 """Fleet and model JSON objects (issue 3's file formats) to planner inputs, with errors that name the field.
 
 Fleet: {"members": [{"name", "bandwidth_gbs", "dispatch_ms", "memory_gb", "rtt_ms", "nat"}, …]},
-each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes), "block_ms" (fixed time per block), the
+each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes) and "unembed_ms" (the unembedding's fixed
+time), "block_ms" (fixed time per block), the
 prefill fit "prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms" at "prefill_rows" rows per call,
 "machine" (members naming the same machine share its cores) and "throttle" (an emulated slow-down >= 1).
 Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant",
@@ -69,6 +70,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
         rtt = _number(item, "rtt_ms", where, 0, strict=False)
         ub = _number(item, "unembed_bandwidth_gbs", where, 0, strict=True) if "unembed_bandwidth_gbs" in item else None
         block_ms = _number(item, "block_ms", where, 0, strict=False) if "block_ms" in item else 0.0
+        unembed_ms = _number(item, "unembed_ms", where, 0, strict=False) if "unembed_ms" in item else 0.0
         prefill_rows = _integer(item, "prefill_rows", where) if "prefill_rows" in item else 0
         prefill = {key: _number(item, key, where, 0, strict=key == "prefill_bandwidth_gbs") if prefill_rows else 0.0
                    for key in ("prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms")}
@@ -92,6 +94,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
                 nat=nat,
                 unembed_bandwidth=None if ub is None else ub * 1e9,
                 block_s=block_ms / 1000,
+                unembed_s=unembed_ms / 1000,
                 prefill_bandwidth=prefill["prefill_bandwidth_gbs"] * 1e9,
                 prefill_dispatch_s=prefill["prefill_dispatch_ms"] / 1000,
                 prefill_block_s=prefill["prefill_block_ms"] / 1000,

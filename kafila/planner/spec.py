@@ -23,6 +23,7 @@ class Member:
     # bytes per second the head's unembedding streams at (its own quantisation and shape make it run at
     # another speed than the blocks); None: the blocks' bandwidth
     unembed_bandwidth: float | None = None
+    unembed_s: float = 0.0  # fixed seconds of the head's unembedding besides its bytes (the probe's fit)
     # fixed seconds each block adds to a call besides its bytes (a few dozen ops, each a thread barrier:
     # DESIGN §2c); 0 for a fleet measured without it
     block_s: float = 0.0

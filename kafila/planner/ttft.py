@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kafila.errors import PlanInputError
-from kafila.planner.cost import edge_cost_ns, read_bytes, stage_time
+from kafila.planner.cost import edge_cost_ns, read_bytes, stage_time, unembed_seconds
 from kafila.planner.placement import Placement
 from kafila.planner.spec import Member, ModelSpec, Workload
 
@@ -181,8 +181,7 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         link = edge_cost_ns(prev, mem) / 2e9 if len(order) > 1 else 0.0  # edge costs are round-trip figures
         stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link))
     head = members[order[0]]
-    unembed = model.unembed_bytes / (head.unembed_bandwidth or head.bandwidth)
-    return TtftModel(tuple(stages), B, window_depth(len(order)), unembed)
+    return TtftModel(tuple(stages), B, window_depth(len(order)), unembed_seconds(model.unembed_bytes, head))
 
 
 def with_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec, workload: Workload

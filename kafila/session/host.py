@@ -63,7 +63,8 @@ def planner_member(vm: VerifiedMember) -> Member:
     try:
         emu = m.get("emu") or {}
         return Member(vm.name, float(m["bw"]), float(m["disp"]), int(m["mem"]), float(vm.rtt_ms or 0.0),
-                      vm.nat_class, float(m["ubw"]), block_s=float(m.get("blk", 0.0)),
+                      vm.nat_class, float(m["ubw"]), unembed_s=float(m.get("uo", 0.0)),
+                      block_s=float(m.get("blk", 0.0)),
                       # prefill and the machine: absent from an older member's announcement (no TTFT then)
                       prefill_bandwidth=float(m.get("pbw", 0.0)), prefill_dispatch_s=float(m.get("pdisp", 0.0)),
                       prefill_block_s=float(m.get("pblk", 0.0)), prefill_rows=int(m.get("prow", 0)),

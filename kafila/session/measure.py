@@ -23,7 +23,7 @@ from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
 from kafila.session.builds import build_tag, wire_protocol
 
-PROBE_FILE_PREFIX = "probe-v3-"  # v3: with prefill (v2 added the per-block time; older files are measured again)
+PROBE_FILE_PREFIX = "probe-v4-"  # v4: unembedding fitted on two vocabularies (v3 prefill, v2 the per-block time)
 PROBE_MAX_AGE_S = 24 * 3600
 
 
@@ -93,6 +93,7 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         **gpu,
         "bw": round(result.bandwidth_bytes_per_s / t),
         "ubw": round(result.unembed_bandwidth_bytes_per_s / t),
+        "uo": result.unembed_s * t,  # the unembedding's fixed seconds besides its bytes
         "disp": result.dispatch_s * t,
         "blk": result.block_s * t,  # seconds per block per call besides its bytes (DESIGN §2c)
         "mem": memory,

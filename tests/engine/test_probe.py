@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafila.engine.probe import ProbeResult, fit_cost, probe
+from kafila.engine.probe import ProbeResult, fit_cost, fit_unembedding, probe
 from kafila.errors import EngineError
 from kafila.model.random_gguf import Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
@@ -76,7 +76,8 @@ def test_probe_result_round_trips_through_its_dict() -> None:
     result = ProbeResult(2e10, 1e-4, 10**9, 2 * 10**9, 10**8, ((10**6, 1e-4), (10**7, 5e-4)), 0.01, 2e-4, 1e10,
                          block_s=1e-4, sample_blocks=(1, 4), prefill_rows=128, prefill_bandwidth_bytes_per_s=6e7,
                          prefill_dispatch_s=0.0, prefill_block_s=0.15, prefill_samples=((10**6, 0.2), (10**7, 0.7)),
-                         prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4))
+                         prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4), unembed_s=3e-4,
+                         unembed_samples=((3 * 10**7, 2e-3), (3 * 10**8, 2e-2)))
     assert ProbeResult.from_dict(json.loads(json.dumps(result.as_dict()))) == result
     assert result.predict_prefill(4, 10**7) == pytest.approx(4 * 0.15 + 10**7 / 6e7)
 
@@ -87,6 +88,17 @@ def test_fit_keeps_overhead_and_block_cost_non_negative() -> None:
     # timings that a negative per-block cost would fit best: held at 0
     b, o, p, _ = fit_cost([(1e6, 0.0011), (1e7, 0.0018), (1e8, 0.0101)], [1, 10, 1])
     assert p == 0.0 and o >= 0 and b > 0
+
+
+def test_unembedding_fit() -> None:
+    # 1 ms fixed plus 10 GB/s, from two output matrices (written out by hand, not by fit_cost)
+    speed, fixed = fit_unembedding([(30_000_000, 0.004), (300_000_000, 0.031)], bandwidth=5e9)
+    assert speed == pytest.approx(1e10) and fixed == pytest.approx(0.001)
+    # a head cut no slower than its body says nothing; one sample left gives bytes / seconds
+    assert fit_unembedding([(30_000_000, -0.001), (300_000_000, 0.03)], bandwidth=5e9) == (1e10, 0.0)
+    assert fit_unembedding([(30_000_000, 0.0)], bandwidth=5e9) == (5e9, 0.0)
+    # the larger matrix no slower than the smaller (noise): its own speed, no fixed part
+    assert fit_unembedding([(30_000_000, 0.03), (300_000_000, 0.03)], bandwidth=5e9) == (1e10, 0.0)
 
 
 def test_fit_refuses_flat_timings() -> None:
@@ -130,7 +142,7 @@ def probe_retrying_noise(model: Path, cache: StageCache) -> ProbeResult:
 def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     result = probe_retrying_noise(smollm, stage_cache)
     blocks, unembed = gguf_sizes(smollm)
-    wide, _ = gguf_sizes(cached_random_gguf(WIDE, 2, stage_cache.root / "probe-models", tokenizer=False))
+    wide, wide_unembed = gguf_sizes(cached_random_gguf(WIDE, 2, stage_cache.root / "probe-models"))
     assert [s[0] for s in result.samples] == [sum(blocks[:2]), sum(blocks[:12]), wide[0], sum(wide)]
     assert result.sample_blocks == (2, 12, 1, 2)
     assert result.bandwidth_bytes_per_s > 0 and result.dispatch_s >= 0 and result.block_s >= 0
@@ -141,14 +153,14 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     mean = sum(times) / len(times)
     rms = (sum((f - t) ** 2 for f, t in zip(fitted, times, strict=True)) / len(times)) ** 0.5 / mean
     assert result.fit_residual == pytest.approx(rms, rel=1e-6)
-    # DESIGN §3's head time, o + p + s_last / b + U / u, holds for the head cut's measured call
-    # (a head cut no faster than its block alone is counted at the blocks' speed)
-    u = result.unembed_bandwidth_bytes_per_s
-    body = result.predict(1, blocks[-1])
-    if result.head_call_s > body:
-        assert result.head_call_s == pytest.approx(body + unembed / u, rel=1e-9)
-    else:
-        assert u == result.bandwidth_bytes_per_s
+    # an unembedding's time is its head cut's call less the fitted body call (DESIGN §3: o + p + s_last / b)
+    assert [b for b, _ in result.unembed_samples] == [unembed, wide_unembed]
+    assert result.unembed_samples[0][1] == pytest.approx(result.head_call_s - result.predict(1, blocks[-1]), rel=1e-9)
+    # two positive samples of two sizes and a line through them that rises: q + U / u passes through both
+    (u1, s1), (u2, s2) = result.unembed_samples
+    if s1 > 0 and s2 > 0 and (s2 - s1) * (u2 - u1) > 0 and s1 - u1 * (s2 - s1) / (u2 - u1) >= 0:
+        for nbytes, seconds in result.unembed_samples:
+            assert result.unembed_s + nbytes / result.unembed_bandwidth_bytes_per_s == pytest.approx(seconds, rel=1e-6)
     # prefill: one call of 32 rows per cut (the model has no 1- or 4-block cut here: its two smallest), same fit
     assert result.prefill_rows == 32 and result.prefill_sample_blocks == (2, 12, 1, 2)
     assert [b for b, _ in result.prefill_samples] == [b for b, _ in result.samples]

@@ -129,6 +129,13 @@ def test_head_time_counts_the_unembedding_at_its_measured_speed() -> None:
     assert plan.feasible and plan.kafila.stage_seconds["a"] == 0.5 + 30 / 1.0 + 40 / 4.0
 
 
+def test_head_time_counts_the_unembedding_fixed_time() -> None:
+    # the same, with 2 s fixed to every unembedding (the probe's fit of two vocabularies): 0.5 + 30 + 2 + 10
+    members = (Member("a", 1.0, 0.5, 10**9, 0.0, unembed_bandwidth=4.0, unembed_s=2.0),)
+    plan = make_plan(members, ModelSpec("m", (10, 20), (0, 0), 40, 0), Workload(1, 1))
+    assert plan.feasible and plan.kafila.stage_seconds["a"] == 0.5 + 30 / 1.0 + 2.0 + 40 / 4.0
+
+
 def test_a_fast_unembedding_moves_the_head() -> None:
     # equal but for the unembedding (40 bytes): heading, "fast" adds 4 s and "slow" 40 s; best is
     # fast with 3 blocks (30 + 4 s) against slow's 3 blocks (30 s)

@@ -171,8 +171,10 @@ MODEL = ModelSpec("six", (GB,) * 6, (1000,) * 6, unembed_bytes=GB // 2, head_byt
 
 
 def member(name: str, machine: str = "", throttle: float = 1.0, rows: int = 128) -> Member:
-    # decode: 1 ms + 0.1 ms/block + bytes at 100 GB/s; prefill of `rows` rows: 5 ms + 20 ms/block + bytes at 4 GB/s
-    return Member(name, 100e9, 0.001, 100 * GB, 10.0, NatClass.ORDINARY, block_s=1e-4, prefill_bandwidth=4e9,
+    # decode: 1 ms + 0.1 ms/block + bytes at 100 GB/s, unembedding 3 ms + bytes at 50 GB/s;
+    # prefill of `rows` rows: 5 ms + 20 ms/block + bytes at 4 GB/s
+    return Member(name, 100e9, 0.001, 100 * GB, 10.0, NatClass.ORDINARY, 50e9, unembed_s=0.003,
+                  block_s=1e-4, prefill_bandwidth=4e9,
                   prefill_dispatch_s=0.005, prefill_block_s=0.02, prefill_rows=rows, machine=machine, throttle=throttle)
 
 
@@ -186,13 +188,13 @@ def test_plan_predicts_ttft_of_the_workloads_prompt() -> None:
     ttft = plan.to_json()["ttft"]
     assert ttft["prompt_tokens"] == 1280
     sizes = [e - s for s, e in plan.ranges.values()]
-    expected = sum(chunk_s(n) for n in sizes) + 9 * max(chunk_s(n) for n in sizes) + (GB // 2) / 100e9
+    expected = sum(chunk_s(n) for n in sizes) + 9 * max(chunk_s(n) for n in sizes) + 0.003 + (GB // 2) / 50e9
     assert ttft["seconds"] == pytest.approx(expected, rel=1e-9)
     assert predicted_ttft(plan.to_json(), 1280) == pytest.approx(expected, rel=1e-9)
     # one machine for all three: nothing overlaps, C × Σ c
     same = make_plan([member(n, "box") for n in "abc"], MODEL, Workload(prompt_tokens=1280, batch=128))
     assert same.kafila.ttft is not None
-    assert same.kafila.ttft["seconds"] == pytest.approx(10 * sum(chunk_s(n) for n in sizes) + (GB // 2) / 100e9)
+    assert same.kafila.ttft["seconds"] == pytest.approx(10 * sum(chunk_s(n) for n in sizes) + 0.003 + (GB // 2) / 50e9)
 
 
 def test_a_session_batch_other_than_the_probes_is_read_off_the_line_between_decode_and_prefill() -> None:
@@ -200,7 +202,7 @@ def test_a_session_batch_other_than_the_probes_is_read_off_the_line_between_deco
     decode = 0.001 + 6 * 1e-4 + 6 * GB / 100e9
     at_64 = decode + (chunk_s(6) - decode) * 63 / 127
     assert plan.kafila.ttft is not None
-    assert plan.kafila.ttft["seconds"] == pytest.approx(at_64 + (GB // 2) / 100e9, rel=1e-9)
+    assert plan.kafila.ttft["seconds"] == pytest.approx(at_64 + 0.003 + (GB // 2) / 50e9, rel=1e-9)
 
 
 def test_no_ttft_without_prefill_numbers_and_the_fleet_file_carries_them() -> None:
@@ -208,9 +210,10 @@ def test_no_ttft_without_prefill_numbers_and_the_fleet_file_carries_them() -> No
     assert make_plan([old, member("b")], MODEL).to_json()["ttft"] is None
     fleet = {"members": [{"name": "a", "bandwidth_gbs": 100, "dispatch_ms": 1, "memory_gb": 100, "rtt_ms": 10,
                           "nat": "ordinary", "block_ms": 0.1, "prefill_bandwidth_gbs": 4, "prefill_dispatch_ms": 5,
-                          "prefill_block_ms": 20, "prefill_rows": 128, "machine": "box", "throttle": 2}]}
+                          "prefill_block_ms": 20, "prefill_rows": 128, "machine": "box", "throttle": 2,
+                          "unembed_bandwidth_gbs": 50, "unembed_ms": 3}]}
     (parsed,) = parse_fleet(fleet)
-    assert parsed == Member("a", 100e9, 0.001, 100 * GB, 10.0, NatClass.ORDINARY, block_s=1e-4,
+    assert parsed == Member("a", 100e9, 0.001, 100 * GB, 10.0, NatClass.ORDINARY, 50e9, unembed_s=0.003, block_s=1e-4,
                             prefill_bandwidth=4e9, prefill_dispatch_s=0.005, prefill_block_s=0.02, prefill_rows=128,
                             machine="box", throttle=2.0)
     with pytest.raises(PlanInputError, match="throttle"):
