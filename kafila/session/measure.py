@@ -22,9 +22,9 @@ from kafila.engine.probe import LARGE_SHAPE, ProbeResult, probe
 from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
 from kafila.session.builds import build_tag, wire_protocol
+from kafila.session.cache_inventory import PROBE_MAX_AGE_S
 
 PROBE_FILE_PREFIX = "probe-v4-"  # v4: unembedding fitted on two vocabularies (v3 prefill, v2 the per-block time)
-PROBE_MAX_AGE_S = 24 * 3600
 
 
 @dataclass(frozen=True)
