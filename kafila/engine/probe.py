@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,7 +36,7 @@ from kafila.engine.devices import DEVICE_MARGIN, Offload
 from kafila.engine.memory import available_memory, resident_memory
 from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import EngineError
-from kafila.model.cut import StageSpec
+from kafila.model.cut import StageSpec, write_stage
 from kafila.model.describe import describe_model
 from kafila.model.random_gguf import SHAPES, Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
@@ -47,6 +48,7 @@ LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
 IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
+SCRATCH_PREFIX = "probe-stages-"  # the probe's cuts, in a folder of the cache root removed after it
 PREFILL_ROWS = 128  # rows of the probe's prefill calls: the host's default --batch
 PREFILL_CALLS = 1  # timed prefill calls per cut: each is long (0.1–5 s here), so one is steady enough
 PREFILL_SMALL = (1, 4)  # the small-block cuts whose prefill is timed (with every large-block cut): a
@@ -251,21 +253,29 @@ def probe(
         big = cached_random_gguf(large_shape, max(large), cache.root / "probe-models")
         big_info = describe_model(big)
         cuts += [(n, sum(big_info.blocks_bytes[:n])) for n in sorted(set(large))]
+    # Cut into a scratch folder removed afterwards, not the stage cache: a probe runs once a day, and its
+    # cuts of the large file (1.1 GB with the real-vocabulary head) would stay on disk for nothing.
+    cache.root.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=cache.root)
+
+    def cut(path: Path, spec: StageSpec) -> Path:
+        return write_stage(path, spec, Path(scratch.name) / f"{path.stem}-{spec.tag}.gguf")
+
     try:
         for n in sizes:
             if on_step:
                 on_step(f"loading a {n}-block stage", 0, total)
-            engines.append(StageEngine(cache.stage(model, StageSpec(0, n, head=False)), config, final=False))
+            engines.append(StageEngine(cut(model, StageSpec(0, n, head=False)), config, final=False))
         for n in sorted(set(large)):
             if on_step:
                 on_step(f"loading a {n}-block stage of large blocks", 0, total)
-            engines.append(StageEngine(cache.stage(big, StageSpec(0, n, head=False)), config, final=False))
+            engines.append(StageEngine(cut(big, StageSpec(0, n, head=False)), config, final=False))
         if on_step:
             on_step("loading a head stage", 0, total)
         heads = [(model, info)] + ([(big, big_info)] if large else [])
         for path, about in heads:
             n = about.n_blocks
-            engines.append(StageEngine(cache.stage(path, StageSpec(n - 1, n, head=True)), config, final=True))
+            engines.append(StageEngine(cut(path, StageSpec(n - 1, n, head=True)), config, final=True))
         # what this process holds beyond the weights: interpreter, libraries, compute buffers
         weights = sum(b for _, b in cuts) + sum(a.blocks_bytes[-1] + a.head_bytes for _, a in heads)
         overhead = max(resident_memory() - weights, 0)
@@ -283,6 +293,7 @@ def probe(
     finally:
         for engine in engines:
             engine.close()
+        scratch.cleanup()
     offload = engines[0].offload  # the first stage saw the device's memory before any stage was on it
     samples = [(nbytes, t) for (_, nbytes), t in zip(cuts, seconds, strict=True)]
     counts = [n for n, _ in cuts]

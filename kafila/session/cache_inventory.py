@@ -25,6 +25,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "delivery": ("delivered/*.gguf", "delivered/*.part"),
     "probe": ("probe-*.json",),
     "probe model": ("probe-models/*.gguf",),  # the probe's large-block random model: written again when gone
+    "probe cut": ("probe-stages-*/*.gguf",),  # left by a probe that was killed (kafila.engine.probe.SCRATCH_PREFIX)
     "log": ("demo-logs/*",),
     "bench model": ("models/random-*.gguf",),  # kafila.model.random_gguf: made again when needed
 }
