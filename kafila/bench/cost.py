@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kafila.bench.report import emit, envelope
-    from kafila.engine.probe import fit_cost, probe
+    from kafila.engine.probe import fit_cost, fit_unembedding, probe
     from kafila.engine.stage import ContextConfig, StageEngine
     from kafila.model.cut import StageSpec
     from kafila.model.describe import describe_model
@@ -193,13 +193,14 @@ def run(args: argparse.Namespace) -> int:
                      "two_term_predicted_ms": p2 * 1e3, "two_term_error": _err(p2, t.wall_s),
                      "cpu_ms": t.cpu_s * 1e3})
 
-    small_u, small_s = fit.unembed_samples[0]  # the old probe's unembedding: the small model's output alone
+    # the old probe's unembedding speed: from the small model's head cut alone
+    small_speed, _ = fit_unembedding(list(fit.unembed_samples[:1]), fit.bandwidth_bytes_per_s)
     head_rows: list[dict[str, Any]] = []
     for (path, n), t in zip(heads, head_times, strict=True):
         info = infos[path]
         body = fit.predict(n, sum(info.blocks_bytes[info.n_blocks - n:]))
         p3 = body + fit.unembed_s + info.unembed_bytes / fit.unembed_bandwidth_bytes_per_s
-        p1 = body + info.unembed_bytes * max(small_s, 0.0) / small_u
+        p1 = body + info.unembed_bytes / small_speed
         head_rows.append({"file": path.name, "blocks": n, "unembed_bytes": info.unembed_bytes,
                           "measured_ms": t.wall_s * 1e3, "predicted_ms": p3 * 1e3, "error": _err(p3, t.wall_s),
                           "small_vocab_predicted_ms": p1 * 1e3, "small_vocab_error": _err(p1, t.wall_s),
