@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import faulthandler
+import asyncio
 import importlib
 import logging
-import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
 from kafila import __version__
 from kafila.errors import KafilaError
 from kafila.process import follow_parent
-
-STOP_DEADLINE_S = 15.0  # after SIGTERM, the longest a stop may take before the process just exits
+from kafila.stopping import start_deadline
 
 # Command name -> module under kafila.commands. Modules must stay cheap to import
 # (heavy imports such as llama_cpp go inside run()), so `kafila --help` starts fast.
@@ -83,18 +80,13 @@ def _first_kafila_error(group: BaseExceptionGroup) -> KafilaError | None:
 
 
 def _terminate(_signum: int, _frame: object) -> None:
-    # A clean stop takes well under a second; whatever might get stuck on the way out (a peer that
-    # vanished at the same moment), the process must not outlive the request to stop by much.
-    deadline = threading.Timer(STOP_DEADLINE_S, _stop_now)
-    deadline.daemon = True
-    deadline.start()
+    # (a session flow running in the main thread's event loop is cancelled instead: kafila.stopping)
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    start_deadline(loop)
     raise KeyboardInterrupt
-
-
-def _stop_now() -> None:
-    print(f"kafila: stopping took over {STOP_DEADLINE_S:.0f} s; where it was:", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    os._exit(1)
 
 
 def run_process() -> NoReturn:

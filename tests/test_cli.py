@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 # inside its try: a SIGTERM that follows the word always lands where the command handles it.
 STUCK = """
 import sys, time, types
-import kafila.cli as cli
-cli.STOP_DEADLINE_S = 1.0
+import kafila.cli as cli, kafila.stopping as stopping
+stopping.STOP_DEADLINE_S = 1.0
 def run(args):
     try:
         print("ready", flush=True)

@@ -280,12 +280,16 @@ class Link:
         if self.closed is not None:
             raise NetworkError(f"link to {self.peer.name} ({self.peer.short_id}) is closed: {self.closed}")
 
-    async def send(self, msg: bytes) -> None:
-        """Queue one message; waits (bounded by the link's liveness) while much is still unacknowledged."""
+    def post(self, msg: bytes) -> None:
+        """Queue one message, not waiting for acknowledgements: a goodbye on a congested link must not delay a close."""
         self._check()
         if len(msg) > MAX_MESSAGE:
             raise ProtocolError(f"message of {len(msg)} bytes exceeds {MAX_MESSAGE}")
         self._write(msg)
+
+    async def send(self, msg: bytes) -> None:
+        """Queue one message; waits (bounded by the link's liveness) while much is still unacknowledged."""
+        self.post(msg)
         while unacked_bytes(self.conn) > SEND_BUFFER_HIGH:
             self._check()
             self._progress.clear()

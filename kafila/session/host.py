@@ -143,7 +143,7 @@ class HostRuntime:
                 accept.cancel()
                 for j in self.joined.values():
                     with contextlib.suppress(KafilaError):
-                        await j.link.send(messages.encode(messages.Bye("the host is closing the session")))
+                        j.link.post(messages.encode(messages.Bye("the host is closing the session")))
                 await asyncio.sleep(0.2)  # let the goodbyes leave before the endpoint closes
 
     # -- members arriving -----------------------------------------------------------------------

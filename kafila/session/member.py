@@ -278,7 +278,7 @@ class MemberRuntime:
         self.state.lost = why
         self.state.set_phase("closed", f"the session cannot go on: {why}")
         self._fail_requests(why, resumable=False)
-        await self._say_bye_on_ring(why)
+        self._say_bye_on_ring(why)
         await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
         raise SessionError(why)
 
@@ -493,7 +493,7 @@ class MemberRuntime:
             self._ended = why
             self.state.lost = why
             self._fail_requests(why, resumable=False)
-            await self._say_bye_on_ring(why)
+            self._say_bye_on_ring(why)
         except* (NetworkError, ProtocolError) as group:
             reason = "; ".join(str(e) for e in group.exceptions)
             peer = self._failed_peer()
@@ -503,12 +503,12 @@ class MemberRuntime:
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
 
-    async def _say_bye_on_ring(self, why: str) -> None:
+    def _say_bye_on_ring(self, why: str) -> None:
         """Tell the next member along the ring that the session cannot go on, and why (it tells the next)."""
         nxt = self.edges.next if self.edges is not None else None
         if nxt is not None:
             with contextlib.suppress(KafilaError):
-                await nxt.send(messages.encode(messages.Bye(why)))
+                nxt.post(messages.encode(messages.Bye(why)))
 
     def _failed_peer(self) -> str:
         for link in (self.edges.prev, self.edges.next) if self.edges else ():

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from kafila.session.state import SessionState
+from kafila.stopping import cancelled_by_sigterm
 
 
 class EventPrinter:
@@ -30,6 +31,6 @@ def run_printing(flow: Callable[[SessionState], Coroutine[Any, Any, int]], conso
     state = SessionState()
     state.subscribe(EventPrinter(console or Console(stderr=True)))
     try:
-        return asyncio.run(flow(state))
+        return asyncio.run(cancelled_by_sigterm(flow(state)))
     except KeyboardInterrupt:
         return 130

@@ -343,3 +343,17 @@ async def test_send_waits_for_acknowledgements_without_polling() -> None:
                 await link.send(big)
             assert unacked_bytes(link.conn) <= SEND_BUFFER_HIGH and not link.blocked
             assert await receiving == big
+
+
+async def test_post_queues_past_the_high_mark_at_once_and_in_order() -> None:
+    """post() (a goodbye) does not wait on acknowledgements, even with more than the high mark unacknowledged."""
+    async with inprocess_rendezvous() as (rdv, _, _):
+        async with two_members(rdv) as (a, b):
+            link = await a.connect(other(a, b.member_id))
+            incoming = await b.accept(5)
+            big = bytes(range(256)) * (12 * 1024 * 1024 // 256)
+            link.post(big)
+            link.post(b"bye")
+            assert unacked_bytes(link.conn) > SEND_BUFFER_HIGH  # a send() would be waiting here
+            async with asyncio.timeout(120):
+                assert await incoming.recv() == big and await incoming.recv() == b"bye"

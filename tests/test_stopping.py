@@ -1,0 +1,69 @@
+"""A SIGTERM to a session flow cancels it from its own await, never in the middle of a callback; a stuck
+unwind is cut short showing the await every task was stuck in."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# `kafila.cli.main` running one extra command whose flow, like a session's, runs under run_printing.
+# Its event loop is kept busy with callbacks that each take 20 ms, as a burst of datagrams does.
+FLOW = """
+import asyncio, sys, time, types
+import kafila.cli as cli, kafila.stopping as stopping
+from kafila.session.printer import run_printing
+stopping.STOP_DEADLINE_S = 2.0
+inside = []
+
+def busy():
+    inside.append(1)
+    time.sleep(0.02)  # a protocol callback at work: a signal must not unwind out of it
+    inside.pop()
+    asyncio.get_running_loop().call_soon(busy)
+
+async def flow(state):
+    asyncio.get_running_loop().call_soon(busy)
+    print("ready", flush=True)
+    try:
+        await asyncio.sleep(60)
+    finally:
+        print(f"unwound from its await; callbacks cut short: {len(inside)}", flush=True)
+        if STUCK:
+            await asyncio.Event().wait()  # a clean-up that never ends
+
+def run(args):
+    return run_printing(flow)
+sys.modules["kafila.commands.flow"] = types.SimpleNamespace(HELP="a flow", configure=lambda p: None, run=run)
+cli.COMMANDS["flow"] = "flow"
+sys.exit(cli.main(["flow"]))
+"""
+
+
+def stopped(stuck: bool) -> subprocess.CompletedProcess[str]:
+    """Run the flow, SIGTERM it once it is ready, and return how it ended."""
+    proc = subprocess.Popen([sys.executable, "-c", f"STUCK = {stuck}\n" + FLOW], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_sigterm_cancels_the_flow_at_its_await_and_no_callback_is_cut_short() -> None:
+    for _ in range(5):  # the loop is inside a callback most of the time: a raised interrupt would land there
+        out = stopped(stuck=False)
+        assert out.returncode == 130, out
+        assert out.stdout.splitlines() == ["unwound from its await; callbacks cut short: 0"], out
+
+
+def test_a_stuck_unwind_is_cut_short_naming_the_await_it_hangs_in() -> None:
+    out = stopped(stuck=True)
+    assert out.returncode == 1, out
+    assert "stopping took over 2 s; where it was:" in out.stderr
+    stuck_line = FLOW.splitlines().index("            await asyncio.Event().wait()  # a clean-up that never ends") + 2
+    assert f"<string>:{stuck_line} in flow" in out.stderr, out.stderr  # the task's own chain of awaits
+    assert "locks.py" in out.stderr.split(f"<string>:{stuck_line} in flow")[1]  # ...down into Event.wait
