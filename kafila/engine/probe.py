@@ -45,6 +45,7 @@ log = logging.getLogger("kafila.probe")
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
 LARGE_SHAPE = SHAPES["llama3-8b"]  # the large-block file's shape (kafila.model.random_gguf)
 LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
+MODELS_FOLDER = "probe-models"  # in the cache root: the large-block file, written once
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
 IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
@@ -250,7 +251,7 @@ def probe(
         if on_step:
             on_step("writing a large-block model (once)", 0, total)
         # a real-sized vocabulary: its head cut times an unembedding of the size real models have
-        big = cached_random_gguf(large_shape, max(large), cache.root / "probe-models")
+        big = cached_random_gguf(large_shape, max(large), cache.root / MODELS_FOLDER)
         big_info = describe_model(big)
         cuts += [(n, sum(big_info.blocks_bytes[:n])) for n in sorted(set(large))]
     # Cut into a scratch folder removed afterwards, not the stage cache: a probe runs once a day, and its

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from tests.conftest import run_kafila
+from tests.session.cluster import shared_probe_model
 
 TOKENS = 8
 REPLY_TOKENS = 6
@@ -19,6 +20,7 @@ def close(a: float, b: float) -> bool:
 
 
 def test_bench_scale_report(tmp_path: Path) -> None:
+    shared_probe_model(tmp_path / "cache")
     out = run_kafila("bench", "scale", "--shape", "tiny", "--prompt-tokens", "150", "--tokens", str(TOKENS),
                      "--reply-tokens", str(REPLY_TOKENS),
                      "--quic-mb", "4", "--json", "--out", str(tmp_path / "scale.json"),

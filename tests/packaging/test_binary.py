@@ -26,6 +26,7 @@ import pytest
 from kafila.net.ports import free_udp_pair
 from tests.conftest import processes_marked, run_kafila
 from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary, clean_env
+from tests.session.cluster import shared_probe_model
 
 # The build happens in the first test's setup: allow for it on a busy two-core machine.
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 600)
@@ -152,6 +153,8 @@ def test_demo_ring_matches_python(kafila_binary: Binary, tmp_path: Path) -> None
     frozen_dir, python_dir = tmp_path / "frozen", tmp_path / "python"
     for sub in ("home", "tmp", "cache"):
         (frozen_dir / sub).mkdir(parents=True)
+    for run in (frozen_dir, python_dir):  # both probe this machine, neither writes the probe's 840 MB model
+        shared_probe_model(run / "cache")
     env = {**clean_env(frozen_dir / "home", frozen_dir / "tmp"), "KAFILA_CACHE_DIR": str(frozen_dir / "cache")}
     start = time.perf_counter()
     frozen = _run_gently([str(kafila_binary.path), *DEMO_ARGS], env=env, cwd=frozen_dir, timeout=DEMO_TIMEOUT_S)
@@ -218,6 +221,7 @@ def test_rendezvous_and_join_run_directly(kafila_binary: Binary, tmp_path: Path)
     """`kafila rendezvous` from the binary serves `kafila join` from the binary, and stops on SIGTERM."""
     for sub in ("home", "tmp", "cache"):
         (tmp_path / sub).mkdir()
+    shared_probe_model(tmp_path / "cache")
     env = {**clean_env(tmp_path / "home", tmp_path / "tmp"), "KAFILA_CACHE_DIR": str(tmp_path / "cache")}
     log = tmp_path / "rendezvous.log"
     rdv, port = _start_rendezvous(kafila_binary, log, env, tmp_path)

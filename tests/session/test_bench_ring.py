@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_kafila
+from tests.session.cluster import shared_probe_model
 
 
 def test_bench_ring_report(tmp_path: Path) -> None:
+    shared_probe_model(tmp_path / "cache")
     out = run_kafila("bench", "ring", "--json", "--tokens", "4", "--throttles", "1,2", "--strategies",
                      "kafila,uniform", "--out", str(tmp_path / "ring.json"),
                      env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=900)

@@ -13,11 +13,14 @@ from kafila.model.embedded import default_model_path
 from kafila.session.demo import DemoOptions, run_demo
 from kafila.session.state import SessionState
 from tests.conftest import processes_marked
+from tests.session.cluster import shared_probe
 
 
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("demo-cache")  # shared: the probe runs once for every test here
+    cache = tmp_path_factory.mktemp("demo-cache")
+    shared_probe(cache)
+    return cache
 
 
 async def test_the_demo_shows_the_model_file_and_cancelling_it_ends_everything(demo_cache: Path) -> None:

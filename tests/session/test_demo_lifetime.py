@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 
 from tests.conftest import processes_marked
+from tests.session.cluster import shared_probe
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_killed_demo_takes_its_members_with_it(tmp_path: Path) -> None:
     marker = str(tmp_path / "cache")  # every process of this demo has it in its environment
+    shared_probe(tmp_path / "cache")  # the members start at once, not after a probe
     demo = subprocess.Popen([sys.executable, str(REPO / "kafila.py"), "demo", "--prompt", "Tell me a long story.",
                              "--max-tokens", "400", "--api-port", "0"],  # 0: no fixed port to collide on
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

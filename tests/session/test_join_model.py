@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from kafila.model.embedded import default_model_path
-from kafila.model.stage_cache import StageCache, sha256_file
-from kafila.session.measure import cached_probe
-from tests.session.cluster import Cluster
+from kafila.model.stage_cache import sha256_file
+from tests.session.cluster import Cluster, shared_probe
 from tests.synthetic import write_synthetic
 
 PROMPT = "What is the capital of France?"
@@ -19,13 +16,10 @@ MAX_TOKENS = 16
 SENT = re.compile(r"stage delivered to (\w+): (\d+) bytes sent")
 
 
-def own_cache(tmp: Path, shared: Path) -> Path:
+def own_cache(tmp: Path) -> Path:
     """A member's cache of its own (so it really cuts), holding the shared probe result (so it does not probe again)."""
     cache = tmp / "own-cache"
-    cache.mkdir()
-    cached_probe(default_model_path(), StageCache(shared))
-    for probe in shared.glob("probe-*.json"):
-        shutil.copy(probe, cache / probe.name)
+    shared_probe(cache)
     return cache
 
 
@@ -44,7 +38,7 @@ def llama_cpp_reply(model: Path) -> str:
 
 
 def test_a_member_with_the_model_gets_no_stage_bytes_and_the_reply_is_exact(tmp_path: Path, smollm: Path) -> None:
-    cache = own_cache(tmp_path, tmp_path / "cache")
+    cache = own_cache(tmp_path)
     with Cluster(tmp_path, [("ada", ["--model", str(smollm)]), ("bo", [])],
                  member_env={"ada": {"KAFILA_CACHE_DIR": str(cache)}}) as ring:
         ring.wait_phase({"admitted"})

@@ -14,6 +14,7 @@ import pytest
 
 from kafila.engine.variant import build, is_built, variant_dir
 from tests.conftest import in_ci, run_kafila
+from tests.session.cluster import shared_probe_model
 
 pytestmark = pytest.mark.timeout(3000)
 
@@ -30,6 +31,7 @@ def second_build() -> Path:
 
 def test_a_member_on_another_build_is_refused_then_admitted_with_mixed_builds(second_build: Path,
                                                                              tmp_path: Path) -> None:
+    shared_probe_model(tmp_path / "cache")
     out = run_kafila("bench", "mixed", "--json", "--tokens", "16", "--out", str(tmp_path / "mixed.json"),
                      env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
