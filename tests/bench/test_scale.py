@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from tests.conftest import run_kafila
-from tests.session.cluster import shared_probe_model
+from tests.shared_probe import shared_probe_model
 
 TOKENS = 8
 REPLY_TOKENS = 6

@@ -15,6 +15,7 @@ from kafila.errors import EngineError
 from kafila.model.random_gguf import Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
+from tests.shared_probe import shared_probe_model
 
 WIDE = Shape("probe-test", "llama", 512, 8, 2, 1536)  # large-block stand-in for the test: 0.9 MB blocks, not 123 MB
 
@@ -174,6 +175,7 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
 
 
 def test_probe_cli_json(tmp_path: Path) -> None:
+    shared_probe_model(tmp_path)
     out = run_kafila("probe", "--json", "--calls", "3", env={"KAFILA_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -183,6 +185,7 @@ def test_probe_cli_json(tmp_path: Path) -> None:
 
 
 def test_bench_engine_report(tmp_path: Path) -> None:
+    shared_probe_model(tmp_path)
     report_path = tmp_path / "engine.json"
     out = run_kafila("bench", "engine", "--json", "--tokens", "4", "--rounds", "1", "--out", str(report_path),
                      env={"KAFILA_CACHE_DIR": str(tmp_path)})

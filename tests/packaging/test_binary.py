@@ -26,7 +26,7 @@ import pytest
 from kafila.net.ports import free_udp_pair
 from tests.conftest import processes_marked, run_kafila
 from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary, clean_env
-from tests.session.cluster import shared_probe_model
+from tests.shared_probe import shared_probe_model
 
 # The build happens in the first test's setup: allow for it on a busy two-core machine.
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 600)

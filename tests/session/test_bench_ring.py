@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_kafila
-from tests.session.cluster import shared_probe_model
+from tests.shared_probe import shared_probe_model
 
 
 def test_bench_ring_report(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from kafila.model.embedded import default_model_path
 from kafila.session.demo import DemoOptions, run_demo
 from kafila.session.state import SessionState
 from tests.conftest import processes_marked
-from tests.session.cluster import shared_probe
+from tests.shared_probe import shared_probe
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import processes_marked
-from tests.session.cluster import shared_probe
+from tests.shared_probe import shared_probe
 
 REPO = Path(__file__).resolve().parents[2]
 

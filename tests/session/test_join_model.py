@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kafila.model.stage_cache import sha256_file
-from tests.session.cluster import Cluster, shared_probe
+from tests.session.cluster import Cluster
+from tests.shared_probe import shared_probe
 from tests.synthetic import write_synthetic
 
 PROMPT = "What is the capital of France?"

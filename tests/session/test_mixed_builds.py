@@ -14,7 +14,7 @@ import pytest
 
 from kafila.engine.variant import build, is_built, variant_dir
 from tests.conftest import in_ci, run_kafila
-from tests.session.cluster import shared_probe_model
+from tests.shared_probe import shared_probe_model
 
 pytestmark = pytest.mark.timeout(3000)
 
