@@ -14,8 +14,8 @@ def _shared_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"kafila-test-probe-{getpass.getuser()}"
 
 
-def shared_probe(cache_root: Path) -> None:
-    """Put this machine's probe into a session's cache, so its members do not each measure again.
+def shared_probe(cache_root: Path, threads: int = 0) -> None:
+    """Put this machine's probe on `threads` threads (0: all) into a session's cache, so its members do not measure.
 
     One probe for all members of a test (as `kafila demo` does), and one for all tests on this
     machine for a day, as a real member keeps it (kafila.session.measure.cached_probe): measured in
@@ -30,7 +30,7 @@ def shared_probe(cache_root: Path) -> None:
     from kafila.session.measure import cached_probe
 
     # large-block cuts of a small wide model, not the 8B shape: tests time nothing, and disk is shared
-    cached_probe(default_model_path(), StageCache(_shared_dir()), large_shape=TEST_SHAPE)
+    cached_probe(default_model_path(), StageCache(_shared_dir()), threads=threads, large_shape=TEST_SHAPE)
     cache_root.mkdir(parents=True, exist_ok=True)
     for probe in _shared_dir().glob("probe-*.json"):
         shutil.copyfile(probe, cache_root / probe.name)

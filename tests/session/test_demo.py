@@ -19,7 +19,7 @@ from tests.shared_probe import shared_probe
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("demo-cache")
-    shared_probe(cache)
+    shared_probe(cache, DemoOptions().member_threads())  # the probe the demo's members use
     return cache
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from kafila.session.demo import DemoOptions
 from tests.conftest import processes_marked
 from tests.shared_probe import shared_probe
 
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_killed_demo_takes_its_members_with_it(tmp_path: Path) -> None:
     marker = str(tmp_path / "cache")  # every process of this demo has it in its environment
-    shared_probe(tmp_path / "cache")  # the members start at once, not after a probe
+    shared_probe(tmp_path / "cache", DemoOptions().member_threads())  # the members start at once, not after a probe
     demo = subprocess.Popen([sys.executable, str(REPO / "kafila.py"), "demo", "--prompt", "Tell me a long story.",
                              "--max-tokens", "400", "--api-port", "0"],  # 0: no fixed port to collide on
                             cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
