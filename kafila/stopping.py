@@ -49,7 +49,7 @@ async def cancelled_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
         return await coro
     except asyncio.CancelledError:
         if stopped.is_set():
-            raise KeyboardInterrupt from None  # stopped as asked: the CLI's "interrupted", status 130
+            raise KeyboardInterrupt from None  # stopped as asked: ends as Ctrl-C does, status 130
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -62,7 +62,7 @@ def _stop_now(loop: asyncio.AbstractEventLoop | None) -> None:
         try:
             for task in asyncio.all_tasks(loop):
                 print(f"task {task.get_name()}:", file=sys.stderr)
-                for where in awaiting(task.get_coro()):
+                for where in _awaiting(task.get_coro()):
                     print(f"  {where}", file=sys.stderr)
         except Exception as exc:  # read from another thread while the loop runs: best effort
             print(f"(tasks not readable: {exc!r})", file=sys.stderr)
@@ -70,7 +70,7 @@ def _stop_now(loop: asyncio.AbstractEventLoop | None) -> None:
     os._exit(1)
 
 
-def awaiting(coro: object) -> list[str]:
+def _awaiting(coro: object) -> list[str]:
     """The whole chain of awaits a coroutine is suspended in (a task's own stack shows only its top frame)."""
     chain = []
     while coro is not None:
