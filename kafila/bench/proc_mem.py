@@ -63,9 +63,14 @@ def _label(argv: list[str]) -> str:
 
 @dataclass
 class RssSampler:
-    """Samples every child's VmRSS on a thread; `window(label)` peaks are taken while `in_window(label)` holds."""
+    """Samples every child's VmRSS on a thread; `window(label)` peaks are taken while `in_window(label)` holds.
+
+    It reads /proc only while `active()` holds: a scan takes ~5 ms of a core, and every 50 ms that
+    slowed the ring's stages on a 2-core machine by a tenth (stage times 20 % above the prediction).
+    """
 
     in_window: Callable[[str], bool]
+    active: Callable[[], bool] = lambda: True
     period_s: float = 0.05
     labels: dict[int, str] = field(default_factory=dict)
     first_kb: dict[str, int] = field(default_factory=dict)  # each child's RSS when first seen in its window
@@ -79,6 +84,8 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
+            if not self.active():
+                continue
             self.labels.update(children())
             for pid, label in list(self.labels.items()):
                 if not self.in_window(label):

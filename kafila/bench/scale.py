@@ -62,7 +62,7 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
     from kafila.errors import KafilaError
 
     clock = scale_ring.DeliveryClock()
-    sampler = RssSampler(in_window=clock.delivering)
+    sampler = RssSampler(in_window=clock.delivering, active=clock.any_delivering)
     task = progress.add_task(f"{label}: starting", total=None)
     bars: dict[str, Any] = {}
 

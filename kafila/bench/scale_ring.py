@@ -50,6 +50,9 @@ class DeliveryClock:
     def delivering(self, name: str) -> bool:
         return name in self.offered and name not in self.done
 
+    def any_delivering(self) -> bool:
+        return len(self.done) < len(self.offered)
+
     def report(self) -> dict[str, dict[str, float | None]]:
         """Per member: bytes, cut_s, delivery_s, mb_per_s (in the order the host offered the stages)."""
         out: dict[str, dict[str, float | None]] = {}
