@@ -22,7 +22,9 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,7 +46,10 @@ from kafila.session.slots import Slots
 from kafila.session.stage_runtime import StageWorker
 
 log = logging.getLogger("kafila.head")
-EMA = 0.2  # weight of the newest sample in the running stage-time averages
+# The running figures are medians of the last STATS_WINDOW decode calls: a shared machine's stray slow
+# call moved a running average by a fifth (the prediction is the probe's median too), and a window this
+# long is still what the ring does now.
+STATS_WINDOW = 32
 # Text goes out at most this often, several tokens to a piece: a message per token kept the host, the
 # client and the head's event loop busy while the next token was computing (on a shared machine,
 # stealing the cores that stage ran on); 20 updates a second still read as a live stream.
@@ -65,11 +70,11 @@ class Job:
 
 @dataclass
 class RingStats:
-    """Running averages of measured stage time per member and of the network's share of a token."""
+    """Running medians of measured stage time per member and of the network's share of a token."""
 
     predicted: dict[str, float]
-    measured: dict[str, float] = field(default_factory=dict)
-    network_share: float | None = None
+    times: dict[str, deque[float]] = field(default_factory=dict)
+    shares: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     tokens: int = 0
     window_start: float = field(default_factory=time.perf_counter)
     tokens_per_s: float | None = None
@@ -77,13 +82,17 @@ class RingStats:
 
     def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
         for name, t in zip(names, times_ns, strict=False):
-            s = t / 1e9
-            old = self.measured.get(name)
-            self.measured[name] = s if old is None else (1 - EMA) * old + EMA * s
+            self.times.setdefault(name, deque(maxlen=STATS_WINDOW)).append(t / 1e9)
         if round_trip_ns > 0:
-            share = max(round_trip_ns - sum(times_ns), 0) / round_trip_ns
-            old_share = self.network_share
-            self.network_share = share if old_share is None else (1 - EMA) * old_share + EMA * share
+            self.shares.append(max(round_trip_ns - sum(times_ns), 0) / round_trip_ns)
+
+    @property
+    def measured(self) -> dict[str, float]:
+        return {name: statistics.median(t) for name, t in self.times.items()}
+
+    @property
+    def network_share(self) -> float | None:
+        return statistics.median(self.shares) if self.shares else None
 
     def count_token(self) -> None:
         self.tokens += 1
@@ -93,8 +102,9 @@ class RingStats:
             self.tokens, self.window_start = 0, time.perf_counter()
 
     def as_dict(self) -> dict[str, Any]:
+        measured = self.measured
         return {
-            "stages": {n: {"predicted_s": p, "measured_s": self.measured.get(n)} for n, p in self.predicted.items()},
+            "stages": {n: {"predicted_s": p, "measured_s": measured.get(n)} for n, p in self.predicted.items()},
             "network_share": self.network_share,
             "tokens_per_s": self.tokens_per_s,
             "ttft": None if self.ttft is None else asdict(self.ttft),
@@ -102,7 +112,8 @@ class RingStats:
 
     def message(self) -> messages.Stats:
         """The `stats` message the head sends the host."""
-        return messages.Stats({n: messages.StageTime(p, self.measured.get(n)) for n, p in self.predicted.items()},
+        measured = self.measured
+        return messages.Stats({n: messages.StageTime(p, measured.get(n)) for n, p in self.predicted.items()},
                               self.network_share, self.tokens_per_s, self.ttft)
 
 
