@@ -212,7 +212,9 @@ def _pipe_floor(model: Path, cache: Path, order: list[str], ranges: dict[str, li
     chain = order[1:] + order[:1]  # the head's stage last
     stages = StageCache(cache)
     paths = [stages.stage(model, StageSpec(ranges[n][0], ranges[n][1], n == order[0])) for n in chain]
-    return pipe_ring(model, paths, threads, SHARED_MACHINE_ENV, tokens)
+    out: dict[str, Any] = pipe_ring(model, paths, threads, SHARED_MACHINE_ENV, tokens)
+    out["member_ms"] = dict(zip(chain, out["stage_ms"], strict=True))
+    return out
 
 
 def _replies(local: dict[str, Any], *rings: dict[str, Any]) -> dict[str, Any]:
@@ -282,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), Bytes(),
                   TimeElapsedColumn(), console=console) as progress:
         results = measure(args, progress)
-    results["stage_times"] = scale_ring.stage_errors((results["ring"].get("decode") or {}).get("stages") or {})
+    results["stage_times"] = scale_ring.stage_errors((results["ring"].get("decode") or {}).get("stages") or {},
+                                                     (results.get("pipe_floor") or {}).get("member_ms") or {})
     results["targets"] = judge(results)
     emit(envelope("scale", results), args.json, args.out)
     if not args.json:
@@ -333,9 +336,13 @@ def print_report(r: dict[str, Any], out: Any) -> None:
         verdict = {True: "[green]identical[/]", False: "[red]differs[/]", None: "no reply"}[rep["identical"]]
         out.print(f"{label}: {verdict}" + ("" if rep["identical"] else f" {rep['reply']!r}"))
     if r["stage_times"]:
-        table = Table("stage", "predicted ms", "measured ms", "error", title="predicted vs measured stage time")
+        table = Table("stage", "predicted ms", "measured ms", "error", "alone ms", "error alone",
+                      title="predicted vs measured stage time (in the ring; alone: the same stage in the pipe floor)")
         for n, e in r["stage_times"].items():
-            table.add_row(n, f"{e['predicted_ms']:.1f}", f"{e['measured_ms']:.1f}", f"{e['error']:.0%}")
+            alone = e.get("alone_ms")
+            table.add_row(n, f"{e['predicted_ms']:.1f}", f"{e['measured_ms']:.1f}", f"{e['error']:.0%}",
+                          "—" if alone is None else f"{alone:.1f}",
+                          "—" if alone is None else f"{e['alone_error']:.0%}")
         out.print(table)
     table = Table("target", "value", "", title="issue 11's targets")
     for t in r["targets"].values():

@@ -135,13 +135,18 @@ def decode(url: str, tokens: int) -> dict[str, Any]:
             "completion_tokens": stats.get("completion_tokens"), "stages": stats.get("stages") or {}}
 
 
-def stage_errors(stages: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Predicted against measured stage time of every stage that has both."""
+def stage_errors(stages: dict[str, Any], alone_ms: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Predicted against measured stage time of every stage that has both, and against the same stage
+    measured alone (`alone_ms`, the pipe floor's, minutes later): when both errors are large the machine's
+    speed changed since the probe; when only the ring's is, the ring slowed its stages."""
     out = {}
     for name, s in stages.items():
         p, m = s.get("predicted_s"), s.get("measured_s")
         if p and m:
             out[name] = {"predicted_ms": p * 1e3, "measured_ms": m * 1e3, "error": abs(p - m) / m}
+            if alone_ms.get(name):
+                a = alone_ms[name]
+                out[name] |= {"alone_ms": a, "alone_error": abs(p * 1e3 - a) / a}
     return out
 
 

@@ -75,8 +75,12 @@ def test_bench_scale_report(tmp_path: Path) -> None:
     # decode: a random model never ends a reply early (its control tokens' output rows are zero)
     assert ring["decode"]["completion_tokens"] == TOKENS and ring["decode"]["ms_per_token"] > 0
     assert set(doc["stage_times"]) == members
-    for e in doc["stage_times"].values():
+    chain = ring["order"][1:] + ring["order"][:1]  # the pipe floor's stages: the head's last
+    assert doc["pipe_floor"]["member_ms"] == dict(zip(chain, doc["pipe_floor"]["stage_ms"], strict=True))
+    for name, e in doc["stage_times"].items():
         assert close(e["error"], abs(e["predicted_ms"] - e["measured_ms"]) / e["measured_ms"])
+        assert e["alone_ms"] == doc["pipe_floor"]["member_ms"][name]
+        assert close(e["alone_error"], abs(e["predicted_ms"] - e["alone_ms"]) / e["alone_ms"])
 
     # every target: met exactly when its value is on the right side of its limit
     t = doc["targets"]
