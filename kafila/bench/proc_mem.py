@@ -65,8 +65,8 @@ def _label(argv: list[str]) -> str:
 class RssSampler:
     """Samples every child's VmRSS on a thread; `window(label)` peaks are taken while `in_window(label)` holds.
 
-    It reads /proc only while `active()` holds: a scan takes ~5 ms of a core, and every 50 ms that
-    slowed the ring's stages on a 2-core machine by a tenth (stage times 20 % above the prediction).
+    It reads /proc only while `active()` holds: a scan takes ~5 ms of a core, and one every 50 ms
+    slowed the ring it measured on a 2-core machine (two of three stages 10 % and 14 % in an A/B).
     """
 
     in_window: Callable[[str], bool]
