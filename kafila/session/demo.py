@@ -116,17 +116,26 @@ async def _start_rendezvous(argv: list[str], log_path: Path, env: dict[str, str]
 
 
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
-    for p in procs:
-        if p.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-    for p in procs:
-        try:
-            await asyncio.wait_for(p.wait(), STOP_GRACE_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            await p.wait()
+    """Terminate the processes and wait for them (killed after STOP_GRACE_S); killed at once if this is
+    cancelled, so an interrupted clean-up leaves none running."""
+    try:
+        for p in procs:
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+        for p in procs:
+            try:
+                await asyncio.wait_for(p.wait(), STOP_GRACE_S)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                await p.wait()
+    except BaseException:
+        for p in procs:
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+        raise
 
 
 async def run_demo(opts: DemoOptions, state: SessionState) -> int:
@@ -178,8 +187,10 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
             finally:
                 if host is not None:
                     host.cancel()  # no-op once it has ended; else it ends with the demo
-                await _stop(procs[1:])
-                await _stop(procs[:1])
+                try:
+                    await _stop(procs[1:])  # the members first: they may still say goodbye through it
+                finally:
+                    await _stop(procs[:1])
     except BaseExceptionGroup as group:  # as the host raised it, not wrapped in the demo's own group
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None

@@ -10,15 +10,18 @@ in its own threads. `--attach` polls a running session's `/kafila/state` instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from kafila.errors import KafilaError
 from kafila.session.state import SessionState
+from kafila.stopping import STOP_DEADLINE_S
 from kafila.tui.screens.dashboard import TABS, DashboardScreen
 from kafila.tui.screens.lost import LostScreen
 from kafila.tui.widgets.chat import ChatPane, ChatSettings
@@ -50,6 +53,20 @@ class KafilaApp(App[int]):
         self._phase_seen: str | None = None
         self._attach_failures = 0
         self.rendered = False  # the first render (and its tab choice) happened
+        self._session: Worker[None] | None = None
+
+    async def on_unmount(self) -> None:
+        """Let the session flow finish its clean-up before the app returns.
+
+        Textual cancels workers at exit without waiting for them, and the loop may close while the flow
+        is still stopping: the demo's rendezvous was left running, and its pipe was collected after the
+        loop closed. Bounded by the stop deadline; a flow still running then is abandoned as before.
+        """
+        if self._session is None:
+            return
+        self._session.cancel()
+        with contextlib.suppress(WorkerCancelled, WorkerFailed, TimeoutError):
+            await asyncio.wait_for(self._session.wait(), STOP_DEADLINE_S)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -59,7 +76,8 @@ class KafilaApp(App[int]):
         self.state.subscribe(self._changed)
         self.set_interval(self.tick_s, self._tick)
         if self.flow is not None:
-            self.run_worker(self._run_flow(self.flow), name="session", group="session", exit_on_error=False)
+            self._session = self.run_worker(self._run_flow(self.flow), name="session", group="session",
+                                            exit_on_error=False)
         if self.attach is not None:
             self.run_worker(self._poll(self.attach), name="attach", group="session", exit_on_error=False)
         self.call_after_refresh(self._first_render)
