@@ -93,8 +93,9 @@ class KafilaApp(App[int]):
         self._dirty = True
 
     def _tick(self) -> None:
-        # not before the first render: a tick can come before the dashboard's panes are mounted
-        if self._dirty and self.rendered:
+        # not before the first render: a tick can come before the dashboard's panes are mounted; nor once
+        # the app shuts down: its screens are closed while the session still stops (on_unmount)
+        if self._dirty and self.rendered and self.is_running:
             self.render_state()
 
     def set_state(self, state: SessionState) -> None:
