@@ -55,19 +55,6 @@ class KafilaApp(App[int]):
         self.rendered = False  # the first render (and its tab choice) happened
         self._session: Worker[None] | None = None
 
-    async def on_unmount(self) -> None:
-        """Let the session flow finish its clean-up before the app returns.
-
-        Textual cancels workers at exit without waiting for them, and the loop may close while the flow
-        is still stopping: the demo's rendezvous was left running, and its pipe was collected after the
-        loop closed. Bounded by the stop deadline; a flow still running then is abandoned as before.
-        """
-        if self._session is None:
-            return
-        self._session.cancel()
-        with contextlib.suppress(WorkerCancelled, WorkerFailed, TimeoutError):
-            await asyncio.wait_for(self._session.wait(), STOP_DEADLINE_S)
-
     # -- lifecycle ------------------------------------------------------------------------------------
     def on_mount(self) -> None:
         """Show the dashboard, start re-rendering on changes, and start the session or the poller."""
@@ -81,6 +68,19 @@ class KafilaApp(App[int]):
         if self.attach is not None:
             self.run_worker(self._poll(self.attach), name="attach", group="session", exit_on_error=False)
         self.call_after_refresh(self._first_render)
+
+    async def on_unmount(self) -> None:
+        """Let the session flow finish its clean-up before the app returns.
+
+        Textual cancels workers at exit without waiting for them, and the loop may close while the flow
+        is still stopping: the demo's rendezvous was left running, and its pipe was collected after the
+        loop closed. Bounded by the stop deadline; a flow still running then is abandoned as before.
+        """
+        if self._session is None:
+            return
+        self._session.cancel()
+        with contextlib.suppress(WorkerCancelled, WorkerFailed, TimeoutError):
+            await asyncio.wait_for(self._session.wait(), STOP_DEADLINE_S)
 
     def _first_render(self) -> None:
         self.render_state()
