@@ -30,6 +30,7 @@ log = logging.getLogger("kafila.demo")
 STOP_GRACE_S = 5.0
 START_TIMEOUT_S = 60.0  # for the rendezvous to listen and the host to open its session
 RENDEZVOUS_READY = b"rendezvous listening on"  # the line the rendezvous logs once its sockets are bound
+READY_POLL_S = 0.05
 # Several members share this machine: their OpenMP threads must not spin long after a call
 # (libgomp spins ~300k iterations by default), or they steal the cores the next stage computes on.
 JOIN_CODE_ENV = "KAFILA_JOIN_CODE"  # read by `kafila join` without a code argument (kafila.commands.join)
@@ -87,32 +88,28 @@ async def _start(argv: list[str], log_path: Path, env: dict[str, str]) -> asynci
 
 
 async def _start_rendezvous(argv: list[str], log_path: Path, env: dict[str, str],
-                            tg: asyncio.TaskGroup) -> asyncio.subprocess.Process:
-    """Start the rendezvous and return once it listens (it says so on stderr, which goes on to its log)."""
+                            procs: list[asyncio.subprocess.Process]) -> None:
+    """Start the rendezvous (added to `procs`, to be stopped) and return once its log says it listens.
+
+    Its output goes straight to the log file, read back here: a pipe copied by a task outlived the
+    process when the demo was cancelled, and was collected after its event loop had closed.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    out = log_path.open("ab")
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
-                                                stderr=asyncio.subprocess.PIPE, env={**os.environ, **env})
-    listening = asyncio.get_running_loop().create_future()
-
-    async def copy() -> None:
-        assert proc.stderr is not None
-        with out:
-            while line := await proc.stderr.readline():
-                out.write(line)
-                out.flush()
-                if RENDEZVOUS_READY in line and not listening.done():
-                    listening.set_result(None)
-        if not listening.done():
-            listening.set_exception(SessionError(f"the demo's rendezvous stopped before it listened (see {log_path})"))
-
-    tg.create_task(copy())
+    seen = log_path.stat().st_size if log_path.exists() else 0  # the log is appended to: this run's lines only
+    proc = await _start(argv, log_path, env)
+    procs.append(proc)
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
-            await listening
+            while True:
+                with log_path.open("rb") as log:
+                    log.seek(seen)
+                    if RENDEZVOUS_READY in log.read():
+                        return
+                if proc.returncode is not None:
+                    raise SessionError(f"the demo's rendezvous stopped before it listened (see {log_path})")
+                await asyncio.sleep(READY_POLL_S)
     except TimeoutError:
         raise SessionError(f"the demo's rendezvous did not listen within {START_TIMEOUT_S:.0f} s") from None
-    return proc
 
 
 async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
@@ -153,12 +150,11 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     code_known = asyncio.Event()
     state.subscribe(lambda s: code_known.set() if s.code is not None else None)
     try:
-        async with asyncio.TaskGroup() as tg:  # owns the host and the rendezvous' log copier
+        async with asyncio.TaskGroup() as tg:  # owns the host
             host: asyncio.Task[int] | None = None
             try:
-                procs.append(await _start_rendezvous(
-                    [*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
-                    log_dir / "rendezvous.log", env, tg))
+                await _start_rendezvous([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
+                                        log_dir / "rendezvous.log", env, procs)
                 host = tg.create_task(run_host(HostOptions(
                     model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
                     concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port,
