@@ -12,6 +12,7 @@ from typing import Any
 from textual.widgets import DataTable
 
 from kafila.bench.proc_mem import children
+from kafila.process import alive
 from kafila.session.api_client import ApiClient
 from kafila.session.demo import DemoOptions, run_demo
 from kafila.session.member import run_member
@@ -25,15 +26,6 @@ from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
 
 DEMO_PROCESSES = ("rendezvous", "ada", "bo", "cy")  # the demo's children, as proc_mem labels them
-
-
-def running(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def reply_finished(app: KafilaApp, chat: ChatPane) -> bool:
@@ -92,7 +84,7 @@ async def test_live_demo_session_in_pilot(smollm: Path) -> None:
         assert len(demo) == len(DEMO_PROCESSES), children()
     # the app waited for its session to stop: the rendezvous outlived the app before, when textual
     # cancelled the flow at exit and the loop closed during its clean-up
-    assert not [pid for pid in demo if running(pid)], children()
+    assert not [pid for pid in demo if alive(pid)], children()
 
 
 async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_session(tmp_path: Path,
