@@ -103,25 +103,23 @@ def cpu_per_mb(size: int, before: tuple[float | None, float | None],
     return out
 
 
-def kafila_datagram_size(ip: str = "127.0.0.1") -> int:
-    """The datagram size Kafila's stage delivery sends toward `ip` once its path MTU search is done.
+def kafila_datagram_size(ip: str = "127.0.0.1", relay: bool = False) -> int:
+    """The datagram size Kafila's stage delivery sends toward `ip` (directly, or through the relay) once its
+    path MTU search is done.
 
-    The search (kafila.net.pmtu) stops at the largest size the path carries, up to its maximum; on a path
-    within this machine that is the route's MTU less the IPv4 and UDP headers, which the kernel knows.
-    tests/net/test_pmtu_sockets.py checks that the search does reach it on loopback.
+    The search (kafila.net.pmtu) stops at the largest size the path carries, up to the path's ceiling; on a
+    direct path within this machine that is the route's MTU less the IPv4 and UDP headers, which the kernel
+    knows, up to aioquic's limit. tests/net/test_pmtu_sockets.py checks that the search does reach it on loopback.
     """
-    import socket
-    import sys
+    from kafila.net.pmtu import PmtuSearch
+    from kafila.net.udp import route_payload_limit
 
-    from kafila.net.pmtu import BASE, PmtuConfig
+    search = PmtuSearch()
+    limit = None if relay else route_payload_limit((ip, 9))
+    if limit is not None:
+        search.start(0.0, limit)
+    return search.ceiling
 
-    config = PmtuConfig()
-    if not sys.platform.startswith("linux"):
-        return BASE
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((ip, 9))  # no packet is sent: this only picks the route
-        route_mtu = s.getsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU", 14))  # linux/in.h: IP_MTU = 14
-    return max(config.base, min(config.maximum, route_mtu - 28))
 
 
 def one_way_rate(size: int, datagram: int) -> dict[str, float | None]:

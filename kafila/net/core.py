@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
 from kafila.errors import ProtocolError, SessionError
 from kafila.net import stun, wire
-from kafila.net.pmtu import PmtuConfig, PmtuSearch
+from kafila.net.pmtu import DEFAULT_CEILING, PmtuConfig, PmtuSearch
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
 from kafila.net.trust import VerifiedMember
@@ -159,6 +160,10 @@ class CoreConfig:
     # goes to it once per rendezvous_probe_s (any answer counts); silent for lost_after_s, it is lost.
     rendezvous_probe_s: float = 1.0
     rendezvous_lost_s: float = 8.0
+    # The largest UDP payload the local route toward an address carries (its interface's MTU less the IP and
+    # UDP headers; None: unknown): a direct path's search ceiling. A routing lookup that sends nothing
+    # (kafila.net.udp.route_payload_limit); None here searches every path up to DEFAULT_CEILING.
+    route_limit: Callable[[Addr], int | None] | None = None
 
     @property
     def lost_after_s(self) -> float:
@@ -425,13 +430,26 @@ class EndpointCore:
             if PunchState.DIRECT in (before, p.state):  # packets take another path: its size is unknown
                 for conn, search in self._pmtu.items():
                     if conn.peer.member_id == p.peer:
-                        search.start(now)
+                        search.start(now, self._ceiling(p.peer))
                         conn.set_datagram_size(search.size)
                         self._dirty.add(conn)
 
     def _relay_to(self, payload: bytes, peer: bytes) -> None:
-        if self.rendezvous is not None:
-            self._out.append((wire.encode_relay(wire.RELAY, peer, payload), self.rendezvous))
+        if self.rendezvous is None:
+            return
+        if 1 + wire.ID_LEN + len(payload) > wire.MAX_DATAGRAM:
+            # built for a direct path that has just gone: the relay's frames cannot carry it, as a
+            # path drops what it cannot carry (QUIC sends its data again at the relay's size)
+            log.debug("a %d-byte datagram does not fit the relay's envelope: dropped", len(payload))
+            return
+        self._out.append((wire.encode_relay(wire.RELAY, peer, payload), self.rendezvous))
+
+    def _ceiling(self, member_id: bytes) -> int:
+        """The largest datagram worth probing toward a peer: its direct route's, or the relay's envelope."""
+        p = self._punchers.get(member_id)
+        if self.path_to(member_id) != "direct" or p is None or p.direct is None or self.config.route_limit is None:
+            return DEFAULT_CEILING  # with the relay's 9-byte envelope still within wire.MAX_DATAGRAM
+        return self.config.route_limit(p.direct) or DEFAULT_CEILING
 
     def _send_to_peer(self, member_id: bytes, data: bytes) -> None:
         p = self._punchers.get(member_id)
@@ -519,7 +537,7 @@ class EndpointCore:
         search = self._pmtu.get(conn)
         if search is None:
             search = self._pmtu[conn] = PmtuSearch(self.config.pmtu)
-            search.start(now)
+            search.start(now, self._ceiling(conn.peer.member_id))
         for size, generation, acked in conn.mtu_outcomes:
             if acked:
                 search.on_acked(size, generation, now)

@@ -27,7 +27,7 @@ from kafila.net.quic import Identity, Link, LinkOwner, PinnedQuicConnection
 from kafila.net.rdvclient import RendezvousClient
 from kafila.net.ring import EdgeReport, RingEdges, open_ring, verify_edge
 from kafila.net.trust import Announcement, JoinCode, VerifiedMember, now_wall, open_announcement
-from kafila.net.udp import UdpSocket
+from kafila.net.udp import UdpSocket, route_payload_limit
 
 log = logging.getLogger("kafila.net")
 
@@ -60,7 +60,8 @@ class PeerEndpoint(LinkOwner):
         self.allow_direct = allow_direct
         self.punch_config = punch or PunchConfig()
         self.core = EndpointCore(self.member_id, self.identity,
-                                 CoreConfig(allow_direct, idle_timeout_s, keepalive_s, rendezvous_ping_s),
+                                 CoreConfig(allow_direct, idle_timeout_s, keepalive_s, rendezvous_ping_s,
+                                            route_limit=route_payload_limit),
                                  self.punch_config)
         self.rdv = RendezvousClient(self.member_id, self._sendto)
         self.nat_report: nat.NatReport | None = None

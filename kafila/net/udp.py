@@ -44,6 +44,22 @@ def _never_fragment(sock: socket.socket) -> None:
             log.debug("cannot set don't-fragment: %s", exc)
 
 
+def route_payload_limit(addr: Addr) -> int | None:
+    """The largest UDP payload the local route toward `addr` carries whole: its MTU less the IPv4 (20) and UDP
+    (8) headers, as the kernel knows it (the interface's, or a smaller one learnt from ICMP); None where the
+    system cannot tell. Only picks the route: no packet is sent."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            mtu = s.getsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU", 14))  # linux/in.h: IP_MTU = 14
+    except OSError as exc:
+        log.debug("no route MTU toward %s: %s", addr, exc)
+        return None
+    return mtu - 28 if mtu > 28 else None
+
+
 class UdpSocket:
     """A non-blocking UDP socket on an event loop; `on_batch` gets [(data, addr), ...] per wake-up."""
 

@@ -1,4 +1,4 @@
-"""Path MTU search over real sockets: loopback carries the maximum; a loopback with a 1,308-byte MTU (a network
+"""Path MTU search over real sockets: loopback carries its route's size (up to aioquic's limit); a loopback with a 1,308-byte MTU (a network
 namespace of the test's own, `unshare -rn`) carries 1,280-byte datagrams and nothing bigger."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from kafila.net import wire
-from kafila.net.pmtu import MAXIMUM, PmtuConfig
+from kafila.net.pmtu import DEFAULT_CEILING, LIMIT, PmtuConfig
+from kafila.net.udp import route_payload_limit
 from tests.conftest import missing_tool
 from tests.net.pmtu_link import measure
 from tests.session.cluster import REPO
@@ -19,16 +20,25 @@ pytestmark = pytest.mark.timeout(180)
 LO_MTU = 1308  # IPv4 (20) and UDP (8) headers leave 1,280 bytes of datagram
 
 
-async def test_loopback_carries_the_largest_size() -> None:
+def test_the_route_size_is_the_interfaces_mtu_less_the_headers() -> None:
+    with open("/sys/class/net/lo/mtu") as f:  # an IPv4 packet is at most 65,535 bytes, whatever the MTU
+        assert route_payload_limit(("127.0.0.1", 9)) == min(int(f.read()), 65535) - 28
+
+
+async def test_loopback_carries_its_routes_size() -> None:
+    """Loopback's MTU (65,536 here) is past what aioquic can frame: the search stops at LIMIT, not Ethernet's."""
+    route = route_payload_limit(("127.0.0.1", 9))
+    assert route is not None and route > DEFAULT_CEILING
+    top = min(route, LIMIT)
     found = await measure(2 << 20)
-    assert found == {"host": MAXIMUM, "member": MAXIMUM, "path": "direct", "intact": True}
+    assert found == {"host": top, "member": top, "path": "direct", "intact": True}
 
 
 async def test_a_relayed_edge_carries_the_largest_size_in_the_relays_envelope() -> None:
     """A relayed datagram is the QUIC one plus a 9-byte envelope: 1,461 bytes still fit the relay's frame limit."""
     found = await measure(1 << 20, allow_direct=False)
-    assert found == {"host": MAXIMUM, "member": MAXIMUM, "path": "relay", "intact": True}
-    assert MAXIMUM + 1 + wire.ID_LEN <= wire.MAX_DATAGRAM
+    assert found == {"host": DEFAULT_CEILING, "member": DEFAULT_CEILING, "path": "relay", "intact": True}
+    assert DEFAULT_CEILING + 1 + wire.ID_LEN <= wire.MAX_DATAGRAM
 
 
 def small_loopback() -> list[str]:
