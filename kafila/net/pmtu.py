@@ -8,14 +8,16 @@ local interface): the caller gives the local route's MTU less the IP and UDP hea
 Ethernet, 8,972 with jumbo frames, 16,383 on loopback, where aioquic's 2-byte frame lengths stop it), or
 DEFAULT_CEILING where the route is unknown and for the relay, whose frames are bounded. On one machine the
 ring's activations then cross in a handful of datagrams instead of a dozen per row (an 8B-shaped ring's
-members spent ~30 % less CPU on networking per token). A size is never assumed: the connection sends a probe (one PING padded to the candidate
-size, never fragmented: the socket sets don't-fragment) and its datagram size is raised only once the peer
-acknowledges a probe of that size. A size whose probe is lost `max_probes` times in a row does not fit; the
-search then halves the gap between the largest size acknowledged and the smallest that failed until it is
-under `step` bytes (RFC 8899 §5.3.2 leaves the search method open). The first candidate is the largest,
-since most paths carry it: one round trip settles the common case.
+members spent ~30 % less CPU on networking per token).
 
-A new path (the edge moved from the relay to a direct path) starts again from the base. A black hole (the
+A size is never assumed: the connection sends a probe (one PING padded to the candidate size, never
+fragmented: the socket sets don't-fragment) and its datagram size is raised only once the peer
+acknowledges a probe of that size. A size whose probe is lost `max_probes` times in a row does not fit;
+the search then halves the gap between the largest size acknowledged and the smallest that failed until
+it is under `step` bytes (RFC 8899 §5.3.2 leaves the search method open). The first candidate is the
+ceiling, since most paths carry their route's size: one round trip settles the common case.
+
+A new path (the edge moved between the relay and a direct path) starts again from the base. A black hole (the
 connection's loss timer fired `black_hole_ptos` times in a row at a raised size: the path shrank, or a probe
 was acknowledged by luck) falls back to the base at once and searches again after `raise_s`. A search that
 ended below the largest size is retried after `raise_s` too (RFC 8899 PMTU_RAISE_TIMER).

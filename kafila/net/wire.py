@@ -47,7 +47,8 @@ PUNCH_GO = 0x32
 ID_LEN = 8
 NONCE_LEN = 8
 MAC_LEN = 16
-MAX_DATAGRAM = 1500  # QUIC datagrams are <= 1,452 bytes on the relay (kafila.net.pmtu.DEFAULT_CEILING), plus our 9-byte envelope
+# relayed QUIC datagrams are <= 1,452 bytes (kafila.net.pmtu.DEFAULT_CEILING), plus our 9-byte envelope
+MAX_DATAGRAM = 1500
 MAX_CONTROL_BODY = 1400
 _PUNCH_LEN = 1 + ID_LEN + ID_LEN + 8 + NONCE_LEN + MAC_LEN
 MAX_STAMP = 2**64 - 1

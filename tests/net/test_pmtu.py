@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from kafila.net.core import CoreConfig
 from kafila.net import wire
+from kafila.net.core import CoreConfig
 from kafila.net.pmtu import BASE, DEFAULT_CEILING, LIMIT, PmtuConfig, PmtuSearch, PmtuState
 from kafila.net.quic import PinnedQuicConnection
 from tests.net.test_core import RELAY, Member, Net, open_link, pair, transfer

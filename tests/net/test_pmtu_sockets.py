@@ -1,5 +1,6 @@
-"""Path MTU search over real sockets: loopback carries its route's size (up to aioquic's limit); a loopback with a 1,308-byte MTU (a network
-namespace of the test's own, `unshare -rn`) carries 1,280-byte datagrams and nothing bigger."""
+"""Path MTU search over real sockets: loopback carries its route's size (up to aioquic's limit); a
+loopback with a 1,308-byte MTU (a network namespace of the test's own, `unshare -rn`) carries 1,280-byte
+datagrams and nothing bigger."""
 
 from __future__ import annotations
 
