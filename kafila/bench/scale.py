@@ -36,6 +36,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES), help="model shape (default llama3-8b)")
     p.add_argument("--blocks", type=int, default=None, help="blocks in the file (default: the shape's, e.g. 6)")
+    p.add_argument("--model", default=None,
+                   help="a real model instead of a random-weight shape: a GGUF file with a chat template, or a "
+                        "name (smollm2: the embedded model the probe measures)")
     p.add_argument("--prompt-tokens", type=int, default=2000, help="about this many tokens of prompt (default 2000)")
     p.add_argument("--tokens", type=int, default=32, help="tokens of the decode reply (default 32)")
     p.add_argument("--reply-tokens", type=int, default=16,
@@ -136,16 +139,22 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     from kafila.bench.delivery_rate import delivery_rate
     from kafila.bench.local_context import local_context
     from kafila.bench.quic_rate import kafila_datagram_size, one_way_rate
+    from kafila.model.describe import describe_model
+    from kafila.model.embedded import resolve_model
     from kafila.model.random_gguf import cached_random_gguf, shape_named
     from kafila.model.stage_cache import default_cache_root
     from kafila.session.demo import DemoMember
     from kafila.session.options import HostOptions
 
-    shape = shape_named(args.shape)
-    blocks = args.blocks or shape.default_blocks
-    task = progress.add_task(f"model file: {shape.name}, {blocks} blocks (made once, then cached)", total=None)
-    model = cached_random_gguf(shape, blocks, default_cache_root() / "models")
-    progress.update(task, total=1, completed=1)
+    if args.model:
+        model = resolve_model(args.model)
+        name, blocks = model.name, describe_model(model).n_blocks
+    else:
+        shape = shape_named(args.shape)
+        name, blocks = shape.name, args.blocks or shape.default_blocks
+        task = progress.add_task(f"model file: {shape.name}, {blocks} blocks (made once, then cached)", total=None)
+        model = cached_random_gguf(shape, blocks, default_cache_root() / "models")
+        progress.update(task, total=1, completed=1)
     prompt = long_prompt(args.prompt_tokens)
     context = args.prompt_tokens + args.prompt_tokens // 4 + ANSWER_ROOM
     threads = os.cpu_count() or 1  # one request at a time: the stages compute one after another
@@ -181,7 +190,8 @@ def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     task = progress.add_task("one local llama.cpp context", total=None)
     local = local_context(model, prompt, context, HostOptions.batch, args.tokens, args.reply_tokens)
     progress.update(task, total=1, completed=1)
-    return {"shape": shape.name, "blocks": blocks, "model_bytes": model.stat().st_size, "model": model.name,
+    return {"shape": name, "random_weights": not args.model, "blocks": blocks, "model_bytes": model.stat().st_size,
+            "model": model.name,
             "context": context, "n_batch": HostOptions.batch, "threads": threads, "throttles": throttles,
             "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local,
             "pipe_floor": floor, "replies": _replies(local, plain, slow)}
@@ -297,7 +307,8 @@ def print_report(r: dict[str, Any], out: Any) -> None:
     from rich.table import Table
 
     ring, slow, local, quic = r["ring"], r["ring_slowed"], r["local"], r["aioquic"]
-    out.print(f"{r['shape']}, {r['blocks']} blocks, {r['model_bytes'] / 1e6:.0f} MB (random weights, Q4_0); "
+    weights = "random weights, Q4_0" if r["random_weights"] else "real weights"
+    out.print(f"{r['shape']}, {r['blocks']} blocks, {r['model_bytes'] / 1e6:.0f} MB ({weights}); "
               f"context {r['context']}, n_batch {r['n_batch']}, {r['threads']} threads")
     for label, run in (("ring without slow-downs", ring), ("ring with slow-downs", slow)):
         if not run.get("ok"):
