@@ -46,6 +46,7 @@ class ModelInfo:
     experts: int = 0  # routed experts per block (0: dense)
     experts_used: int = 0  # routed experts each token uses
     expert_bytes: tuple[int, ...] = ()  # per block: one routed expert's bytes (empty: dense)
+    attention_width: int = 0  # attention heads × (key + value length): attention work per row and key position
 
     @property
     def kv_window(self) -> tuple[int, ...]:
@@ -102,6 +103,7 @@ class ModelInfo:
             "experts": self.experts,
             "experts_used": self.experts_used,
             "expert_bytes": list(self.expert_bytes),
+            "attention_width": self.attention_width,
             "whole_only": self.whole_only,
             "must_hold": list(self.must_hold),
         }
@@ -174,6 +176,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
         experts=n_expert,
         experts_used=n_used,
         expert_bytes=tuple(e // n_expert for e in experts_bytes) if n_expert else (),
+        attention_width=n_head * (key_len + value_len),
     )
 
 

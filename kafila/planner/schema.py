@@ -4,10 +4,12 @@ Fleet: {"members": [{"name", "bandwidth_gbs", "dispatch_ms", "memory_gb", "rtt_m
 each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes) and "unembed_ms" (the unembedding's fixed
 time), "block_ms" (fixed time per block), the
 prefill fit "prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms" at "prefill_rows" rows per call,
+"prefill_attention_s" (seconds per row, earlier position and unit of the model's attention width),
 "machine" (members naming the same machine share its cores) and "throttle" (an emulated slow-down >= 1).
 Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant",
 "bits_per_weight", MoE "expert_bytes" (one routed expert per block), "experts", "experts_used",
-"kv_window" (per block, 0: whole context), "whole_only" and "must_hold" (cut rules). Unknown keys are ignored.
+"kv_window" (per block, 0: whole context), "attention_width" (heads × (key + value length)), "whole_only" and
+"must_hold" (cut rules). Unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
         prefill_rows = _integer(item, "prefill_rows", where) if "prefill_rows" in item else 0
         prefill = {key: _number(item, key, where, 0, strict=key == "prefill_bandwidth_gbs") if prefill_rows else 0.0
                    for key in ("prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms")}
+        attention = _number(item, "prefill_attention_s", where, 0, strict=False) if "prefill_attention_s" in item \
+            else 0.0
         machine = item.get("machine", "")
         if not isinstance(machine, str):
             raise PlanInputError(f"{where}: machine must be a string, got {machine!r}")
@@ -99,6 +103,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
                 prefill_dispatch_s=prefill["prefill_dispatch_ms"] / 1000,
                 prefill_block_s=prefill["prefill_block_ms"] / 1000,
                 prefill_rows=prefill_rows,
+                prefill_attn_s=attention,
                 machine=machine,
                 throttle=throttle,
             )
@@ -164,6 +169,7 @@ def parse_model(data: Any) -> ModelSpec:
         kv_window=lists["kv_window"],
         whole_only=whole_only,
         must_hold=tuple(must_hold),
+        attention_width=_integer(data, "attention_width", where) if "attention_width" in data else 0,
     )
 
 
@@ -184,6 +190,8 @@ def model_to_json(model: ModelSpec) -> dict[str, Any]:
         out.update(expert_bytes=list(model.expert_bytes), experts=model.experts, experts_used=model.experts_used)
     if any(model.kv_window):
         out["kv_window"] = list(model.kv_window)
+    if model.attention_width:
+        out["attention_width"] = model.attention_width
     if model.whole_only:
         out["whole_only"] = True
     if model.must_hold:

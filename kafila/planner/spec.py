@@ -33,6 +33,9 @@ class Member:
     prefill_dispatch_s: float = 0.0
     prefill_block_s: float = 0.0
     prefill_rows: int = 0
+    # seconds each row of a prefill call adds per earlier position of its sequence, per block and unit of
+    # ModelSpec.attention_width (the probe's fit; 0: not measured, attention over the context left out)
+    prefill_attn_s: float = 0.0
     machine: str = ""  # members with the same non-empty id share one machine's cores ("" : a machine of its own)
     throttle: float = 1.0  # emulated slow-down already in the numbers above: 1/throttle of a call is compute
 
@@ -63,6 +66,8 @@ class DescribedModel(Protocol):
     @property
     def kv_window(self) -> tuple[int, ...]: ...
     @property
+    def attention_width(self) -> int: ...
+    @property
     def whole_only(self) -> bool: ...
     @property
     def must_hold(self) -> tuple[bool, ...]: ...
@@ -92,6 +97,9 @@ class ModelSpec:
     kv_window: tuple[int, ...] = ()  # per block: sliding window in tokens (empty or 0: whole context)
     whole_only: bool = False  # llama.cpp computes differently on any cut: a one-member ring only
     must_hold: tuple[bool, ...] = ()  # every stage must hold at least one block flagged True
+    # attention heads × (key + value length): a block's attention work per row and earlier position, in the
+    # unit of Member.prefill_attn_s (0: unknown, attention over the context left out of TTFT)
+    attention_width: int = 0
 
     @property
     def k(self) -> int:
@@ -108,7 +116,8 @@ class ModelSpec:
         return cls(info.name, tuple(info.blocks_bytes), tuple(info.kv_bytes_per_token), info.unembed_bytes,
                    info.head_bytes, quant=info.quant, expert_bytes=tuple(info.expert_bytes),
                    experts=info.experts, experts_used=info.experts_used, kv_window=tuple(info.kv_window),
-                   whole_only=info.whole_only, must_hold=tuple(info.must_hold))
+                   whole_only=info.whole_only, must_hold=tuple(info.must_hold),
+                   attention_width=info.attention_width)
 
 
 @dataclass(frozen=True)

@@ -9,25 +9,27 @@ unembeds its last row and samples the first token.
 Every term below is a lower bound on when the last chunk can leave the head's stage, and TTFT is their
 maximum plus the unembedding:
 
-- the flow-shop critical path (stages are FIFO servers, links pure delays): with C−1 equal chunks and a
-  last one of r ≤ B rows, the longest path through the chunk × stage grid runs along chunk 1 to some
-  stage q, waits there for the C−2 middle chunks at the slowest stage before q, and follows the last
-  chunk from q on: L + max_q [Σ_{i≤q} f_i + (C−2)·max_{i≤q} f_i + Σ_{i≥q} l_i], f and l a full and
-  the last chunk's stage times, L every link's latency once. For a ring whose stages run on machines
-  of their own and a window that does not bind, this is the exact completion time (the grid's
-  longest path is the flow shop's makespan);
+- the flow-shop critical path (stages are FIFO servers, links pure delays): the longest path through
+  the chunk × stage grid, T[k][i] = max(T[k−1][i], T[k][i−1]) + t[k][i], plus every link's latency
+  once (any path crosses each link once). For a ring whose stages run on machines of their own and a
+  window that does not bind, this is the exact completion time (the grid's longest path is the flow
+  shop's makespan);
 - each machine that runs several stages (members may share one machine: the demo runs three on one):
-  its stages do not compute in parallel, so it must do (C−1)·Σ f^c + Σ l^c of compute (f^c the part of a
-  stage time that is compute: emulated slow-downs are sleeps and overlap), after chunk 1 reaches its
-  first stage and before the last chunk leaves its last stage;
+  its stages do not compute in parallel, so it must do all its chunks' compute (the part of a stage
+  time that is compute: emulated slow-downs are sleeps and overlap), after chunk 1 reaches its first
+  stage and before the last chunk leaves its last stage;
 - the window: frame k cannot be sent before frame k−D came back, which takes at least a lap
-  (the non-head stages plus every link), so ⌊(C−1)/D⌋ laps pass before the last chunk is sent.
+  (the non-head stages plus every link), so the laps of chunks C−1−D, C−1−2D, … pass before the last
+  chunk is sent.
 
 A stage's time for r rows is interpolated between its one-row (decode) time and its B-row (prefill)
 time, both predicted by the cost model from the member's probe (straight lines: a chunk of r rows
-pays the call's fixed costs once and the rows' compute in proportion). Attention over the growing
-context is left out (the probe times chunks at positions 0..B−1): a long prompt's later chunks cost
-more than that, which this under-predicts.
+pays the call's fixed costs once and the rows' compute in proportion). Those are times at the start of
+a sequence (the probe's chunks sit at positions 0..B−1); a chunk that starts at position s also
+attends to the s positions before it, in every block: llama.cpp's attention (without flash attention)
+computes each row against every key of the cache, so each of its r rows costs `attn_s` per earlier
+position (min(s, window) of them in sliding-window layers). On SmolLM2 a 2,000-token prompt's attention
+doubled its prefill; on an 8B model's wide blocks it is a few percent.
 
 With stages sharing machines the maximum is still a lower bound, but not exact: how calls on one
 machine interleave decides the rest (on 20,000 random rings with the head's window, the prediction
@@ -56,17 +58,22 @@ class PrefillStage:
     machine: str = ""  # stages with the same non-empty id share one machine's cores
     throttle: float = 1.0  # emulated slow-down: 1/throttle of the stage time is compute, the rest a sleep
     link_s: float = 0.0  # one-way latency of the edge that brings a chunk to this stage
+    attn_s: float = 0.0  # seconds each row of a call adds per earlier position, in whole-context layers
+    window_attn_s: float = 0.0  # the same in sliding-window layers, which see at most `window` positions
+    window: int = 0
 
-    def seconds(self, rows: int, n_batch: int) -> float:
-        """Seconds of a call of `rows` rows: the line through (1, decode_s) and (n_batch, chunk_s)."""
+    def seconds(self, rows: int, n_batch: int, start: int = 0) -> float:
+        """Seconds of a call of `rows` rows from position `start`: the line through (1, decode_s) and
+        (n_batch, chunk_s), plus the rows' attention to the positions before `start`."""
         if n_batch <= 1:
-            return self.chunk_s * rows
-        slope = max(self.chunk_s - self.decode_s, 0.0) / (n_batch - 1)
-        return self.decode_s + slope * (rows - 1)
+            base = self.chunk_s * rows
+        else:
+            base = self.decode_s + max(self.chunk_s - self.decode_s, 0.0) / (n_batch - 1) * (rows - 1)
+        return base + rows * (self.attn_s * start + self.window_attn_s * min(start, self.window))
 
-    def compute_s(self, rows: int, n_batch: int) -> float:
+    def compute_s(self, rows: int, n_batch: int, start: int = 0) -> float:
         """The part of `seconds` that occupies the machine's cores (an emulated slow-down only sleeps)."""
-        return self.seconds(rows, n_batch) / self.throttle
+        return self.seconds(rows, n_batch, start) / self.throttle
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,10 @@ class TtftModel:
         if self.n_batch < 1 or self.depth < 1:
             raise PlanInputError(f"ttft: n_batch and depth must be >= 1, got {self.n_batch} and {self.depth}")
         for s in self.stages:
-            if not all(math.isfinite(v) and v >= 0 for v in (s.decode_s, s.chunk_s, s.link_s)) or s.throttle < 1:
-                raise PlanInputError(f"ttft: stage {s.name!r} has a negative or non-finite time, or throttle < 1")
+            times = (s.decode_s, s.chunk_s, s.link_s, s.attn_s, s.window_attn_s)
+            if not all(math.isfinite(v) and v >= 0 for v in times) or s.throttle < 1 or s.window < 0:
+                raise PlanInputError(f"ttft: stage {s.name!r} has a negative or non-finite time, a throttle < 1 "
+                                     "or a negative window")
 
     def predict(self, prompt_tokens: int) -> float:
         """Seconds from a P-token prompt's arrival at the head to its first token (see the module's docstring)."""
@@ -93,12 +102,10 @@ class TtftModel:
             raise PlanInputError(f"ttft: a prompt has at least one token, got {prompt_tokens}")
         B, st = self.n_batch, self.stages
         C = math.ceil(prompt_tokens / B)
-        r = prompt_tokens - (C - 1) * B
-        f = [s.seconds(B, B) for s in st]
-        last = [s.seconds(r, B) for s in st]
-        first = f if C > 1 else last  # the times of the chunk that goes first
+        rows = [min(B, prompt_tokens - k * B) for k in range(C)]
+        t = [[s.seconds(r, B, k * B) for s in st] for k, r in enumerate(rows)]  # chunk k at stage i
         links = sum(s.link_s for s in st)
-        bounds = [links + _critical_path(f, last, C)]
+        bounds = [links + _critical_path(t)]
         by_machine: dict[str, list[int]] = {}
         for j, s in enumerate(st):
             if s.machine:
@@ -107,13 +114,14 @@ class TtftModel:
             if len(js) < 2:
                 continue
             a, z = js[0], js[-1]
-            work = sum((C - 1) * st[j].compute_s(B, B) + st[j].compute_s(r, B) for j in js)
-            sleep_z = last[z] - st[z].compute_s(r, B)
-            before = sum(first[:a]) + sum(s.link_s for s in st[:a + 1])  # links between its stages may overlap
-            after = sleep_z + sum(last[z + 1:]) + sum(s.link_s for s in st[z + 1:])
+            work = sum(st[j].compute_s(r, B, k * B) for j in js for k, r in enumerate(rows))
+            sleep_z = t[-1][z] - st[z].compute_s(rows[-1], B, (C - 1) * B)
+            before = sum(t[0][:a]) + sum(s.link_s for s in st[:a + 1])  # links between its stages may overlap
+            after = sleep_z + sum(t[-1][z + 1:]) + sum(s.link_s for s in st[z + 1:])
             bounds.append(before + work + after)
-        lap_f, lap_l = sum(f[:-1]) + links, sum(last[:-1]) + links
-        bounds.append((C - 1) // self.depth * lap_f + lap_l + last[-1])
+        # the last chunk waits for chunk C−1−D to come back, which waited for C−1−2D, ...: a lap each
+        laps = sum(sum(t[k][:-1]) + links for k in range(C - 1 - self.depth, -1, -self.depth))
+        bounds.append(laps + sum(t[-1][:-1]) + links + t[-1][-1])
         return max(bounds) + self.unembed_s
 
     def to_json(self) -> dict[str, Any]:
@@ -130,18 +138,14 @@ class TtftModel:
             raise PlanInputError(f"plan ttft: malformed model ({exc})") from None
 
 
-def _critical_path(f: list[float], last: list[float], C: int) -> float:
-    """Longest path through C chunks × m stages: C−1 chunks of stage times f, the last of `last` (≤ f)."""
-    if C == 1:
-        return sum(last)
-    best, slowest, ahead = 0.0, 0.0, 0.0
-    behind = sum(last)
-    for q in range(len(f)):
-        ahead += f[q]
-        slowest = max(slowest, f[q])
-        best = max(best, ahead + (C - 2) * slowest + behind)
-        behind -= last[q]
-    return best
+def _critical_path(t: list[list[float]]) -> float:
+    """Longest path through the chunk × stage grid of call times t[k][i] (chunk k at stage i)."""
+    done = [0.0] * len(t[0])  # when each stage finished the previous chunk
+    for row in t:
+        ready = 0.0
+        for i, seconds in enumerate(row):
+            ready = done[i] = max(done[i], ready) + seconds
+    return done[-1]
 
 
 def window_depth(m: int) -> int:
@@ -179,7 +183,11 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         chunk = PrefillStage(name, decode, at_r).seconds(B, R)  # B rows on the line through 1 and R rows
         prev = members[order[j]]  # the member that sends this stage its chunks (order[j] precedes it)
         link = edge_cost_ns(prev, mem) / 2e9 if len(order) > 1 else 0.0  # edge costs are round-trip figures
-        stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link))
+        windows = [model.kv_window[i] if i < len(model.kv_window) else 0 for i in range(a, e)]
+        whole = windows.count(0)  # blocks that attend to the whole context
+        per_block = mem.prefill_attn_s * model.attention_width
+        stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link, attn_s=per_block * whole,
+                                   window_attn_s=per_block * (e - a - whole), window=max(windows, default=0)))
     head = members[order[0]]
     return TtftModel(tuple(stages), B, window_depth(len(order)), unembed_seconds(model.unembed_bytes, head))
 

@@ -9,6 +9,7 @@ import heapq
 import itertools
 import math
 from collections import deque
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from kafila.errors import PlanInputError
 from kafila.planner import Member, ModelSpec, NatClass, Workload, make_plan
-from kafila.planner.schema import parse_fleet
+from kafila.planner.schema import model_to_json, parse_fleet, parse_model
 from kafila.planner.ttft import PrefillStage, TtftModel, predicted_ttft
 
 
@@ -58,14 +59,14 @@ def simulate(model: TtftModel, prompt_tokens: int) -> float:
             machine_wait.setdefault(mach, deque()).append((j, k))
             grant(t, mach)
         else:
-            push(t + stages[j].compute_s(rows[k], B), "computed", j, k)
+            push(t + stages[j].compute_s(rows[k], B, k * B), "computed", j, k)
 
     def grant(t: float, mach: str) -> None:
         if machine_busy.get(mach) or not machine_wait[mach]:
             return
         j, k = machine_wait[mach].popleft()
         machine_busy[mach] = True
-        push(t + stages[j].compute_s(rows[k], B), "computed", j, k)
+        push(t + stages[j].compute_s(rows[k], B, k * B), "computed", j, k)
 
     send(0.0)
     while events:
@@ -77,7 +78,7 @@ def simulate(model: TtftModel, prompt_tokens: int) -> float:
             if stages[j].machine:
                 machine_busy[stages[j].machine] = False
                 grant(t, stages[j].machine)
-            sleep = stages[j].seconds(rows[k], B) - stages[j].compute_s(rows[k], B)
+            sleep = stages[j].seconds(rows[k], B, k * B) - stages[j].compute_s(rows[k], B, k * B)
             push(t + sleep, "done", j, k)
         else:  # done: the stage is free, the chunk moves on
             stage_busy[j] = False
@@ -102,7 +103,13 @@ def models(draw: st.DrawFn, shared: bool, throttled: bool, depth: int | None) ->
         chunk = decode + draw(st.floats(0.0, 2.0))
         machine = draw(st.sampled_from(["a", "b", ""])) if shared else f"own-{j}"
         throttle = draw(st.sampled_from([1.0, 2.0, 4.0])) if throttled else 1.0
-        stages.append(PrefillStage(f"s{j}", decode, chunk, machine, throttle, draw(st.floats(0.0, 0.05))))
+        # attention to earlier positions: each row of a chunk at position s pays attn_s per position
+        # (at most `window` of them in sliding-window layers), so later chunks take longer
+        attn = draw(st.sampled_from([0.0, 1e-7, 1e-5]))
+        window = draw(st.sampled_from([0, 16, 512]))
+        stages.append(PrefillStage(f"s{j}", decode, chunk, machine, throttle, draw(st.floats(0.0, 0.05)),
+                                   attn_s=attn, window_attn_s=draw(st.sampled_from([0.0, 1e-5])) if window else 0.0,
+                                   window=window))
     prompt = draw(st.integers(1, 20 * n_batch))
     chunks = math.ceil(prompt / n_batch)
     window = {None: chunks + 1, 0: m + 1}.get(depth, depth)  # None: never binds; 0: the head's own (m + 1)
@@ -153,8 +160,21 @@ def test_emulated_slow_downs_overlap_on_one_machine() -> None:
     assert model.predict(1000) == pytest.approx(simulate(model, 1000), rel=0.1)
 
 
+def test_later_chunks_pay_attention_to_the_positions_before_them() -> None:
+    # one stage, 4 chunks of 100 rows: chunk k starts at 100k and each of its rows pays attn_s per earlier
+    # position; in sliding-window layers at most `window` of them
+    stage = PrefillStage("s", 0.01, 0.4, attn_s=1e-5, window_attn_s=2e-5, window=150)
+    model = TtftModel((stage,), 100, 2)
+    attention = sum(100 * (1e-5 * s + 2e-5 * min(s, 150)) for s in (0, 100, 200, 300))
+    assert model.predict(400) == pytest.approx(4 * 0.4 + attention)
+    assert model.predict(400) == pytest.approx(simulate(model, 400))
+    # a ring of two: the second stage's longer chunks come later, the critical path follows them
+    two = TtftModel((PrefillStage("a", 0.01, 0.4), stage), 100, 3)
+    assert two.predict(400) == pytest.approx(simulate(two, 400)) and two.predict(400) >= model.predict(400) + 0.4
+
+
 def test_json_round_trip_and_bad_input() -> None:
-    model = TtftModel((PrefillStage("a", 0.01, 0.4, "x", 2.0, 0.001),), 64, 2, 0.003)
+    model = TtftModel((PrefillStage("a", 0.01, 0.4, "x", 2.0, 0.001, 1e-6, 2e-6, 512),), 64, 2, 0.003)
     assert TtftModel.from_json(model.to_json()) == model
     with pytest.raises(PlanInputError, match="at least one token"):
         model.predict(0)
@@ -205,16 +225,36 @@ def test_a_session_batch_other_than_the_probes_is_read_off_the_line_between_deco
     assert plan.kafila.ttft["seconds"] == pytest.approx(at_64 + 0.003 + (GB // 2) / 50e9, rel=1e-9)
 
 
+def test_the_plan_adds_each_blocks_attention_to_earlier_positions() -> None:
+    # one member holds all 6 blocks: 2 attend within a 256-token window, 4 to the whole context; each block
+    # costs prefill_attn_s × attention_width per row and earlier position
+    attn, width = 1e-9, 4096
+    model = ModelSpec("six", (GB,) * 6, (1000,) * 6, unembed_bytes=GB // 2, head_bytes=GB, attention_width=width,
+                      kv_window=(256, 0, 0, 256, 0, 0))
+    solo = replace(member("a"), prefill_attn_s=attn)
+    plan = make_plan([solo], model, Workload(prompt_tokens=512, batch=128))
+    starts = (0, 128, 256, 384)
+    attention = sum(128 * attn * width * (4 * s + 2 * min(s, 256)) for s in starts)
+    assert plan.kafila.ttft is not None
+    assert plan.kafila.ttft["seconds"] == pytest.approx(4 * chunk_s(6) + attention + 0.003 + (GB // 2) / 50e9)
+    assert parse_model(model_to_json(model)) == model  # the model file carries the width
+    # unmeasured (an older member's probe) or an unknown width: no attention term
+    for m, spec in ((member("a"), model), (solo, replace(model, attention_width=0))):
+        other = make_plan([m], spec, Workload(prompt_tokens=512, batch=128)).kafila.ttft
+        assert other is not None and other["seconds"] == pytest.approx(4 * chunk_s(6) + 0.003 + (GB // 2) / 50e9)
+
+
 def test_no_ttft_without_prefill_numbers_and_the_fleet_file_carries_them() -> None:
     old = Member("old", 100e9, 0.001, 100 * GB, 10.0)
     assert make_plan([old, member("b")], MODEL).to_json()["ttft"] is None
     fleet = {"members": [{"name": "a", "bandwidth_gbs": 100, "dispatch_ms": 1, "memory_gb": 100, "rtt_ms": 10,
                           "nat": "ordinary", "block_ms": 0.1, "prefill_bandwidth_gbs": 4, "prefill_dispatch_ms": 5,
-                          "prefill_block_ms": 20, "prefill_rows": 128, "machine": "box", "throttle": 2,
+                          "prefill_block_ms": 20, "prefill_rows": 128, "prefill_attention_s": 2e-12,
+                          "machine": "box", "throttle": 2,
                           "unembed_bandwidth_gbs": 50, "unembed_ms": 3}]}
     (parsed,) = parse_fleet(fleet)
     assert parsed == Member("a", 100e9, 0.001, 100 * GB, 10.0, NatClass.ORDINARY, 50e9, unembed_s=0.003, block_s=1e-4,
                             prefill_bandwidth=4e9, prefill_dispatch_s=0.005, prefill_block_s=0.02, prefill_rows=128,
-                            machine="box", throttle=2.0)
+                            prefill_attn_s=2e-12, machine="box", throttle=2.0)
     with pytest.raises(PlanInputError, match="throttle"):
         parse_fleet({"members": [{**fleet["members"][0], "throttle": 0.5}]})
