@@ -15,7 +15,12 @@ on the small one alone, the 8B shape's head was predicted a third too slow in th
 Prefill: the same cuts are timed on one call of PREFILL_ROWS rows (the host's default --batch), and
 the same three-term shape is fitted to it; the planner predicts a chunk of another size on the line
 between a decode call (1 row) and this one (kafila.planner.ttft). A row of prefill is compute, not
-weight reads, so its "bandwidth" is weight bytes processed per second at that many rows.
+weight reads, so its "bandwidth" is weight bytes processed per second at that many rows. Those chunks
+start a sequence; a later chunk's rows also attend to every position before it (llama.cpp computes
+each row against the whole cache): one block of the small model is timed at ATTENTION_AT against
+position 0, and the difference per row, earlier position and unit of attention width (heads × (key +
+value length)) is `prefill_attn_s`. Its narrow blocks show it (on SmolLM2 it doubled a 2,000-token
+prompt's prefill); an 8B model's wide blocks hide it in the weights' compute.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,8 @@ PREFILL_ROWS = 128  # rows of the probe's prefill calls: the host's default --ba
 PREFILL_CALLS = 1  # timed prefill calls per cut: each is long (0.1–5 s here), so one is steady enough
 PREFILL_SMALL = (1, 4)  # the small-block cuts whose prefill is timed (with every large-block cut): a
 # 128-row call of the embedded model's 20-block cut took 3.5 s here, most of the probe's time for little
+ATTENTION_AT = 1024  # a prefill chunk timed at this position against position 0: its rows' attention to it
+ATTENTION_CALLS = 3  # the fastest of this many at each position (a call of one small block: ~20–60 ms)
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,8 @@ class ProbeResult:
     prefill_sample_blocks: tuple[int, ...] = ()  # blocks of each prefill sample's cut
     unembed_s: float = 0.0  # fixed seconds of an unembedding besides its bytes (norm, logits, a graph's nodes)
     unembed_samples: tuple[tuple[int, float], ...] = ()  # (output matrix bytes, its seconds in a head call)
+    prefill_attn_s: float = 0.0  # seconds per prefill row, earlier position and unit of attention width
+    attention_samples: tuple[float, ...] = ()  # fastest seconds of one block's chunk at position 0 and ATTENTION_AT
 
     def predict(self, n_blocks: int, nbytes: int) -> float:
         """Seconds of one decode call of a stage of `n_blocks` blocks holding `nbytes`: o + n·p + bytes/b."""
@@ -99,13 +108,14 @@ class ProbeResult:
         d["prefill_samples"] = [list(s) for s in self.prefill_samples]
         d["prefill_sample_blocks"] = list(self.prefill_sample_blocks)
         d["unembed_samples"] = [list(s) for s in self.unembed_samples]
+        d["attention_samples"] = list(self.attention_samples)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProbeResult:
         """The result back from `as_dict` (a cached probe)."""
         lists = {k: tuple(tuple(s) for s in d.get(k, ())) for k in ("samples", "prefill_samples", "unembed_samples")}
-        counts = {k: tuple(d.get(k, ())) for k in ("sample_blocks", "prefill_sample_blocks")}
+        counts = {k: tuple(d.get(k, ())) for k in ("sample_blocks", "prefill_sample_blocks", "attention_samples")}
         return cls(**{**d, **lists, **counts})
 
 
@@ -221,6 +231,34 @@ def time_prefill_calls(engines: list[StageEngine], rows: int, calls: int,
     return best
 
 
+def time_attention(engine: StageEngine, rows: int, at: int, calls: int) -> tuple[float, float]:
+    """Fastest seconds of a `rows`-row prefill call at position 0 and at position `at` (multiple of `rows`).
+
+    The positions before `at` are filled once, untimed; between timed calls the cache is trimmed back to them.
+    """
+    rng = np.random.default_rng(2)
+
+    def call(start: int) -> float:
+        x = rng.standard_normal((rows, engine.n_embd)).astype(np.float32)
+        r = Rows(np.zeros(rows, np.int32), np.arange(start, start + rows, dtype=np.int32), np.zeros(rows, bool))
+        t0 = time.perf_counter()
+        engine.run(x, r)
+        return time.perf_counter() - t0
+
+    first = float("inf")
+    for _ in range(calls):
+        first = min(first, call(0))
+        engine.free(0)
+    for start in range(0, at, rows):
+        call(start)
+    later = float("inf")
+    for _ in range(calls):
+        later = min(later, call(at))
+        engine.free(0, at)
+    engine.free(0)
+    return first, later
+
+
 def probe(
     model: Path,
     cache: StageCache,
@@ -291,6 +329,11 @@ def probe(
         prefill_s = time_prefill_calls(
             [engines[i] for i in timed], prefill_rows, prefill_calls,
             lambda done: on_step("timing prefill calls", done, prefill_calls) if on_step else None)
+        if on_step:
+            on_step("timing attention over a long context", 0, 1)
+        wide = replace(config, n_ctx_per_seq=ATTENTION_AT + prefill_rows)
+        engines.append(StageEngine(cut(model, StageSpec(0, 1, head=False)), wide, final=False))
+        at_start, at_later = time_attention(engines[-1], prefill_rows, ATTENTION_AT, ATTENTION_CALLS)
     finally:
         for engine in engines:
             engine.close()
@@ -313,10 +356,13 @@ def probe(
     except EngineError as exc:  # the member can still serve; the plan then predicts no TTFT
         log.warning("prefill not measured: %s", exc)
         prefill_rows, (p_bw, p_dispatch, p_block, p_resid) = 0, (0.0, 0.0, 0.0, 0.0)
+    # noise can make the later call the faster: then attention counts as free, as before it was measured
+    attn = max(at_later - at_start, 0.0) / (prefill_rows * ATTENTION_AT * info.attention_width) \
+        if prefill_rows and info.attention_width else 0.0
     return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_seconds[0],
                        unembed_bw, device, device_free, block_s, tuple(counts), prefill_rows, p_bw, p_dispatch,
                        p_block, tuple(prefill), p_resid, tuple(cuts[i][0] for i in timed), unembed_fixed,
-                       tuple(unembed))
+                       tuple(unembed), attn, (at_start, at_later))
 
 
 def fit_unembedding(samples: list[tuple[int, float]], bandwidth: float) -> tuple[float, float]:

@@ -68,6 +68,7 @@ def planner_member(vm: VerifiedMember) -> Member:
                       # prefill and the machine: absent from an older member's announcement (no TTFT then)
                       prefill_bandwidth=float(m.get("pbw", 0.0)), prefill_dispatch_s=float(m.get("pdisp", 0.0)),
                       prefill_block_s=float(m.get("pblk", 0.0)), prefill_rows=int(m.get("prow", 0)),
+                      prefill_attn_s=float(m.get("patt", 0.0)),
                       machine=str(m.get("mach", "")), throttle=float(emu.get("throttle", 1.0)))
     except (KeyError, TypeError, ValueError):
         raise SessionError(f"member {vm.name} announced no usable measurements") from None

@@ -24,7 +24,7 @@ from kafila.model.stage_cache import StageCache
 from kafila.session.builds import build_tag, wire_protocol
 from kafila.session.cache_inventory import PROBE_MAX_AGE_S
 
-PROBE_FILE_PREFIX = "probe-v4-"  # v4: unembedding fitted on two vocabularies (v3 prefill, v2 the per-block time)
+PROBE_FILE_PREFIX = "probe-v5-"  # v5: attention over the context (v4 unembedding on two vocabularies, v3 prefill)
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,7 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         "pdisp": result.prefill_dispatch_s * t,
         "pblk": result.prefill_block_s * t,
         "prow": result.prefill_rows,
+        "patt": result.prefill_attn_s * t,  # per row, earlier position and unit of attention width
         "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
         "samples": [round(b / s / t) for b, s in result.samples],
         "emu": emulation.as_dict(),
