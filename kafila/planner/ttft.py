@@ -96,14 +96,15 @@ class TtftModel:
                 raise PlanInputError(f"ttft: stage {s.name!r} has a negative or non-finite time, a throttle < 1 "
                                      "or a negative window")
 
-    def predict(self, prompt_tokens: int) -> float:
-        """Seconds from a P-token prompt's arrival at the head to its first token (see the module's docstring)."""
+    def predict(self, prompt_tokens: int, start: int = 0) -> float:
+        """Seconds from a P-token prompt's arrival at the head to its first token (see the module's docstring);
+        `start`: positions of the conversation already in the cache, which the prompt's rows attend to."""
         if prompt_tokens < 1:
             raise PlanInputError(f"ttft: a prompt has at least one token, got {prompt_tokens}")
         B, st = self.n_batch, self.stages
         C = math.ceil(prompt_tokens / B)
         rows = [min(B, prompt_tokens - k * B) for k in range(C)]
-        t = [[s.seconds(r, B, k * B) for s in st] for k, r in enumerate(rows)]  # chunk k at stage i
+        t = [[s.seconds(r, B, start + k * B) for s in st] for k, r in enumerate(rows)]  # chunk k at stage i
         links = sum(s.link_s for s in st)
         bounds = [links + _critical_path(t)]
         by_machine: dict[str, list[int]] = {}
@@ -114,8 +115,8 @@ class TtftModel:
             if len(js) < 2:
                 continue
             a, z = js[0], js[-1]
-            work = sum(st[j].compute_s(r, B, k * B) for j in js for k, r in enumerate(rows))
-            sleep_z = t[-1][z] - st[z].compute_s(rows[-1], B, (C - 1) * B)
+            work = sum(st[j].compute_s(r, B, start + k * B) for j in js for k, r in enumerate(rows))
+            sleep_z = t[-1][z] - st[z].compute_s(rows[-1], B, start + (C - 1) * B)
             before = sum(t[0][:a]) + sum(s.link_s for s in st[:a + 1])  # links between its stages may overlap
             after = sleep_z + sum(t[-1][z + 1:]) + sum(s.link_s for s in st[z + 1:])
             bounds.append(before + work + after)

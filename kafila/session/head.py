@@ -357,7 +357,8 @@ class Head:
         """Record the request's time to first token (from its arrival here) beside the plan's for its prompt."""
         assert job.request is not None
         fed = max(len(job.request.prompt) - job.request.cached, 1)  # a reused cache's tokens were not prefilled
-        predicted = self.ttft.predict(fed) if self.ttft is not None else None
+        # ... but the new rows attend to them
+        predicted = self.ttft.predict(fed, job.request.cached) if self.ttft is not None else None
         self.stats.ttft = messages.TtftTime(fed, time.perf_counter() - job.started, predicted)
 
     async def _finish_job(self, slot: int, job: Job) -> None:

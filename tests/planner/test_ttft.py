@@ -168,6 +168,9 @@ def test_later_chunks_pay_attention_to_the_positions_before_them() -> None:
     attention = sum(100 * (1e-5 * s + 2e-5 * min(s, 150)) for s in (0, 100, 200, 300))
     assert model.predict(400) == pytest.approx(4 * 0.4 + attention)
     assert model.predict(400) == pytest.approx(simulate(model, 400))
+    # a follow-up turn: its 200 new tokens come after 300 in the cache, and attend to them
+    later = sum(100 * (1e-5 * s + 2e-5 * min(s, 150)) for s in (300, 400))
+    assert model.predict(200, start=300) == pytest.approx(2 * 0.4 + later)
     # a ring of two: the second stage's longer chunks come later, the critical path follows them
     two = TtftModel((PrefillStage("a", 0.01, 0.4), stage), 100, 3)
     assert two.predict(400) == pytest.approx(simulate(two, 400)) and two.predict(400) >= model.predict(400) + 0.4
