@@ -93,3 +93,11 @@ def test_bench_scale_report(tmp_path: Path) -> None:
     for target in t.values():
         assert set(target) == {"value", "target", "met"}
         assert (target["met"] is None) == (target["value"] is None)
+
+
+def test_bench_scale_on_a_missing_model_says_so_before_measuring(tmp_path: Path) -> None:
+    out = run_kafila("bench", "scale", "--model", str(tmp_path / "absent.gguf"), "--json",
+                     env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    assert out.returncode != 0 and out.stdout == ""
+    assert f"model not found: no file {tmp_path / 'absent.gguf'}" in out.stderr
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("probe-*"))  # nothing measured
