@@ -37,7 +37,7 @@ from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, NetworkError, SessionEnded, SessionError
+from kafila.errors import EngineError, NetworkError, SessionEnded
 from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session import frames, messages
 from kafila.session.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
@@ -151,6 +151,9 @@ class Head:
         self.trace = trace  # records every batch and free in the order all stages compute them
         self.failed: str | None = None
         self._tg: asyncio.TaskGroup | None = None
+        # chats forwarded before run() started (the host's first chat can arrive with its admission): answered
+        # once it has
+        self._early: list[tuple[messages.Chat, Callable[[bytes], Awaitable[None]]]] = []
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
             messages.Free: self._on_free,
             messages.Trim: self._on_trim,
@@ -254,6 +257,9 @@ class Head:
         """Dispatch and collect until cancelled (or until the ring fails)."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
+            for msg, reply in self._early:
+                self.serve_remote(msg, reply)
+            self._early.clear()
             tg.create_task(self._dispatch_loop())
             tg.create_task(self._collect_loop())
 
@@ -433,7 +439,8 @@ class Head:
                     log.info("chat %s from %s: its answer cannot be sent (%s)", msg.id, msg.origin, exc)
 
         if self._tg is None:
-            raise SessionError("the head is not running")
+            self._early.append((msg, reply))
+            return
         self._tg.create_task(answer())
 
     async def _guarded(self, body: Any) -> AsyncGenerator[dict[str, Any], None]:

@@ -132,6 +132,7 @@ class MemberRuntime:
         self.assignment: messages.Assign | None = None
         self.roster: messages.Roster | None = None  # the coordinator's replicated state
         self._serving: asyncio.Task[None] | None = None
+        self._ring_up = asyncio.Event()  # _serve has made this epoch's head or forwarder
         self._pending: list[messages.Control] = []
         self._ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
         self._gone: set[bytes] = set()  # coordinators lost so far (their endpoints' member ids)
@@ -208,6 +209,7 @@ class MemberRuntime:
         await self._connect()
 
     async def _on_admit(self, msg: messages.Admit) -> None:
+        self._ring_up.clear()
         self._serving = self._tg.create_task(self._serve())
         self.state.lost = None  # an earlier loss is behind us: this ring serves
         self.state.set_phase("admitted", "admitted: serving")
@@ -221,8 +223,26 @@ class MemberRuntime:
         await self._stop_serving(f"member {msg.who} was lost: {msg.reason}")
 
     async def _on_chat(self, msg: messages.Chat) -> None:
+        # The host sends its first chat as soon as it has admitted the ring: it can be read in the same
+        # turn as the admission, before the serving task that makes the head has run. Dropped, its
+        # request would wait for an answer forever.
+        serving = self._serving
+        if self.head is None and serving is not None and not serving.done() and not self._ring_up.is_set():
+            up = asyncio.ensure_future(self._ring_up.wait())
+            try:
+                await asyncio.wait({up, serving}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                up.cancel()
         if self.head is not None:
             self.head.serve_remote(msg, self.control.send)
+            return
+        # not serving: a loss ended this ring, and the API server sends the request again to the next one
+        down = self._serving is None or self._serving.done()
+        why = "its ring is not serving" if down else "it is not the ring's head"
+        log.warning("chat %s from %s reached %s, but %s", msg.id, msg.origin, self.opts.name, why)
+        with contextlib.suppress(KafilaError):
+            self.control.post(messages.encode(messages.ChatEvt(msg.id, msg.origin, {
+                "error": f"the chat reached {self.opts.name}, but {why}", "resumable": down})))
 
     async def _on_roster(self, msg: messages.Roster) -> None:
         """The coordinator's state: kept, so that this member knows the ring without its host."""
@@ -487,6 +507,7 @@ class MemberRuntime:
                     if self.api:
                         self.api.chat = self.forwarder.chat
                     tg.create_task(self._stage_loop(inbox))
+                self._ring_up.set()
                 self.state.update_member(self.opts.name, status="serving")
         except* SessionEnded as group:  # a neighbour ended the session; pass the word on around the ring
             why = str(_first(group))
