@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from kafila.model.random_gguf import SHAPES, Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 
 log = logging.getLogger("kafila.probe")
+T = TypeVar("T")
 DEFAULT_SIZES = (1, 4, 10, 20)  # blocks per cut
 LARGE_SHAPE = SHAPES["llama3-8b"]  # the large-block file's shape (kafila.model.random_gguf)
 LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
@@ -55,6 +56,7 @@ SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
 EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
 IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
 SCRATCH_PREFIX = "probe-stages-"  # the probe's cuts, in a folder of the cache root removed after it
+DECODE_ATTEMPTS = 3  # decode timings that fit nothing (a busy machine) are measured again, this many in all
 PREFILL_ROWS = 128  # rows of the probe's prefill calls: the host's default --batch
 PREFILL_CALLS = 1  # timed prefill calls per cut: each is long (0.1–5 s here), so one is steady enough
 PREFILL_SMALL = (1, 4)  # the small-block cuts whose prefill is timed (with every large-block cut): a
@@ -169,6 +171,23 @@ def fit_cost(samples: list[tuple[int, float]], blocks: list[int] | None = None) 
     slope, o, p, _ = best
     resid = float(np.sqrt(np.mean((y - (o + n * p + slope * x)) ** 2)) / np.mean(y))
     return float(1.0 / slope), o, p, resid
+
+
+def retry_noisy(measure: Callable[[], T], attempts: int = DECODE_ATTEMPTS) -> T:
+    """`measure()`, called again while it raises EngineError, at most `attempts` times in all.
+
+    A busy machine's timings can fit nothing (another job ran during the small cuts); a moment later
+    they usually do. The last attempt's error, with the count, is what the user sees.
+    """
+    for attempt in range(1, attempts):
+        try:
+            return measure()
+        except EngineError as exc:
+            log.warning("%s (attempt %d of %d); measuring again", exc, attempt, attempts)
+    try:
+        return measure()
+    except EngineError as exc:
+        raise EngineError(f"{exc} (measured {attempts} times)") from exc
 
 
 def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
@@ -318,9 +337,15 @@ def probe(
         # what this process holds beyond the weights: interpreter, libraries, compute buffers
         weights = sum(b for _, b in cuts) + sum(a.blocks_bytes[-1] + a.head_bytes for _, a in heads)
         overhead = max(resident_memory() - weights, 0)
-        seconds = time_decode_calls(
-            engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
-        )
+        counts = [n for n, _ in cuts]
+
+        def decode_fit() -> tuple[list[float], tuple[float, float, float, float]]:
+            timed_s = time_decode_calls(
+                engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
+            )
+            return timed_s, fit_cost([(b, t) for (_, b), t in zip(cuts, timed_s[:len(cuts)], strict=True)], counts)
+
+        seconds, (bandwidth, dispatch, block_s, resid) = retry_noisy(decode_fit)
         seconds, head_seconds = seconds[:len(cuts)], seconds[len(cuts):]
         # the large-block cuts and the small ones of PREFILL_SMALL blocks (the large ones come after the small)
         timed = [i for i, (n, _) in enumerate(cuts) if i >= len(sizes) or n in PREFILL_SMALL]
@@ -340,8 +365,6 @@ def probe(
         scratch.cleanup()
     offload = engines[0].offload  # the first stage saw the device's memory before any stage was on it
     samples = [(nbytes, t) for (_, nbytes), t in zip(cuts, seconds, strict=True)]
-    counts = [n for n, _ in cuts]
-    bandwidth, dispatch, block_s, resid = fit_cost(samples, counts)
     unembed = [(a.unembed_bytes, t - (dispatch + block_s + a.blocks_bytes[-1] / bandwidth))
                for (_, a), t in zip(heads, head_seconds, strict=True)]
     unembed_bw, unembed_fixed = fit_unembedding(unembed, bandwidth)

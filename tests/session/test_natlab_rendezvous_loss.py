@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 
 from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
-from kafila.model.random_gguf import TEST_SHAPE
-from kafila.model.stage_cache import StageCache
 from kafila.planner.reachability import NatClass
-from kafila.session.measure import cached_probe
 from tests.conftest import llama_cpp_reply, missing_tool
 from tests.session.cluster import CODE_RE, REPO, Proc
+from tests.shared_probe import shared_probe
 
 PROMPT = "What is the capital of France?"
 NATS = {1: NatClass.ORDINARY, 2: NatClass.ORDINARY, 3: NatClass.RESTRICTIVE, 4: NatClass.RESTRICTIVE}
@@ -52,7 +50,8 @@ def chat(lab: NatLab, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_rendezvous_killed_relayed_edges_fail_naming_it_and_the_host_plans_again(
         lab: NatLab, tmp_path: Path, smollm: Path) -> None:
     env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
-    cached_probe(smollm, StageCache(tmp_path / "cache"), large_shape=TEST_SHAPE)
+    # one probe for the members, the tests' shared one (measured afresh here, it met the other tests' load)
+    shared_probe(tmp_path / "cache")
     truth = llama_cpp_reply(smollm, PROMPT, 12)
     rdv = f"{RDV_IP}:{RDV_PORT}"
     procs = [Proc("rendezvous", ["rendezvous", "--host", RDV_IP, "--port", str(RDV_PORT), "--alt-ip", RDV_ALT_IP],
