@@ -32,6 +32,18 @@ STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("
 REPLY_TIMEOUT_S = 1800
 
 
+def lab_env(tmp: Path) -> dict[str, str]:
+    """The environment of a NAT-lab test's processes: the test's own cache and its own runtime directory.
+
+    Every lab's host serves its API on the same port in its own namespace, and the API's token file is named
+    by the port alone: in a shared runtime directory another test run's host would replace this one's token.
+    """
+    runtime = tmp / "runtime"
+    runtime.mkdir(mode=0o700)
+    return {**os.environ, "KAFILA_CACHE_DIR": str(tmp / "cache"), "XDG_RUNTIME_DIR": str(runtime),
+            "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
+
+
 class Proc:
     """A kafila process whose output is collected line by line."""
 

@@ -7,7 +7,6 @@ Skipped without root or `nft` on a developer machine; a failure in CI (CI set), 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
 from kafila.planner.reachability import NatClass
 from tests.conftest import llama_cpp_reply, missing_tool
-from tests.session.cluster import CODE_RE, REPO, Proc
+from tests.session.cluster import CODE_RE, REPO, Proc, lab_env
 from tests.shared_probe import shared_probe
 
 PROMPT = "What is the capital of France?"
@@ -49,7 +48,7 @@ def chat(lab: NatLab, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def test_rendezvous_killed_relayed_edges_fail_naming_it_and_the_host_plans_again(
         lab: NatLab, tmp_path: Path, smollm: Path) -> None:
-    env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
+    env = lab_env(tmp_path)
     # one probe for the members, the tests' shared one (measured afresh here, it met the other tests' load)
     shared_probe(tmp_path / "cache")
     truth = llama_cpp_reply(smollm, PROMPT, 12)

@@ -6,7 +6,6 @@ Skipped without root or `nft` on a developer machine; a failure in CI (CI set), 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
 from kafila.planner.reachability import NatClass
 from tests.conftest import missing_tool
-from tests.session.cluster import CODE_RE, REPO, Proc
+from tests.session.cluster import CODE_RE, REPO, Proc, lab_env
 from tests.shared_probe import shared_probe
 
 PROMPT = "What is the capital of France?"
@@ -37,7 +36,7 @@ def lab():
 
 
 def test_session_across_nats_with_a_relayed_edge(lab: NatLab, tmp_path: Path, smollm: Path) -> None:
-    env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}
+    env = lab_env(tmp_path)
     # one probe for the three members on this one machine (as `kafila demo` does), not three at once: the
     # tests' shared one (measured afresh here, it met the other tests' load and was refused as too noisy)
     shared_probe(tmp_path / "cache")
