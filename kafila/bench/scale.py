@@ -124,7 +124,8 @@ def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, thr
         out: dict[str, Any] = {"order": state.plan.get("order") if state.plan else None,
                                "ranges": state.plan.get("ranges") if state.plan else None,
                                "ttft": ttft,
-                               "plan_ttft_s": scale_ring.predicted_ttft(state.plan or {}, ttft.get("prompt_tokens"))}
+                               "plan_ttft_s": scale_ring.predicted_ttft(state.plan or {}, ttft.get("prompt_tokens")),
+                               "stage_prefill_s": scale_ring.stage_prefill(state.plan or {}, ttft.get("prompt_tokens"))}
         if all(m.throttle == 1 for m in members):
             progress.update(task, description=f"{label}: decode")
             out["decode"] = scale_ring.decode(url, decode_tokens)
@@ -242,11 +243,12 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     t: dict[str, Any] = {}
     ttft = ring["ttft"].get("ttft_s")
     t["ttft_vs_local"] = _target(ttft / local["ttft_s"] if ttft else None, 1.3, True, "ring TTFT <= 1.3x local")
-    # an unpipelined ring takes the sum of the stages' prefill times: each stage's share of the
-    # blocks of the local prefill, times its slow-down (estimated from the local context)
-    ranges = slow.get("ranges") or {}
-    throttle = dict(zip(("ada", "bo", "cy"), r["throttles"], strict=False))
-    unpiped = sum(local["ttft_s"] * (e - s) / r["blocks"] * throttle.get(n, 1.0) for n, (s, e) in ranges.items())
+    # an unpipelined ring takes the sum of the stages' prefill times: the local prefill, measured, scaled by
+    # the plan's ratio of the stages' slowed prefill to their compute (the head's last layer is cheap in
+    # prefill, so its slow-down weighs less than its share of the blocks)
+    shares = slow.get("stage_prefill_s") or {}
+    compute = sum(c for _, c in shares.values())
+    unpiped = local["ttft_s"] * sum(t for t, _ in shares.values()) / compute if compute else None
     slow_ttft = slow["ttft"].get("ttft_s")
     t["ttft_slowed_vs_unpipelined"] = _target(slow_ttft / unpiped if slow_ttft and unpiped else None, 0.7, True,
                                               "slowed ring TTFT <= 0.7x sum of stage prefill times (estimate)")

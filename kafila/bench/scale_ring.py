@@ -157,6 +157,14 @@ def predicted_ttft(plan: dict[str, Any], prompt_tokens: int | None) -> float | N
     return predict(plan, prompt_tokens) if prompt_tokens else None
 
 
+def stage_prefill(plan: dict[str, Any], prompt_tokens: int | None) -> dict[str, tuple[float, float]]:
+    """The plan's prefill seconds of each stage for the prompt, (as slowed, compute alone); empty without a model."""
+    from kafila.planner.ttft import plan_model
+
+    model = plan_model(plan) if prompt_tokens else None
+    return model.stage_prefill(prompt_tokens) if model and prompt_tokens else {}
+
+
 def session(model: Path, members: tuple[Any, ...], context: int, cache_dir: Path, threads: int) -> Any:
     """A SessionThread running the demo ring on `model`."""
     from kafila.session.background import SessionThread

@@ -47,6 +47,8 @@ class ModelInfo:
     experts_used: int = 0  # routed experts each token uses
     expert_bytes: tuple[int, ...] = ()  # per block: one routed expert's bytes (empty: dense)
     attention_width: int = 0  # attention heads × (key + value length): attention work per row and key position
+    # the last block's ffn_* tensors: llama.cpp's last layer computes its FFN only for the rows that return logits
+    last_ffn_bytes: int = 0
 
     @property
     def kv_window(self) -> tuple[int, ...]:
@@ -104,6 +106,7 @@ class ModelInfo:
             "experts_used": self.experts_used,
             "expert_bytes": list(self.expert_bytes),
             "attention_width": self.attention_width,
+            "last_ffn_bytes": self.last_ffn_bytes,
             "whole_only": self.whole_only,
             "must_hold": list(self.must_hold),
         }
@@ -128,6 +131,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
     tensors = gf.tensors
     blocks = [0] * n_blocks
     experts_bytes = [0] * n_blocks  # all routed experts of the block
+    last_ffn = 0
     for t in tensors.values():
         m = BLOCK_TENSOR.match(t.name)
         if m:
@@ -137,6 +141,8 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
             blocks[i] += int(t.n_bytes)
             if EXPERT_TENSOR.match(m.group(2)):
                 experts_bytes[i] += int(t.n_bytes)
+            if i == n_blocks - 1 and m.group(2).startswith("ffn_"):
+                last_ffn += int(t.n_bytes)
     n_expert = gf.get_int(f"{arch}.expert_count", 0) if any(experts_bytes) else 0
     n_used = max(gf.get_per_layer(f"{arch}.expert_used_count", n_blocks, 0)) if n_expert else 0
     if n_expert and not 1 <= n_used <= n_expert:
@@ -177,6 +183,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
         experts_used=n_used,
         expert_bytes=tuple(e // n_expert for e in experts_bytes) if n_expert else (),
         attention_width=n_head * (key_len + value_len),
+        last_ffn_bytes=last_ffn,
     )
 
 

@@ -8,8 +8,8 @@ prefill fit "prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms" a
 "machine" (members naming the same machine share its cores) and "throttle" (an emulated slow-down >= 1).
 Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant",
 "bits_per_weight", MoE "expert_bytes" (one routed expert per block), "experts", "experts_used",
-"kv_window" (per block, 0: whole context), "attention_width" (heads × (key + value length)), "whole_only" and
-"must_hold" (cut rules). Unknown keys are ignored.
+"kv_window" (per block, 0: whole context), "attention_width" (heads × (key + value length)), "last_ffn_bytes"
+(the last block's FFN weights), "whole_only" and "must_hold" (cut rules). Unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -170,7 +170,15 @@ def parse_model(data: Any) -> ModelSpec:
         whole_only=whole_only,
         must_hold=tuple(must_hold),
         attention_width=_integer(data, "attention_width", where) if "attention_width" in data else 0,
+        last_ffn_bytes=_last_ffn(data, lists["blocks_bytes"], where),
     )
+
+
+def _last_ffn(data: dict[str, Any], blocks: tuple[int, ...], where: str) -> int:
+    value = _integer(data, "last_ffn_bytes", where) if "last_ffn_bytes" in data else 0
+    if blocks and value > blocks[-1]:
+        raise PlanInputError(f"{where}: last_ffn_bytes ({value}) exceeds the last block's bytes ({blocks[-1]})")
+    return value
 
 
 def model_to_json(model: ModelSpec) -> dict[str, Any]:
@@ -192,6 +200,8 @@ def model_to_json(model: ModelSpec) -> dict[str, Any]:
         out["kv_window"] = list(model.kv_window)
     if model.attention_width:
         out["attention_width"] = model.attention_width
+    if model.last_ffn_bytes:
+        out["last_ffn_bytes"] = model.last_ffn_bytes
     if model.whole_only:
         out["whole_only"] = True
     if model.must_hold:

@@ -68,6 +68,8 @@ class DescribedModel(Protocol):
     @property
     def attention_width(self) -> int: ...
     @property
+    def last_ffn_bytes(self) -> int: ...
+    @property
     def whole_only(self) -> bool: ...
     @property
     def must_hold(self) -> tuple[bool, ...]: ...
@@ -100,6 +102,9 @@ class ModelSpec:
     # attention heads × (key + value length): a block's attention work per row and earlier position, in the
     # unit of Member.prefill_attn_s (0: unknown, attention over the context left out of TTFT)
     attention_width: int = 0
+    # the last block's FFN weights, which a prefill chunk reads for its logit rows only (llama.cpp drops the other
+    # rows before the last layer's FFN): the head's share of a prompt is smaller than its blocks' (0: unknown)
+    last_ffn_bytes: int = 0
 
     @property
     def k(self) -> int:
@@ -117,7 +122,7 @@ class ModelSpec:
                    info.head_bytes, quant=info.quant, expert_bytes=tuple(info.expert_bytes),
                    experts=info.experts, experts_used=info.experts_used, kv_window=tuple(info.kv_window),
                    whole_only=info.whole_only, must_hold=tuple(info.must_hold),
-                   attention_width=info.attention_width)
+                   attention_width=info.attention_width, last_ffn_bytes=info.last_ffn_bytes)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,10 @@ a sequence (the probe's chunks sit at positions 0..B−1); a chunk that starts a
 attends to the s positions before it, in every block: llama.cpp's attention (without flash attention)
 computes each row against every key of the cache, so each of its r rows costs `attn_s` per earlier
 position (min(s, window) of them in sliding-window layers). On SmolLM2 a 2,000-token prompt's attention
-doubled its prefill; on an 8B model's wide blocks it is a few percent.
+doubled its prefill; on an 8B model's wide blocks it is a few percent. The head's stage holds the model's
+last layer, whose FFN llama.cpp computes only for the rows that return logits (it drops the others right
+after that layer's attention): a chunk pays those weights at one row's cost, not its rows' (on a 3-block
+file of Qwen3-32B's shapes about a quarter of the prompt's compute; on the real 64-layer model about 1 %).
 
 With stages sharing machines the maximum is still a lower bound, but not exact: how calls on one
 machine interleave decides the rest (on 20,000 random rings with the head's window, the prediction
@@ -125,6 +128,14 @@ class TtftModel:
         bounds.append(laps + sum(t[-1][:-1]) + links + t[-1][-1])
         return max(bounds) + self.unembed_s
 
+    def stage_prefill(self, prompt_tokens: int) -> dict[str, tuple[float, float]]:
+        """Each stage's seconds over all chunks of a P-token prompt: (as slowed, compute alone); their sum is
+        what a ring that does not pipeline takes."""
+        B = self.n_batch
+        chunks = [(k * B, min(B, prompt_tokens - k * B)) for k in range(math.ceil(prompt_tokens / B))]
+        return {s.name: (sum(s.seconds(r, B, a) for a, r in chunks), sum(s.compute_s(r, B, a) for a, r in chunks))
+                for s in self.stages}
+
     def to_json(self) -> dict[str, Any]:
         return {"n_batch": self.n_batch, "depth": self.depth, "unembed_s": self.unembed_s,
                 "stages": [asdict(s) for s in self.stages]}
@@ -181,6 +192,12 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         decode = stage_time(mem.dispatch_s, mem.block_s, mem.bandwidth, e - a, prefix_one[e] - prefix_one[a])
         at_r = stage_time(mem.prefill_dispatch_s, mem.prefill_block_s, mem.prefill_bandwidth, e - a,
                           sum(reads_r[a:e]))
+        if name == order[0] and e == model.k and model.last_ffn_bytes:
+            # the head's stage: llama.cpp computes the last layer's FFN only for the rows that return logits
+            # (none in a prompt's chunks but the last, one row there), so a chunk reads it at one row's cost
+            ffn_r = max(reads_r[e - 1] - (model.blocks_bytes[e - 1] - model.last_ffn_bytes), 0)
+            ffn_one = max(one[e - 1] - (model.blocks_bytes[e - 1] - model.last_ffn_bytes), 0)
+            at_r += ffn_one / mem.bandwidth - ffn_r / mem.prefill_bandwidth
         chunk = PrefillStage(name, decode, at_r).seconds(B, R)  # B rows on the line through 1 and R rows
         prev = members[order[j]]  # the member that sends this stage its chunks (order[j] precedes it)
         link = edge_cost_ns(prev, mem) / 2e9 if len(order) > 1 else 0.0  # edge costs are round-trip figures

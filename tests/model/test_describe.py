@@ -23,6 +23,11 @@ def test_embedded_model(smollm: Path) -> None:
     assert info.kv_bytes_per_token == (3 * 64 * 2 * 2,) * 30
     all_tensors = sum(t.n_bytes for t in GGUFFile(smollm).tensors.values())
     assert sum(info.blocks_bytes) + info.head_bytes == all_tensors
+    # the last block's FFN (the part llama.cpp computes for logit rows only): norm, gate, up and down
+    reader = gguf.GGUFReader(smollm)
+    ffn = {t.name: int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk.29.ffn_")}
+    assert sorted(ffn) == [f"blk.29.ffn_{n}.weight" for n in ("down", "gate", "norm", "up")]
+    assert info.last_ffn_bytes == sum(ffn.values()) > info.blocks_bytes[29] // 2
 
 
 def test_untied_head_counts_both_matrices(synthetic_models: dict[str, Path]) -> None:

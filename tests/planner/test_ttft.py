@@ -247,6 +247,35 @@ def test_the_plan_adds_each_blocks_attention_to_earlier_positions() -> None:
         assert other is not None and other["seconds"] == pytest.approx(4 * chunk_s(6) + 0.003 + (GB // 2) / 50e9)
 
 
+def test_the_heads_last_block_reads_its_ffn_for_the_logit_row_only() -> None:
+    # llama.cpp's last layer computes its FFN only for the rows that return logits: a prompt chunk at the head
+    # pays the last block's FFN bytes at one row's rate (decode bandwidth) instead of the prefill rate
+    ffn = 3 * GB // 4
+    model = replace(MODEL, last_ffn_bytes=ffn)
+    solo = make_plan([member("a")], model, Workload(prompt_tokens=512, batch=128)).kafila.ttft
+    assert solo is not None
+    head_chunk = chunk_s(6) - ffn / 4e9 + ffn / 100e9
+    assert solo["seconds"] == pytest.approx(4 * head_chunk + 0.003 + (GB // 2) / 50e9, rel=1e-9)
+    # in a ring only the head's stage holds the last block: the others' chunks are unchanged
+    ring = make_plan([member(n, "box") for n in "abc"], model, Workload(prompt_tokens=1280, batch=128))
+    sizes = {n: e - s for n, (s, e) in ring.ranges.items()}
+    work = sum(chunk_s(k) for k in sizes.values()) - ffn / 4e9 + ffn / 100e9
+    assert ring.kafila.ttft is not None
+    assert ring.kafila.ttft["seconds"] == pytest.approx(10 * work + 0.003 + (GB // 2) / 50e9, rel=1e-9)
+    # what an unpipelined ring takes: every stage's chunks one after another; a slowed member's compute is
+    # its seconds over its slow-down
+    prefill = TtftModel.from_json(ring.kafila.ttft["model"]).stage_prefill(1280)
+    assert sum(t for t, _ in prefill.values()) == pytest.approx(10 * work, rel=1e-9)
+    slowed = make_plan([member("a", "box", 2.0), member("b", "box"), member("c", "box")], model,
+                       Workload(prompt_tokens=1280, batch=128)).kafila.ttft
+    assert slowed is not None
+    for name, (seconds, compute) in TtftModel.from_json(slowed["model"]).stage_prefill(1280).items():
+        assert compute == pytest.approx(seconds / (2.0 if name == "a" else 1.0), rel=1e-12)
+    assert parse_model(model_to_json(model)) == model
+    with pytest.raises(PlanInputError, match="last_ffn_bytes"):
+        parse_model(model_to_json(replace(MODEL, last_ffn_bytes=GB + 1)))
+
+
 def test_no_ttft_without_prefill_numbers_and_the_fleet_file_carries_them() -> None:
     old = Member("old", 100e9, 0.001, 100 * GB, 10.0)
     assert make_plan([old, member("b")], MODEL).to_json()["ttft"] is None
