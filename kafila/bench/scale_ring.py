@@ -161,8 +161,10 @@ def stage_prefill(plan: dict[str, Any], prompt_tokens: int | None) -> dict[str, 
     """The plan's prefill seconds of each stage for the prompt, (as slowed, compute alone); empty without a model."""
     from kafila.planner.ttft import plan_model
 
-    model = plan_model(plan) if prompt_tokens else None
-    return model.stage_prefill(prompt_tokens) if model and prompt_tokens else {}
+    if not prompt_tokens:
+        return {}
+    model = plan_model(plan)
+    return model.stage_prefill(prompt_tokens) if model else {}
 
 
 def session(model: Path, members: tuple[Any, ...], context: int, cache_dir: Path, threads: int) -> Any:

@@ -105,8 +105,8 @@ class TtftModel:
         if prompt_tokens < 1:
             raise PlanInputError(f"ttft: a prompt has at least one token, got {prompt_tokens}")
         B, st = self.n_batch, self.stages
-        C = math.ceil(prompt_tokens / B)
-        rows = [min(B, prompt_tokens - k * B) for k in range(C)]
+        rows = _chunk_rows(prompt_tokens, B)
+        C = len(rows)
         t = [[s.seconds(r, B, start + k * B) for s in st] for k, r in enumerate(rows)]  # chunk k at stage i
         links = sum(s.link_s for s in st)
         bounds = [links + _critical_path(t)]
@@ -132,8 +132,8 @@ class TtftModel:
         """Each stage's seconds over all chunks of a P-token prompt: (as slowed, compute alone); their sum is
         what a ring that does not pipeline takes."""
         B = self.n_batch
-        chunks = [(k * B, min(B, prompt_tokens - k * B)) for k in range(math.ceil(prompt_tokens / B))]
-        return {s.name: (sum(s.seconds(r, B, a) for a, r in chunks), sum(s.compute_s(r, B, a) for a, r in chunks))
+        chunks = [(r, k * B) for k, r in enumerate(_chunk_rows(prompt_tokens, B))]  # (rows, start)
+        return {s.name: (sum(s.seconds(r, B, a) for r, a in chunks), sum(s.compute_s(r, B, a) for r, a in chunks))
                 for s in self.stages}
 
     def to_json(self) -> dict[str, Any]:
@@ -148,6 +148,11 @@ class TtftModel:
             return cls(stages, int(d["n_batch"]), int(d["depth"]), float(d["unembed_s"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanInputError(f"plan ttft: malformed model ({exc})") from None
+
+
+def _chunk_rows(prompt_tokens: int, n_batch: int) -> list[int]:
+    """Rows of each chunk the head cuts a prompt into: n_batch each, the last one the rest."""
+    return [min(n_batch, prompt_tokens - k * n_batch) for k in range(math.ceil(prompt_tokens / n_batch))]
 
 
 def _critical_path(t: list[list[float]]) -> float:
@@ -195,8 +200,8 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         if name == order[0] and e == model.k and model.last_ffn_bytes:
             # the head's stage: llama.cpp computes the last layer's FFN only for the rows that return logits
             # (none in a prompt's chunks but the last, one row there), so a chunk reads it at one row's cost
-            ffn_r = max(reads_r[e - 1] - (model.blocks_bytes[e - 1] - model.last_ffn_bytes), 0)
-            ffn_one = max(one[e - 1] - (model.blocks_bytes[e - 1] - model.last_ffn_bytes), 0)
+            rest = model.blocks_bytes[e - 1] - model.last_ffn_bytes  # read by every row
+            ffn_r, ffn_one = max(reads_r[e - 1] - rest, 0), max(one[e - 1] - rest, 0)
             at_r += ffn_one / mem.bandwidth - ffn_r / mem.prefill_bandwidth
         chunk = PrefillStage(name, decode, at_r).seconds(B, R)  # B rows on the line through 1 and R rows
         prev = members[order[j]]  # the member that sends this stage its chunks (order[j] precedes it)
