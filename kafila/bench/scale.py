@@ -11,7 +11,9 @@ In one run, each figure beside its target from issue 11's acceptance:
   emulated slow-downs;
 - predicted against measured stage times (and TTFT, when the plan predicts it).
 The model file is made once (kafila.model.random_gguf) and cached; stages are cut and delivered
-afresh in a scratch cache each run, so the delivery figures are real transfers.
+afresh in a scratch cache each run, so the delivery figures are real transfers. Several models
+(`--shape a,b:9 --model smollm2`) run one after another on one probe, measured at the start, and the
+stage-time error is pooled over all their stages as well as given per model.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ import os
 import shutil
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafila.bench.proc_mem import RssSampler, reset_peak, status_kb
+from kafila.errors import ModelError
+
+if TYPE_CHECKING:
+    from kafila.model.random_gguf import Shape
 
 HELP = "a real model's block shapes through the loopback ring: delivery, memory, decode, TTFT, predictions"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "  # 14 tokens in SmolLM2's vocabulary
@@ -34,11 +41,14 @@ ANSWER_ROOM = 64  # context beyond the prompt
 def configure(p: argparse.ArgumentParser) -> None:
     from kafila.model.random_gguf import SHAPES
 
-    p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES), help="model shape (default llama3-8b)")
-    p.add_argument("--blocks", type=int, default=None, help="blocks in the file (default: the shape's, e.g. 6)")
+    p.add_argument("--shape", default=None,
+                   help="model shapes, comma-separated, each NAME or NAME:BLOCKS, run one after another on one "
+                        f"probe (default llama3-8b unless --model; known: {', '.join(sorted(SHAPES))})")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="blocks in the file of a shape without :BLOCKS (default: the shape's, e.g. 6)")
     p.add_argument("--model", default=None,
-                   help="a real model instead of a random-weight shape: a GGUF file with a chat template, or a "
-                        "name (smollm2: the embedded model the probe measures)")
+                   help="a real model, run after the shapes (alone without --shape): a GGUF file with a chat "
+                        "template, or a name (smollm2: the embedded model the probe measures)")
     p.add_argument("--prompt-tokens", type=int, default=2000, help="about this many tokens of prompt (default 2000)")
     p.add_argument("--tokens", type=int, default=32, help="tokens of the decode reply (default 32)")
     p.add_argument("--reply-tokens", type=int, default=16,
@@ -135,81 +145,131 @@ def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, thr
     return out
 
 
-def measure(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
-    """Every figure of the report (no targets yet)."""
+@dataclass(frozen=True)
+class Subject:
+    """One model the run measures: a random-weight file with a real model's shapes, or a real GGUF."""
+
+    name: str
+    path: Path
+    blocks: int
+    random_weights: bool
+
+
+def parse_shapes(text: str, blocks: int | None) -> list[tuple[Shape, int]]:
+    """`NAME[:BLOCKS],...` as shapes and their block counts (`blocks`, else the shape's default, without one)."""
+    from kafila.model.random_gguf import shape_named
+
+    out = []
+    for item in text.split(","):
+        name, _, count = item.strip().partition(":")
+        shape = shape_named(name)
+        n = blocks or shape.default_blocks
+        if count:
+            try:
+                n = int(count)
+            except ValueError:
+                raise ModelError(f"{item.strip()!r}: blocks must be a whole number, as in {name}:9") from None
+        if n < 1:
+            raise ModelError(f"{item.strip()!r}: a model needs at least one block")
+        out.append((shape, n))
+    return out
+
+
+def subjects(args: argparse.Namespace, progress: Any) -> list[Subject]:
+    """Every model of the run, named and described before anything is measured; random files made once."""
+    from kafila.model.describe import describe_model
+    from kafila.model.embedded import resolve_model
+    from kafila.model.random_gguf import cached_random_gguf
+    from kafila.model.stage_cache import default_cache_root
+
+    shapes = parse_shapes(args.shape, args.blocks) if args.shape else [] if args.model else \
+        parse_shapes("llama3-8b", args.blocks)
+    real = resolve_model(args.model) if args.model else None
+    real_blocks = describe_model(real).n_blocks if real else 0
+    out = []
+    for shape, blocks in shapes:
+        task = progress.add_task(f"model file: {shape.name}, {blocks} blocks (made once, then cached)", total=None)
+        out.append(Subject(shape.name, cached_random_gguf(shape, blocks, default_cache_root() / "models"), blocks,
+                           True))
+        progress.update(task, total=1, completed=1)
+    if real:
+        out.append(Subject(real.name, real, real_blocks, False))
+    return out
+
+
+def measure(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The probe, measured once, and every figure of every model's report (no targets yet)."""
+    models = subjects(args, progress)
+    threads = os.cpu_count() or 1  # one request at a time: the stages compute one after another
+    task = progress.add_task("this machine's probe, measured once for every model of this run", total=None)
+    probe, files = _measure_probe(threads)
+    progress.update(task, total=1, completed=1)
+    label = (lambda s: f"{s.name}: ") if len(models) > 1 else (lambda s: "")
+    return probe, [_measure_one(s, args, progress, files, threads, label(s)) for s in models]
+
+
+def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, probe_files: dict[str, bytes],
+                 threads: int, label: str) -> dict[str, Any]:
+    """One model's figures: both rings, the pipe floor, aioquic alone, one Kafila link, one local context."""
     from kafila.bench.delivery_rate import delivery_rate
     from kafila.bench.local_context import local_context
     from kafila.bench.quic_rate import kafila_datagram_size, one_way_rate
-    from kafila.model.describe import describe_model
-    from kafila.model.embedded import resolve_model
-    from kafila.model.random_gguf import cached_random_gguf, shape_named
     from kafila.model.stage_cache import default_cache_root
     from kafila.session.demo import DemoMember
     from kafila.session.options import HostOptions
 
-    if args.model:
-        model = resolve_model(args.model)
-        name, blocks = model.name, describe_model(model).n_blocks
-    else:
-        shape = shape_named(args.shape)
-        name, blocks = shape.name, args.blocks or shape.default_blocks
-        task = progress.add_task(f"model file: {shape.name}, {blocks} blocks (made once, then cached)", total=None)
-        model = cached_random_gguf(shape, blocks, default_cache_root() / "models")
-        progress.update(task, total=1, completed=1)
+    model = subject.path
     prompt = long_prompt(args.prompt_tokens)
     context = args.prompt_tokens + args.prompt_tokens // 4 + ANSWER_ROOM
-    threads = os.cpu_count() or 1  # one request at a time: the stages compute one after another
     names = ("ada", "bo", "cy")
     throttles = [float(t) for t in args.throttles.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=default_cache_root()))
-    task = progress.add_task("this machine's probe, measured for this run", total=None)
-    _seed_probe(scratch, threads)
-    progress.update(task, total=1, completed=1)
+    for name, data in probe_files.items():  # the run's one probe, for the members to find in their cache
+        (scratch / name).write_bytes(data)
     tokens = (args.tokens, args.reply_tokens)
     floor: dict[str, Any] | None = None
     try:
         plain = _ring(model, tuple(DemoMember(n) for n in names), context, scratch, threads, prompt, tokens,
-                      progress, "ring, no slow-down")
+                      progress, f"{label}ring, no slow-down")
         slow: dict[str, Any] = {"ok": False, "ttft": {"ok": False, "error": "not run: the ring without slow-downs "
                                                                        "failed"}, "delivery": {}}
         if plain["ok"]:
             slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False)), context,
-                         scratch, threads, prompt, tokens, progress, f"ring, slow-downs {args.throttles}")
+                         scratch, threads, prompt, tokens, progress, f"{label}ring, slow-downs {args.throttles}")
         if plain.get("order") and plain.get("ranges"):
-            task = progress.add_task("the ring's stages joined by OS pipes (the floor)", total=None)
+            task = progress.add_task(f"{label}the ring's stages joined by OS pipes (the floor)", total=None)
             floor = _pipe_floor(model, scratch, plain["order"], plain["ranges"], args.tokens, threads)
             progress.update(task, total=1, completed=1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    task = progress.add_task("aioquic alone, one connection", total=None)
+    task = progress.add_task(f"{label}aioquic alone, one connection", total=None)
     datagram = kafila_datagram_size()
     quic = one_way_rate(args.quic_mb << 20, datagram)
     progress.update(task, total=1, completed=1)
-    task = progress.add_task("a stage over one Kafila link", total=None)
+    task = progress.add_task(f"{label}a stage over one Kafila link", total=None)
     one_link = delivery_rate(args.quic_mb << 20)
     progress.update(task, total=1, completed=1)
-    task = progress.add_task("one local llama.cpp context", total=None)
+    task = progress.add_task(f"{label}one local llama.cpp context", total=None)
     local = local_context(model, prompt, context, HostOptions.batch, args.tokens, args.reply_tokens)
     progress.update(task, total=1, completed=1)
-    return {"shape": name, "random_weights": not args.model, "blocks": blocks, "model_bytes": model.stat().st_size,
-            "model": model.name,
+    return {"shape": subject.name, "random_weights": subject.random_weights, "blocks": subject.blocks,
+            "model_bytes": model.stat().st_size, "model": model.name,
             "context": context, "n_batch": HostOptions.batch, "threads": threads, "throttles": throttles,
             "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local,
             "pipe_floor": floor, "replies": _replies(local, plain, slow)}
 
 
-def _seed_probe(scratch: Path, threads: int) -> None:
-    """The members' probe in the scratch cache: measured afresh for this run (a probe kept for a day may have
-    been taken under another load, and the predictions are held against this run's times), in the user
-    cache, whose large-block probe file is made once."""
+def _measure_probe(threads: int) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The members' probe, measured afresh (a probe kept for a day may have been taken under another load, and
+    the predictions are held against this run's times) in the user cache, whose large-block probe file is
+    made once: its result and the cache's probe files, for every model's scratch cache."""
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache, default_cache_root
     from kafila.session.measure import PROBE_FILE_PREFIX, cached_probe
 
     user = StageCache(default_cache_root())
-    cached_probe(default_model_path(), user, threads=threads, fresh=True)
-    for probe in user.root.glob(f"{PROBE_FILE_PREFIX}*.json"):
-        shutil.copyfile(probe, scratch / probe.name)
+    result = cached_probe(default_model_path(), user, threads=threads, fresh=True)
+    return result.as_dict(), {p.name: p.read_bytes() for p in user.root.glob(f"{PROBE_FILE_PREFIX}*.json")}
 
 
 def _pipe_floor(model: Path, cache: Path, order: list[str], ranges: dict[str, list[int]], tokens: int,
@@ -295,14 +355,42 @@ def run(args: argparse.Namespace) -> int:
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), Bytes(),
                   TimeElapsedColumn(), console=console) as progress:
-        results = measure(args, progress)
-    results["stage_times"] = scale_ring.stage_errors((results["ring"].get("decode") or {}).get("stages") or {},
-                                                     (results.get("pipe_floor") or {}).get("member_ms") or {})
-    results["targets"] = judge(results)
-    emit(envelope("scale", results), args.json, args.out)
+        probe, runs = measure(args, progress)
+    for r in runs:
+        r["stage_times"] = scale_ring.stage_errors((r["ring"].get("decode") or {}).get("stages") or {},
+                                                   (r.get("pipe_floor") or {}).get("member_ms") or {})
+        r["targets"] = judge(r)
+    pooled = pool(runs)
+    emit(envelope("scale", {"probe": probe, "runs": runs, "targets": pooled}), args.json, args.out)
     if not args.json:
-        print_report(results, Console())
+        for r in runs:
+            print_report(r, Console())
+        if len(runs) > 1:
+            print_pooled(runs, pooled, Console())
     return 0
+
+
+def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The targets over every model of the run: stage times pooled over all their stages, on the one probe."""
+    errors = [e["error"] for r in runs for e in r["stage_times"].values()]
+    return {"stage_time_error": _target(statistics.median(errors) if errors else None, 0.10, True,
+                                        "median |pred - meas| / meas <= 10%, every stage of every model, one probe")}
+
+
+def print_pooled(runs: list[dict[str, Any]], pooled: dict[str, Any], out: Any) -> None:
+    """Each model's targets met, and the stage-time error over all of them."""
+    from rich.table import Table
+
+    table = Table("model", "targets met", "stage time error (median)", title="every model of this run, one probe")
+    for r in runs:
+        judged = [t["met"] for t in r["targets"].values() if t["met"] is not None]
+        err = r["targets"]["stage_time_error"]["value"]
+        table.add_row(f"{r['shape']}, {r['blocks']} blocks", f"{sum(judged)} of {len(judged)}",
+                      "—" if err is None else f"{err:.1%}")
+    t = pooled["stage_time_error"]
+    table.add_row("all stages", "", "—" if t["value"] is None else
+                  f"{t['value']:.1%} " + ("[green]met[/]" if t["met"] else "[red]missed[/]"))
+    out.print(table)
 
 
 def print_report(r: dict[str, Any], out: Any) -> None:

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from kafila.bench.scale import parse_shapes
+from kafila.errors import ModelError
+from kafila.model.random_gguf import SHAPES
 from tests.conftest import run_kafila
 from tests.shared_probe import shared_probe_model
 
@@ -20,17 +27,33 @@ def close(a: float, b: float) -> bool:
 
 
 def test_bench_scale_report(tmp_path: Path) -> None:
-    shared_probe_model(tmp_path / "cache")
-    out = run_kafila("bench", "scale", "--shape", "tiny", "--prompt-tokens", "150", "--tokens", str(TOKENS),
+    """Two files of the tiny shape (3 and 4 blocks) on one probe: each run's report, and the pooled target."""
+    cache = tmp_path / "cache"
+    shared_probe_model(cache)
+    out = run_kafila("bench", "scale", "--shape", "tiny,tiny:4", "--prompt-tokens", "150", "--tokens", str(TOKENS),
                      "--reply-tokens", str(REPLY_TOKENS),
                      "--quic-mb", "4", "--json", "--out", str(tmp_path / "scale.json"),
-                     env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=900)
+                     env={"KAFILA_CACHE_DIR": str(cache)}, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert doc == json.loads((tmp_path / "scale.json").read_text())
-    assert doc["bench"] == "scale" and doc["shape"] == "tiny" and doc["blocks"] == 3
-    assert (tmp_path / "cache" / "models" / doc["model"]).stat().st_size == doc["model_bytes"]
-    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("bench-scale-")]  # scratch removed
+    assert doc["bench"] == "scale" and [(r["shape"], r["blocks"]) for r in doc["runs"]] == [("tiny", 3), ("tiny", 4)]
+    assert doc["runs"][0]["model"] != doc["runs"][1]["model"]
+    assert not [p for p in cache.iterdir() if p.name.startswith("bench-scale-")]  # scratch removed
+    # the one probe the run measured is the one the user cache holds now
+    saved = [json.loads(p.read_text())["result"] for p in cache.glob("probe-*-threads-*.json")]
+    assert doc["probe"] in saved and doc["probe"]["bandwidth_bytes_per_s"] > 0
+    for run in doc["runs"]:
+        check_run(run, cache)
+    errors = [e["error"] for run in doc["runs"] for e in run["stage_times"].values()]
+    pooled = doc["targets"]["stage_time_error"]
+    assert len(errors) == 6 and close(pooled["value"], statistics.median(errors))
+    assert pooled["met"] == (pooled["value"] <= 0.10)
+
+
+def check_run(doc: dict[str, Any], cache: Path) -> None:
+    """One model's report: complete, and consistent within itself."""
+    assert (cache / "models" / doc["model"]).stat().st_size == doc["model_bytes"]
     ring, local, quic = doc["ring"], doc["local"], doc["aioquic"]
     members = {"ada", "bo", "cy"}
 
@@ -71,6 +94,7 @@ def test_bench_scale_report(tmp_path: Path) -> None:
                                                  "target": doc["targets"]["reply_identical"]["target"]}
     # the pipe floor: the same stages over OS pipes, one figure per stage
     assert doc["pipe_floor"]["ms_per_token"] > 0 and len(doc["pipe_floor"]["stage_ms"]) == 3
+    assert sum(hi - lo for lo, hi in ring["ranges"].values()) == doc["blocks"]
 
     # decode: a random model never ends a reply early (its control tokens' output rows are zero)
     assert ring["decode"]["completion_tokens"] == TOKENS and ring["decode"]["ms_per_token"] > 0
@@ -101,3 +125,22 @@ def test_bench_scale_on_a_missing_model_says_so_before_measuring(tmp_path: Path)
     assert out.returncode != 0 and out.stdout == ""
     assert f"model not found: no file {tmp_path / 'absent.gguf'}" in out.stderr
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("probe-*"))  # nothing measured
+
+
+def test_shapes_are_named_with_their_blocks() -> None:
+    assert parse_shapes("llama3-8b, qwen3-32b:9", None) == [(SHAPES["llama3-8b"], 6), (SHAPES["qwen3-32b"], 9)]
+    assert parse_shapes("llama3-8b,tiny:2", 4) == [(SHAPES["llama3-8b"], 4), (SHAPES["tiny"], 2)]
+    with pytest.raises(ModelError, match="unknown model shape 'llama4'"):
+        parse_shapes("llama3-8b,llama4", None)
+    with pytest.raises(ModelError, match="'qwen3-32b:nine': blocks must be a whole number, as in qwen3-32b:9"):
+        parse_shapes("qwen3-32b:nine", None)
+    with pytest.raises(ModelError, match="'tiny:0': a model needs at least one block"):
+        parse_shapes("tiny:0", None)
+
+
+def test_bench_scale_on_a_wrong_shape_says_so_before_measuring(tmp_path: Path) -> None:
+    out = run_kafila("bench", "scale", "--shape", "tiny,nope", "--json",
+                     env={"KAFILA_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    assert out.returncode != 0 and out.stdout == ""
+    assert "unknown model shape 'nope'" in out.stderr
+    assert not (tmp_path / "cache" / "models").exists()  # not even the first shape's file was made
