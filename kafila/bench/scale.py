@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 HELP = "a real model's block shapes through the loopback ring: delivery, memory, decode, TTFT, predictions"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "  # 14 tokens in SmolLM2's vocabulary
 ANSWER_ROOM = 64  # context beyond the prompt
+MEMBERS = ("ada", "bo", "cy")  # the loopback ring
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -169,8 +170,9 @@ def parse_shapes(text: str, blocks: int | None) -> list[tuple[Shape, int]]:
                 n = int(count)
             except ValueError:
                 raise ModelError(f"{item.strip()!r}: blocks must be a whole number, as in {name}:9") from None
-        if n < 1:
-            raise ModelError(f"{item.strip()!r}: a model needs at least one block")
+        if n < len(MEMBERS):
+            raise ModelError(f"{item.strip()!r}: the benchmark's ring has {len(MEMBERS)} members and each holds at "
+                             f"least one block: give {name}:{len(MEMBERS)} or more")
         out.append((shape, n))
     return out
 
@@ -221,7 +223,6 @@ def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, prob
     model = subject.path
     prompt = long_prompt(args.prompt_tokens)
     context = args.prompt_tokens + args.prompt_tokens // 4 + ANSWER_ROOM
-    names = ("ada", "bo", "cy")
     throttles = [float(t) for t in args.throttles.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=default_cache_root()))
     for name, data in probe_files.items():  # the run's one probe, for the members to find in their cache
@@ -229,12 +230,12 @@ def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, prob
     tokens = (args.tokens, args.reply_tokens)
     floor: dict[str, Any] | None = None
     try:
-        plain = _ring(model, tuple(DemoMember(n) for n in names), context, scratch, threads, prompt, tokens,
+        plain = _ring(model, tuple(DemoMember(n) for n in MEMBERS), context, scratch, threads, prompt, tokens,
                       progress, f"{label}ring, no slow-down")
         slow: dict[str, Any] = {"ok": False, "ttft": {"ok": False, "error": "not run: the ring without slow-downs "
                                                                        "failed"}, "delivery": {}}
         if plain["ok"]:
-            slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(names, throttles, strict=False)), context,
+            slow = _ring(model, tuple(DemoMember(n, t) for n, t in zip(MEMBERS, throttles, strict=False)), context,
                          scratch, threads, prompt, tokens, progress, f"{label}ring, slow-downs {args.throttles}")
         if plain.get("order") and plain.get("ranges"):
             task = progress.add_task(f"{label}the ring's stages joined by OS pipes (the floor)", total=None)

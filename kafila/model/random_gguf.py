@@ -55,7 +55,7 @@ class Shape:
     n_ff: int  # intermediate_size (MoE: moe_intermediate_size, one expert's width)
     n_vocab: int = 49152  # vocab_size (with the real tokenizer); SmolLM2's, the smallest that holds it
     real_blocks: int = 0  # num_hidden_layers of the real model (0: not a real model)
-    default_blocks: int = 2  # blocks `kafila bench scale` writes unless told
+    default_blocks: int = 3  # blocks `kafila bench scale` writes unless told (its ring has 3 members)
     head_dim: int | None = None  # when not n_embd / n_head (Qwen3)
     rope_base: float = 10000.0  # rope_theta
     experts: int = 0  # num_experts (qwen3moe)
@@ -71,14 +71,14 @@ class Shape:
 
 SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("llama3-8b", "llama", 4096, 32, 8, 14336, 128256, 32, 6, rope_base=500000.0),  # 123 MB per block
-    Shape("llama3-70b", "llama", 8192, 64, 8, 28672, 128256, 80, 2, rope_base=500000.0),
+    Shape("llama3-70b", "llama", 8192, 64, 8, 28672, 128256, 80, 3, rope_base=500000.0),
     Shape("qwen3-8b", "qwen3", 4096, 32, 8, 12288, 151936, 36, 6, head_dim=128, rope_base=1000000.0),
     Shape("qwen3-32b", "qwen3", 5120, 64, 8, 25600, 151936, 64, 3, head_dim=128, rope_base=1000000.0),
     # 128 experts of width 768, 8 per token: 350 MB per block at Q4_0, 31 MB of it read per token
-    Shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 768, 151936, 48, 2, head_dim=128, rope_base=1000000.0,
+    Shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 768, 151936, 48, 3, head_dim=128, rope_base=1000000.0,
           experts=128, experts_used=8),
     # 32 experts of width 2880, 4 per token, MXFP4, attention Q8_0: 453 MB per block, 82 MB read per token
-    Shape("gpt-oss-20b", "gpt-oss", 2880, 64, 8, 2880, 201088, 24, 2, head_dim=64, rope_base=150000.0,
+    Shape("gpt-oss-20b", "gpt-oss", 2880, 64, 8, 2880, 201088, 24, 3, head_dim=64, rope_base=150000.0,
           experts=32, experts_used=4, window=128, matrix_type="Q8_0", expert_type="MXFP4"),
     Shape("smollm2", "llama", 576, 9, 3, 1536, 49152, 30, 30),
     # not a real model: the smallest file that exercises everything, for tests

@@ -129,13 +129,15 @@ def test_bench_scale_on_a_missing_model_says_so_before_measuring(tmp_path: Path)
 
 def test_shapes_are_named_with_their_blocks() -> None:
     assert parse_shapes("llama3-8b, qwen3-32b:9", None) == [(SHAPES["llama3-8b"], 6), (SHAPES["qwen3-32b"], 9)]
-    assert parse_shapes("llama3-8b,tiny:2", 4) == [(SHAPES["llama3-8b"], 4), (SHAPES["tiny"], 2)]
+    assert parse_shapes("llama3-8b,tiny:5", 4) == [(SHAPES["llama3-8b"], 4), (SHAPES["tiny"], 5)]
     with pytest.raises(ModelError, match="unknown model shape 'llama4'"):
         parse_shapes("llama3-8b,llama4", None)
     with pytest.raises(ModelError, match="'qwen3-32b:nine': blocks must be a whole number, as in qwen3-32b:9"):
         parse_shapes("qwen3-32b:nine", None)
-    with pytest.raises(ModelError, match="'tiny:0': a model needs at least one block"):
-        parse_shapes("tiny:0", None)
+    with pytest.raises(ModelError, match="'tiny:2': the benchmark's ring has 3 members and each holds at least one "
+                                         "block: give tiny:3 or more"):
+        parse_shapes("tiny:2", None)
+    assert all(n >= 3 for _, n in parse_shapes(",".join(SHAPES), None))  # every shape's default fits the ring
 
 
 def test_bench_scale_on_a_wrong_shape_says_so_before_measuring(tmp_path: Path) -> None:
