@@ -184,8 +184,10 @@ def subjects(args: argparse.Namespace, progress: Any) -> list[Subject]:
     from kafila.model.random_gguf import cached_random_gguf
     from kafila.model.stage_cache import default_cache_root
 
-    shapes = parse_shapes(args.shape, args.blocks) if args.shape else [] if args.model else \
-        parse_shapes("llama3-8b", args.blocks)
+    if args.shape:
+        shapes = parse_shapes(args.shape, args.blocks)
+    else:
+        shapes = [] if args.model else parse_shapes("llama3-8b", args.blocks)
     real = resolve_model(args.model) if args.model else None
     real_blocks = describe_model(real).n_blocks if real else 0
     out = []
@@ -206,8 +208,8 @@ def measure(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any], li
     task = progress.add_task("this machine's probe, measured once for every model of this run", total=None)
     probe, files = _measure_probe(threads)
     progress.update(task, total=1, completed=1)
-    label = (lambda s: f"{s.name}: ") if len(models) > 1 else (lambda s: "")
-    return probe, [_measure_one(s, args, progress, files, threads, label(s)) for s in models]
+    return probe, [_measure_one(s, args, progress, files, threads, f"{s.name}: " if len(models) > 1 else "")
+                   for s in models]
 
 
 def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, probe_files: dict[str, bytes],
@@ -364,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
     pooled = pool(runs)
     emit(envelope("scale", {"probe": probe, "runs": runs, "targets": pooled}), args.json, args.out)
     if not args.json:
+        # a probe whose cuts fit its cost model badly was taken while the machine's speed moved
+        Console().print(f"probe, one for every model: decode reads {probe['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "
+                        f"fit error {probe['fit_residual']:.2%}")
         for r in runs:
             print_report(r, Console())
         if len(runs) > 1:
