@@ -366,13 +366,14 @@ def run(args: argparse.Namespace) -> int:
     pooled = pool(runs)
     emit(envelope("scale", {"probe": probe, "runs": runs, "targets": pooled}), args.json, args.out)
     if not args.json:
+        out = Console()
         # a probe whose cuts fit its cost model badly was taken while the machine's speed moved
-        Console().print(f"probe, one for every model: decode reads {probe['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "
-                        f"fit error {probe['fit_residual']:.2%}")
+        out.print(f"probe, one for every model: decode reads {probe['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "
+                  f"fit error {probe['fit_residual']:.2%}")
         for r in runs:
-            print_report(r, Console())
+            print_report(r, out)
         if len(runs) > 1:
-            print_pooled(runs, pooled, Console())
+            print_pooled(runs, pooled, out)
     return 0
 
 
