@@ -46,7 +46,7 @@ demo: setup
 	$(VPY) kafila.py demo
 
 # A second llama-cpp-python build (this CPU's own kernels) in the user cache, for mixed-build rings
-# (tests/session/test_mixed_builds.py, `kafila bench mixed`); built once, ~10 minutes on 2 cores.
+# (tests/session/control/test_mixed_builds.py, `kafila bench mixed`); built once, ~10 minutes on 2 cores.
 VARIANT_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 llama-variant: setup
 	$(VPY) -m kafila.engine.variant --cmake-args="$(VARIANT_CMAKE_ARGS)"

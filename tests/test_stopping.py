@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 FLOW = """
 import asyncio, sys, time, types
 import kafila.cli as cli, kafila.stopping as stopping
-from kafila.session.printer import run_printing
+from kafila.session.terminal.printer import run_printing
 stopping.STOP_DEADLINE_S = 2.0
 inside = []
 

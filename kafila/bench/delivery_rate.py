@@ -1,7 +1,7 @@
 """Stage delivery over one real Kafila link, host and member in two processes: the rate to hold against aioquic's.
 
 The host process runs an in-process rendezvous and its endpoint; each member process joins, accepts the
-host's link and receives one random stage file exactly as a ring member does (kafila.session.transfer:
+host's link and receives one random stage file exactly as a ring member does (kafila.session.delivery.transfer:
 verified chunk by chunk, written to its `.part` file); with several members the host feeds them all at
 once, as the ring's host does. A member's clock runs from its word that it is ready to the moment every
 chunk was accepted; the final whole-file check is timed apart. Set `profile_dir` to get a cProfile dump
@@ -21,7 +21,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from kafila.session.delivery import CHUNK_SIZE, StageManifest, StageReceiver, manifest_for
+from kafila.session.delivery.stage_files import StageReceiver, manifest_for
+from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
 
 Addr = tuple[str, int]
 
@@ -38,7 +39,7 @@ def _stage_file(folder: Path, size: int) -> Path:
 
 async def _member(rdv: Addr, code: str, cache: Path, allow_direct: bool, pipe: Connection) -> None:
     from kafila.net.endpoint import PeerEndpoint
-    from kafila.session.transfer import receive_stage
+    from kafila.session.delivery.transfer import receive_stage
 
     async with PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as ep:
         await ep.probe_nat(rdv)
@@ -83,7 +84,7 @@ async def _host(size: int, folder: Path, allow_direct: bool, members: int,
                 profile_dir: Path | None) -> dict[str, Any]:
     from kafila.net.endpoint import PeerEndpoint
     from kafila.net.ports import free_udp_pair
-    from kafila.session.transfer import send_stage
+    from kafila.session.delivery.transfer import send_stage
     from rendezvous.server import RendezvousServer
 
     src = _stage_file(folder, size)

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kafila.session.slots import common_prefix
+from kafila.session.ring.slots import common_prefix
 
 HELP = "one member on a second llama.cpp build: refused by default; mixed ring's agreement and speed"
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Explain how a bicycle works.",
@@ -38,7 +38,7 @@ def identity_of(path: Path | None) -> str:
     """The build tag a process on that llama-cpp-python build announces (None: this process's build)."""
     from kafila.engine.variant import env_for
 
-    code = "from kafila.engine.build import build_identity; from kafila.session.builds import build_tag; " \
+    code = "from kafila.engine.build import build_identity; from kafila.session.control.builds import build_tag; " \
            "print(build_tag(build_identity()))"
     env = env_for(path) if path is not None else None
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
@@ -49,8 +49,8 @@ def identity_of(path: Path | None) -> str:
 def _refusal(other: Path) -> str:
     """Start the ring without --mixed-builds; the host's note on the refused member."""
     from kafila.errors import SessionError
-    from kafila.session.background import SessionThread
-    from kafila.session.demo import DemoMember, DemoOptions, run_demo
+    from kafila.session.control.demo import DemoMember, DemoOptions, run_demo
+    from kafila.session.terminal.background import SessionThread
 
     members = (DemoMember(MEMBERS[0]), DemoMember(MEMBERS[1], llama_path=other))
     opts = DemoOptions(members=members, api_port=None, context=512)
@@ -68,9 +68,9 @@ def _refusal(other: Path) -> str:
 def _ring(other: Path | None, tokens: int) -> dict[str, Any]:
     """A two-member ring (the second member on `other` when given); greedy replies and speed."""
     from kafila.errors import SessionError
-    from kafila.session.background import SessionThread
-    from kafila.session.demo import DemoMember, DemoOptions, run_demo
-    from kafila.session.report import reply_via_api
+    from kafila.session.control.demo import DemoMember, DemoOptions, run_demo
+    from kafila.session.terminal.background import SessionThread
+    from kafila.session.terminal.report import reply_via_api
 
     members = (DemoMember(MEMBERS[0]), DemoMember(MEMBERS[1], llama_path=other))
     opts = DemoOptions(members=members, api_port=0, context=512, mixed_builds=other is not None)

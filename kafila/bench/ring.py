@@ -31,7 +31,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 async def _replies(url: str, n_users: int, tokens: int) -> tuple[float, int, list[dict[str, Any]]]:
     """n_users chats at once; (wall seconds, completion tokens, final stats of each)."""
-    from kafila.session.api_client import ApiClient, ReplyStats
+    from kafila.session.api.client import ApiClient, ReplyStats
 
     async def one(prompt: str) -> tuple[int, dict[str, Any]]:
         async with ApiClient(url, read_timeout=600) as api:
@@ -48,8 +48,8 @@ async def _replies(url: str, n_users: int, tokens: int) -> tuple[float, int, lis
 
 
 def _session(members: tuple, strategy: str, fresh: bool, threads: int | None = None) -> Any:
-    from kafila.session.background import SessionThread
-    from kafila.session.demo import DemoOptions, run_demo
+    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.terminal.background import SessionThread
 
     opts = DemoOptions(members=members, strategy=strategy, api_port=0, context=1024, fresh_probe=fresh,
                        threads=threads)
@@ -83,7 +83,7 @@ def _pipe_floor(plan: dict[str, Any], tokens: int) -> dict[str, Any]:
     from kafila.model.cut import StageSpec
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache
-    from kafila.session.demo import SHARED_MACHINE_ENV
+    from kafila.session.control.demo import SHARED_MACHINE_ENV
 
     order: list[str] = plan["order"]
     chain = order[1:] + order[:1]
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kafila.bench.report import emit, envelope
     from kafila.errors import SessionError
-    from kafila.session.demo import DemoMember
+    from kafila.session.control.demo import DemoMember
 
     console = Console(stderr=True)
     names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]

@@ -219,7 +219,7 @@ def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, prob
     from kafila.bench.local_context import local_context
     from kafila.bench.quic_rate import kafila_datagram_size, one_way_rate
     from kafila.model.stage_cache import default_cache_root
-    from kafila.session.demo import DemoMember
+    from kafila.session.control.demo import DemoMember
     from kafila.session.options import HostOptions
 
     model = subject.path
@@ -268,7 +268,7 @@ def _measure_probe(threads: int) -> tuple[dict[str, Any], dict[str, bytes]]:
     made once: its result and the cache's probe files, for every model's scratch cache."""
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache, default_cache_root
-    from kafila.session.measure import PROBE_FILE_PREFIX, cached_probe
+    from kafila.session.control.measure import PROBE_FILE_PREFIX, cached_probe
 
     user = StageCache(default_cache_root())
     result = cached_probe(default_model_path(), user, threads=threads, fresh=True)
@@ -281,7 +281,7 @@ def _pipe_floor(model: Path, cache: Path, order: list[str], ranges: dict[str, li
     from kafila.bench.pipe_ring import pipe_ring
     from kafila.model.cut import StageSpec
     from kafila.model.stage_cache import StageCache
-    from kafila.session.demo import SHARED_MACHINE_ENV
+    from kafila.session.control.demo import SHARED_MACHINE_ENV
 
     chain = order[1:] + order[:1]  # the head's stage last
     stages = StageCache(cache)

@@ -84,7 +84,7 @@ class DeliveryClock:
 
 async def _completion(url: str, prompt: str, max_tokens: int) -> tuple[float, dict[str, Any]]:
     """Greedy completion of `prompt`; (seconds until the reply ended, its final stats)."""
-    from kafila.session.api_client import ApiClient, ReplyStats
+    from kafila.session.api.client import ApiClient, ReplyStats
 
     stats: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -97,7 +97,7 @@ async def _completion(url: str, prompt: str, max_tokens: int) -> tuple[float, di
 
 async def _chat(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     """A greedy chat of one user message: seconds to its first text, its text, its final stats."""
-    from kafila.session.api_client import ApiClient, ReplyStats
+    from kafila.session.api.client import ApiClient, ReplyStats
 
     first: float | None = None
     text: list[str] = []
@@ -169,8 +169,8 @@ def stage_prefill(plan: dict[str, Any], prompt_tokens: int | None) -> dict[str, 
 
 def session(model: Path, members: tuple[Any, ...], context: int, cache_dir: Path, threads: int) -> Any:
     """A SessionThread running the demo ring on `model`."""
-    from kafila.session.background import SessionThread
-    from kafila.session.demo import DemoOptions, run_demo
+    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.terminal.background import SessionThread
 
     opts = DemoOptions(model=model, members=members, api_port=0, context=context, cache_dir=cache_dir,
                        threads=threads, concurrency=1)

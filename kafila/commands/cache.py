@@ -25,7 +25,7 @@ def _age(seconds: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from kafila.config import load_config
     from kafila.model.stage_cache import default_cache_root
-    from kafila.session.cache_inventory import enforce_cap, inventory, prune
+    from kafila.session.delivery.cache_inventory import enforce_cap, inventory, prune
 
     root = default_cache_root()
     cap = load_config().cache_max_bytes

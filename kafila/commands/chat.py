@@ -1,7 +1,7 @@
 """`kafila chat`: a plain terminal chat with a running session, from any member's machine.
 
 Reads a line, streams the reply as it arrives, prints tokens/s and each stage's measured
-against predicted time. Every conversation is saved as it happens (kafila.session.transcripts).
+against predicted time. Every conversation is saved as it happens (kafila.session.terminal.transcripts).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from kafila.session.api_client import ApiClient
-    from kafila.session.transcripts import Conversation
+    from kafila.session.api.client import ApiClient
+    from kafila.session.terminal.transcripts import Conversation
 
 HELP = "chat in this terminal with a running Kafila session (any member's machine can serve it)"
 COMMANDS_HELP = "/new starts a new conversation, /quit leaves (Ctrl-D too); Ctrl-C stops a reply"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from kafila.session.api_client import DEFAULT_API_URL
+    from kafila.session.api.client import DEFAULT_API_URL
 
     p.add_argument("--api", default=DEFAULT_API_URL, metavar="URL",
                    help=f"the session's chat API (default {DEFAULT_API_URL})")
@@ -33,8 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kafila.session.api_client import ApiClient
-    from kafila.session.transcripts import Conversation, chats_dir, shown
+    from kafila.session.api.client import ApiClient
+    from kafila.session.terminal.transcripts import Conversation, chats_dir, shown
 
     try:
         import readline  # noqa: F401  (line editing and history for input(), where the platform has it)
@@ -108,7 +108,7 @@ def _reply(console: Console, api: ApiClient, conv: Conversation, model: str, max
 
 
 async def _stream(api: ApiClient, conv: Conversation, model: str, max_tokens: int, temperature: float) -> str:
-    from kafila.session.api_client import Notice, Progress, ReplyStats
+    from kafila.session.api.client import Notice, Progress, ReplyStats
 
     summary, raw = "", None
     progress = False  # a progress line is showing on stderr (rewritten in place, cleared by the reply)

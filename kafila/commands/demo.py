@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def _members(args: argparse.Namespace) -> tuple:
     from kafila.errors import KafilaError
-    from kafila.session.demo import DemoMember
+    from kafila.session.control.demo import DemoMember
 
     names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]
     try:
@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kafila.errors import SessionError
-    from kafila.session.background import SessionThread
-    from kafila.session.demo import DemoOptions, run_demo
-    from kafila.session.report import plan_summary, reply_via_api
+    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.terminal.background import SessionThread
+    from kafila.session.terminal.report import plan_summary, reply_via_api
 
     opts = DemoOptions(model=Path(args.model) if args.model else None, members=_members(args),
                        concurrency=args.concurrency, context=args.context, api_port=args.api_port,

@@ -36,9 +36,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kafila.session.host import run_host
+    from kafila.session.control.host import run_host
     from kafila.session.options import HostOptions, parse_addr
-    from kafila.session.printer import run_printing
+    from kafila.session.terminal.printer import run_printing
 
     opts = HostOptions(
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),

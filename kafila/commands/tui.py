@@ -59,7 +59,7 @@ def load_state(path: str) -> object:
 
 def run(args: argparse.Namespace) -> int:
     from kafila.session.state import SessionState
-    from kafila.session.transcripts import data_dir
+    from kafila.session.terminal.transcripts import data_dir
     from kafila.tui.app import KafilaApp
     from kafila.tui.terminal import own_terminal
     from kafila.tui.widgets.chat import ChatSettings

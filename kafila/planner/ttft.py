@@ -1,7 +1,7 @@
 """Predicted time to first token (TTFT) of a P-token prompt through the ring (issue 11, DESIGN §3).
 
 The head cuts a prompt into C = ⌈P / B⌉ chunks of at most B = n_batch rows and sends chunk k+1 while
-chunk k is still in later stages (kafila/session/head.py), with at most D frames in the ring at once
+chunk k is still in later stages (kafila/session/ring/head.py), with at most D frames in the ring at once
 (counted from the head's send until the head's own stage takes the frame back). A chunk visits the
 stages in ring order after the head, then the head's own stage; after the last chunk the head
 unembeds its last row and samples the first token.

@@ -1,1 +1,12 @@
-"""Sessions: host, member, ring scheduling."""
+"""A session: the rooms that turn measured machines into a serving ring.
+
+Layers, each importing only from those below it (tests/test_architecture.py checks this):
+
+    terminal/   what a person running `kafila host|join|demo|chat` sees: printer, reports, transcripts
+    control/    the control plane: the coordinator (host), members, takeover, builds, measurement
+    api/        the local OpenAI-compatible API: server, client, who may call it (guard, token)
+    ring/       the data plane: the head's batching and sampling, slots, stage workers
+    delivery/   stages to members: hashing, sending, receiving, the cache
+    protocol/   the wire contract: control messages, activation frames, stage manifests
+    state.py, options.py, stoppable.py   shared by every room
+"""

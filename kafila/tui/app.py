@@ -154,7 +154,7 @@ class KafilaApp(App[int]):
 
     async def _poll(self, url: str, every_s: float = 0.5, give_up_after: int = 6) -> None:
         """Follow a running session through its API: its /kafila/state, twice a second."""
-        from kafila.session.api_client import ApiClient
+        from kafila.session.api.client import ApiClient
 
         async with ApiClient(url, connect_timeout=2, read_timeout=5) as api:
             while True:

@@ -8,7 +8,7 @@ import pytest
 
 from kafila.bench.delivery_rate import delivery_rate
 from kafila.bench.quic_rate import kafila_datagram_size
-from kafila.session.delivery import CHUNK_SIZE
+from kafila.session.protocol.manifest import CHUNK_SIZE
 
 pytestmark = pytest.mark.timeout(300)
 

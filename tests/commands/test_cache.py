@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_kafila
-from tests.session.test_cache_inventory import _cache
+from tests.session.delivery.test_cache_inventory import _cache
 
 
 def test_lists_then_prunes_down_to_the_cap(tmp_path: Path) -> None:

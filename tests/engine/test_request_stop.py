@@ -3,7 +3,7 @@
 A stop string may be split across pieces (tokens); the text handed out must never include a stop
 string or anything after it, nor lose text that turned out not to start one. Brute force: the text
 ends at the first piece after which some stop string occurs, cut before the earliest occurrence.
-The same logic against llama-cpp-python on a real model is in tests/session/test_completions_head.py.
+The same logic against llama-cpp-python on a real model is in tests/session/ring/test_completions_head.py.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_bad_input_is_named() -> None:
 
 
 def test_the_cache_lists_benchmark_models_and_not_other_models(tmp_path: Path) -> None:
-    from kafila.session.cache_inventory import inventory
+    from kafila.session.delivery.cache_inventory import inventory
 
     made = cached_random_gguf(SHAPES["tiny"], 1, tmp_path / "models")
     other = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"  # a model the user fetched: not the cache's to list

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kafila.session.api import ApiServer
+from kafila.session.api.server import ApiServer
 from kafila.session.state import SessionState
 
 CODE = "k7q2m9xd-4f8t-zr2w-9mhc-qp3a"

@@ -154,7 +154,7 @@ class Cluster:
 
     def headers(self, url: str | None = None) -> dict[str, str]:
         """What an API asks of a client (the host's, or the one at `url`): JSON, and the bearer token from its file."""
-        from kafila.session.api_token import read_token
+        from kafila.session.api.token import read_token
 
         return {"Content-Type": "application/json", "Authorization": f"Bearer {read_token(url or self.url)}"}
 

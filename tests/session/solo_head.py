@@ -13,8 +13,8 @@ from kafila.engine.vocab import Vocab
 from kafila.model.cut import StageSpec
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
-from kafila.session.head import Head
-from kafila.session.stage_runtime import StageWorker
+from kafila.session.ring.head import Head
+from kafila.session.ring.stage_runtime import StageWorker
 
 
 @contextlib.asynccontextmanager

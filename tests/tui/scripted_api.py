@@ -1,4 +1,4 @@
-"""The real chat API (kafila.session.api.ApiServer) in front of a scripted generator instead of a ring.
+"""The real chat API (kafila.session.api.server.ApiServer) in front of a scripted generator instead of a ring.
 
 The client, `kafila chat` and the TUI's chat tests talk to the server every session runs: its routes,
 its stream (notices included) and its errors, not a copy of them. Only what the ring would generate
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafila.session.api import ApiServer
+from kafila.session.api.server import ApiServer
 from kafila.session.state import SessionState
 
 STATS = {

@@ -1,11 +1,11 @@
-"""The chat API client against the real API server (kafila.session.api), its ring scripted."""
+"""The chat API client against the real API server (kafila.session.api.server), its ring scripted."""
 
 from __future__ import annotations
 
 import pytest
 
 from kafila.errors import KafilaError
-from kafila.session.api_client import (
+from kafila.session.api.client import (
     RAW_TEXT_NOTICE,
     ApiClient,
     ApiError,

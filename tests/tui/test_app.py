@@ -12,7 +12,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, TabbedContent
 
 from kafila.errors import SessionError
-from kafila.session.api_client import RAW_TEXT_NOTICE
+from kafila.session.api.client import RAW_TEXT_NOTICE
 from kafila.session.state import MemberView, SessionState
 from kafila.tui.app import KafilaApp
 from kafila.tui.screens.lost import LostScreen

@@ -78,7 +78,7 @@ def test_chat_error_mid_reply_keeps_the_chat_going(data_dir: Path) -> None:
 
 
 def test_chat_with_a_base_model_completes_raw_text_and_says_so_once(data_dir: Path) -> None:
-    from kafila.session.api_client import RAW_TEXT_NOTICE
+    from kafila.session.api.client import RAW_TEXT_NOTICE
 
     script = Script(echo=True, chat_template=False)
     with serve_in_thread(script) as url:
@@ -94,8 +94,8 @@ def test_demo_prompt_reply_completes_raw_text_for_a_base_model() -> None:
     """What `kafila demo --prompt P` prints once its ring serves: the notice first, then the completion."""
     import io
 
-    from kafila.session.api_client import RAW_TEXT_NOTICE
-    from kafila.session.report import reply_via_api
+    from kafila.session.api.client import RAW_TEXT_NOTICE
+    from kafila.session.terminal.report import reply_via_api
 
     script = Script(echo=True, chat_template=False)
     out = io.StringIO()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kafila.session import transcripts
-from kafila.session.transcripts import Conversation, chats_dir
+from kafila.session.terminal import transcripts
+from kafila.session.terminal.transcripts import Conversation, chats_dir
 
 
 def test_data_dir_override(data_dir: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kafila.net.ports import free_udp_pair
-from kafila.session.api_token import read_token
+from kafila.session.api.token import read_token
 from tests.conftest import REPO, llama_cpp_reply, missing_tool
 from tests.session.cluster import LISTENING_RE, PORT_TRIES, Proc, _free_tcp_port
 from tests.shared_probe import shared_probe

@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from kafila.session.transcripts import chats_dir, shown
+from kafila.session.terminal.transcripts import chats_dir, shown
 
 
 class LostScreen(ModalScreen[None]):

@@ -15,9 +15,9 @@ from textual.message import Message
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from kafila.session.api_client import ApiClient, Notice, Progress, ReplyStats
+from kafila.session.api.client import ApiClient, Notice, Progress, ReplyStats
 from kafila.session.state import SessionState
-from kafila.session.transcripts import Conversation, chats_dir, shown
+from kafila.session.terminal.transcripts import Conversation, chats_dir, shown
 from kafila.tui.format import ms, pct, short
 
 

@@ -1,0 +1,138 @@
+"""How the head's events become OpenAI's answers: one object, or Server-Sent Events ending `data: [DONE]`.
+
+The events (kafila.session.ring.head.Head.chat): {"delta": text, "tokens": ids}, {"notice": text},
+{"progress": {"prefilled", "prompt_tokens"}}, {"done": stats} or {"error": message, "status"?,
+"param"?, "code"?}. A chat is answered with chat.completion objects, a text completion with
+text_completion ones (`Shape`); both carry the head's stats as an extra "kafila" block.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from kafila.session.api.guard import error_response
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one endpoint answers: OpenAI's chat.completion objects, or text_completion's."""
+
+    chat: bool
+
+    @property
+    def prefix(self) -> str:
+        return "chatcmpl" if self.chat else "cmpl"
+
+    def whole(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def chunk(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def choice(self, text: str, finish: str | None) -> dict[str, Any]:
+        """A whole reply's one choice."""
+        if self.chat:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                    "logprobs": None}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+    def delta(self, text: str | None, finish: str | None) -> dict[str, Any]:
+        """A streamed chunk's one choice: a piece of text (None: the closing chunk, no text)."""
+        if self.chat:
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+
+CHAT, TEXT = Shape(chat=True), Shape(chat=False)
+
+
+async def whole(shape: Shape, base: dict[str, Any], first: dict[str, Any],
+                events: AsyncIterator[dict[str, Any]]) -> web.Response:
+    """A non-streamed reply: every event gathered into one chat.completion (or text_completion)."""
+    text, notices, done = [], [], None
+    async for evt in chain(first, events):
+        if "error" in evt:
+            return event_error(evt)
+        if "delta" in evt:
+            text.append(evt["delta"])
+        if "notice" in evt:
+            notices.append(evt["notice"])
+        done = evt.get("done", done)
+    done = {**(done or {}), **({"notices": notices} if notices else {})}
+    return web.json_response({
+        **base, "object": shape.whole(), "choices": [shape.choice("".join(text), done.get("finish_reason"))],
+        "usage": _usage(done), "kafila": done,
+    })
+
+
+async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first: dict[str, Any],
+                 events: AsyncIterator[dict[str, Any]], include_usage: bool) -> web.StreamResponse:
+    """A streamed reply as Server-Sent Events: OpenAI's chunk objects of the endpoint's shape, then [DONE]."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    base = {**base, "object": shape.chunk()}
+
+    async def send(obj: dict[str, Any] | str) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        await resp.write(f"data: {data}\n\n".encode())
+
+    if shape.chat:  # a chat stream opens with the speaker's role
+        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    async for evt in chain(first, events):
+        if evt.get("delta"):
+            await send({**base, "choices": [shape.delta(evt["delta"], None)]})
+        elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
+            await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
+        elif "progress" in evt:  # a long prompt's prefill so far, likewise without choices
+            await send({**base, "choices": [], "kafila": {"progress": evt["progress"]}})
+        elif "error" in evt:
+            await send({"error": _error_body(evt)})
+            break
+        elif "done" in evt:
+            done = evt["done"]
+            await send({**base, "choices": [shape.delta(None, done.get("finish_reason"))], "kafila": done})
+            if include_usage:
+                await send({**base, "choices": [], "usage": _usage(done)})
+    await send("[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+async def chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for evt in rest:
+        yield evt
+
+
+def _usage(done: dict[str, Any]) -> dict[str, Any]:
+    prompt, completion = done.get("prompt_tokens"), done.get("completion_tokens")
+    prompt = prompt if isinstance(prompt, int) else 0
+    completion = completion if isinstance(completion, int) else 0
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    cached = done.get("cached_tokens")
+    if isinstance(cached, int):  # OpenAI's field: prompt tokens an earlier turn's KV cache held
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
+def _error_body(evt: dict[str, Any]) -> dict[str, Any]:
+    status = _event_status(evt)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"message": str(evt["error"]), "type": kind, "param": evt.get("param"), "code": evt.get("code")}
+
+
+def _event_status(evt: dict[str, Any]) -> int:
+    """A head's refusal carries its status (400); every other failure of the ring is a 502."""
+    status = evt.get("status")
+    return status if isinstance(status, int) and 400 <= status <= 599 else 502
+
+
+def event_error(evt: dict[str, Any]) -> web.Response:
+    body = _error_body(evt)
+    return error_response(_event_status(evt), body["message"], body["param"], body["code"])

@@ -1,0 +1,111 @@
+"""A member's measurements for its announcement: the engine probe (cached), emulation, build identity.
+
+The probe runs once per machine and llama.cpp build and is cached for a day, so several members
+started together on one machine (the demo) do not time each other's noise. Emulation (`--throttle`,
+`--memory`) is applied on top and always reported as such.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kafila.engine.build import build_identity
+from kafila.engine.probe import LARGE_SHAPE, ProbeResult, probe
+from kafila.model.random_gguf import Shape
+from kafila.model.stage_cache import StageCache
+from kafila.session.control.builds import build_tag, wire_protocol
+from kafila.session.delivery.cache_inventory import PROBE_MAX_AGE_S
+
+PROBE_FILE_PREFIX = "probe-v5-"  # v5: attention over the context (v4 unembedding on two vocabularies, v3 prefill)
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Slow-down and memory cap applied to a member on one machine; labelled 'emulated' everywhere."""
+
+    throttle: float = 1.0
+    memory_gb: float | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        d: dict[str, float] = {}
+        if self.throttle != 1.0:
+            d["throttle"] = self.throttle
+        if self.memory_gb is not None:
+            d["memory_gb"] = self.memory_gb
+        return d
+
+
+def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
+                 fresh: bool = False, threads: int = 0, large_shape: Shape = LARGE_SHAPE) -> ProbeResult:
+    """The engine probe on `threads` threads (0: all), reused from the cache when recent and from this build.
+
+    `large_shape`: the block shape of the probe's large-block cuts (tests pass a small one to save disk)."""
+    tag = build_tag(build_identity())
+    # one file per build: members of two builds on one machine must not overwrite each other's
+    path = cache.root / f"{PROBE_FILE_PREFIX}{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
+    if not fresh:
+        try:
+            saved = json.loads(path.read_text())
+            if saved["build"] == tag and time.time() - saved["time"] < PROBE_MAX_AGE_S:
+                return ProbeResult.from_dict(saved["result"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    result = probe(model, cache, on_step=on_step, threads=threads, large_shape=large_shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".probe.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"build": tag, "time": time.time(), "result": result.as_dict()}))
+    os.replace(tmp, path)
+    return result
+
+
+def machine_id() -> str:
+    """A short, stable name for this machine (not the id itself): equal for members that share its cores.
+
+    The systemd/D-Bus machine id where there is one, else the kernel's boot id (containers on one host
+    share it), else the host name.
+    """
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id", "/proc/sys/kernel/random/boot_id"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
+
+
+def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
+    """The announcement's measurement block (kept small: it travels in one UDP datagram)."""
+    t = emulation.throttle
+    memory = result.memory_bytes
+    if emulation.memory_gb is not None:
+        memory = min(memory, int(emulation.memory_gb * 1e9))
+    gpu = {"gpu": result.device} if result.device else {}  # its memory is then the GPU's (engine/devices.py)
+    return {
+        **gpu,
+        "bw": round(result.bandwidth_bytes_per_s / t),
+        "ubw": round(result.unembed_bandwidth_bytes_per_s / t),
+        "uo": result.unembed_s * t,  # the unembedding's fixed seconds besides its bytes
+        "disp": result.dispatch_s * t,
+        "blk": result.block_s * t,  # seconds per block per call besides its bytes (DESIGN §2c)
+        "mem": memory,
+        # prefill at `prow` rows per call, the same three terms (the planner's TTFT, kafila.planner.ttft)
+        "pbw": round(result.prefill_bandwidth_bytes_per_s / t),
+        "pdisp": result.prefill_dispatch_s * t,
+        "pblk": result.prefill_block_s * t,
+        "prow": result.prefill_rows,
+        "patt": result.prefill_attn_s * t,  # per row, earlier position and unit of attention width
+        "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
+        "samples": [round(b / s / t) for b, s in result.samples],
+        "emu": emulation.as_dict(),
+        "build": build_tag(build_identity()),
+        "proto": wire_protocol(),  # must match the host's in every mode (kafila.session.control.builds)
+    }

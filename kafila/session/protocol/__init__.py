@@ -1,0 +1,1 @@
+"""The session's wire contract: control messages, activation frames and stage manifests."""

@@ -1,0 +1,282 @@
+"""A chat or text-completion request body, validated: what the API accepts and what the head will run.
+
+A chat (`/v1/chat/completions`) carries `messages`, which the head renders with the model's chat
+template; a text completion (`/v1/completions`) carries a raw `prompt`, which the head tokenises as
+llama.cpp's own completion does (BOS added when the model asks for it), so a base model without a
+chat template can be used too. Both share the sampling fields and their limits.
+
+The body is hostile input (DESIGN §5: any web page or local user can send one), so every field the
+ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
+head, and a bad one becomes a `BadRequest` naming the field, which the API answers as a 400 in
+OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` is an extension, and
+`resume` (token ids an earlier ring generated, see api.ApiServer.events) is only ever set by the
+API itself: a client's `resume` is dropped, not trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kafila.engine.sampler import SamplingParams
+from kafila.errors import SessionError
+from kafila.session.protocol.messages import DEFAULT_MAX_TOKENS
+
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 0.95
+DEFAULT_TOP_K = 40
+MAX_MESSAGES = 1024
+# The whole body travels the ring as one control message (messages.MAX_CONTROL, 4 MiB): JSON may
+# write a character as 12 bytes (an escaped astral character), so 256 Ki characters always fit.
+MAX_CONTENT_CHARS = 256 * 1024
+MAX_TOKENS_LIMIT = 1 << 20
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's (and llama-cpp-python's) default for a text completion
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 256
+NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a model without a chat template
+MAX_TOP_K = 1 << 20
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
+UNSUPPORTED = ("stop", "tools", "functions", "tool_choice", "function_call", "logit_bias", "logprobs",
+               "top_logprobs", "presence_penalty", "frequency_penalty", "response_format", "n", "audio",
+               "modalities", "prediction")
+# ... unless they carry the value that asks for nothing (what many clients send by default).
+NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
+                                       "n": (1,), "response_format": ({"type": "text"},), "tools": ([],),
+                                       "stop": ([],)}
+# The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "logprobs", "logit_bias", "presence_penalty",
+                          "frequency_penalty", "tools", "functions", "response_format")
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,),
+                                                  "presence_penalty": (0,), "frequency_penalty": (0,)}
+
+
+class BadRequest(SessionError):
+    """A chat body the ring will not run; `param` names the field (OpenAI's error shape)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+    def event(self) -> dict[str, Any]:
+        """As a head's error event: answered with HTTP 400, never resumed."""
+        return {"error": str(self), "status": 400, "param": self.param, "code": self.code}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A validated request: a chat's messages as (role, text) pairs, or a completion's raw `prompt`,
+    and sampling settings within their ranges."""
+
+    messages: tuple[tuple[str, str], ...] = ()
+    prompt: str | None = None  # set: a text completion (no chat template); `messages` is then empty
+    stop: tuple[str, ...] = ()  # a text completion ends before the first of these (never part of the text)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+    resume: tuple[int, ...] = ()
+    cache_prompt: bool = True  # llama-server's field: false computes the whole prompt afresh (a reply as exact
+    # as one context's, never reusing a cache an earlier request's batches computed)
+
+    def body(self) -> dict[str, Any]:
+        """The normalised body sent toward the head (only the fields above, nothing a client added)."""
+        out: dict[str, Any] = (
+            {"prompt": self.prompt} if self.prompt is not None
+            else {"messages": [{"role": r, "content": c} for r, c in self.messages]}
+        )
+        out |= {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": self.seed}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.resume:
+            out["resume"] = list(self.resume)
+        if not self.cache_prompt:
+            out["cache_prompt"] = False
+        return out
+
+    def sampling(self) -> SamplingParams:
+        """The sampler's settings; top_p 0 (allowed by OpenAI) keeps only the most likely token."""
+        if self.top_p == 0.0:
+            return SamplingParams(self.temperature, 1, 1.0, self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+def parse_request(body: Any, *, internal: bool = False) -> ChatRequest:
+    """A chat or a text completion, by its body (the head's way in): a body with `prompt` is a completion."""
+    if isinstance(body, dict) and "prompt" in body:
+        return parse_completion(body, internal=internal)
+    return parse_chat(body, internal=internal)
+
+
+def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
+    """Validate a chat body; BadRequest names the first bad field. `internal`: from our own API (resume kept)."""
+    common = _common(body, UNSUPPORTED, NEUTRAL, DEFAULT_MAX_TOKENS, internal)
+    return ChatRequest(messages=_messages(body.get("messages")), **common)
+
+
+def parse_completion(body: Any, *, internal: bool = False) -> ChatRequest:
+    """Validate a text-completion body (`/v1/completions`): a string `prompt`, optional `stop`, the sampling fields."""
+    common = _common(body, COMPLETION_UNSUPPORTED, COMPLETION_NEUTRAL, DEFAULT_COMPLETION_TOKENS, internal)
+    return ChatRequest(prompt=_prompt(body.get("prompt")), stop=_stop(body.get("stop")), **common)
+
+
+def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[Any, ...]], default_tokens: int,
+            internal: bool) -> dict[str, Any]:
+    """The fields chats and completions share, validated, as ChatRequest's keyword arguments."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", None, "invalid_type")
+    for name in unsupported:
+        value = body.get(name)
+        if value is not None and not any(_same(value, ok) for ok in neutral.get(name, ())):
+            raise BadRequest(f"'{name}' is not supported by Kafila", name, "unsupported_parameter")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > 256):
+        raise BadRequest("'model' must be a string of at most 256 characters", "model", "invalid_type")
+    stream = _optional(body, "stream", bool, False)
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict)
+                                    and isinstance(options.get("include_usage", False), bool)):
+        raise BadRequest("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
+    limit = body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens")
+    param = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
+    seed = _integer({"seed": body.get("seed")}, "seed", -(1 << 63), (1 << 64) - 1, None)
+    return {
+        "max_tokens": _integer({param: limit}, param, 1, MAX_TOKENS_LIMIT, default_tokens),
+        "temperature": _number(body, "temperature", 0.0, 2.0, DEFAULT_TEMPERATURE),
+        "top_p": _number(body, "top_p", 0.0, 1.0, DEFAULT_TOP_P),
+        "top_k": _integer(body, "top_k", 0, MAX_TOP_K, DEFAULT_TOP_K),
+        "seed": None if seed is None else seed % (1 << 64),  # numpy's generators take non-negative seeds
+        "stream": stream,
+        "include_usage": bool(stream and options and options.get("include_usage")),
+        "resume": _resume(body.get("resume")) if internal else (),
+        "cache_prompt": _optional(body, "cache_prompt", bool, True),
+    }
+
+
+def _same(value: Any, ok: Any) -> bool:
+    return (type(value) is type(ok) and value == ok) or (isinstance(ok, int) and _is_number(value) and value == ok)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise BadRequest(f"'{name}' must be a {kind.__name__}, got {_shown(value)}", name, "invalid_type")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}, got {_shown(value)}", name,
+                         "invalid_type")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not (math.isfinite(number) and low <= number <= high):
+        raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}, got {_shown(value)}", name)
+    return number
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int, default: int | None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 100.0 from a client that writes every number as a float
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}, got {_shown(value)}", name,
+                         "invalid_type")
+    if not low <= value <= high:
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}, got {_shown(value)}", name)
+    return value
+
+
+def _messages(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages",
+                         "invalid_type")
+    if len(value) > MAX_MESSAGES:
+        raise BadRequest(f"'messages' holds {len(value)} messages; at most {MAX_MESSAGES} are accepted", "messages")
+    out, total = [], 0
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise BadRequest(f"'{where}.role' must be one of {', '.join(ROLES)}, got {_shown(role)}",
+                             f"{where}.role")
+        text = _content(m.get("content"), f"{where}.content")
+        total += len(text)
+        if total > MAX_CONTENT_CHARS:
+            raise BadRequest(f"the messages hold more than {MAX_CONTENT_CHARS} characters", "messages",
+                             "context_length_exceeded")
+        out.append((ROLES[role], text))
+    return tuple(out)
+
+
+def _prompt(value: Any) -> str:
+    """One string (OpenAI also takes lists of strings or of token ids: one completion per request here)."""
+    if not isinstance(value, str):
+        raise BadRequest(f"'prompt' must be a string, got {_shown(value)}", "prompt", "invalid_type")
+    if len(value) > MAX_CONTENT_CHARS:
+        raise BadRequest(f"the prompt holds {len(value)} characters; at most {MAX_CONTENT_CHARS} are accepted",
+                         "prompt", "context_length_exceeded")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    """A string or a list of up to MAX_STOP non-empty strings."""
+    stops = [value] if isinstance(value, str) else value
+    if stops is None:
+        return ()
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOP
+            and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)):
+        raise BadRequest(f"'stop' must be a string or a list of at most {MAX_STOP} strings, each of 1 to "
+                         f"{MAX_STOP_CHARS} characters, got {_shown(value)}", "stop", "invalid_type")
+    return tuple(stops)
+
+
+def _content(value: Any, where: str) -> str:
+    """A string, or OpenAI's list of text parts (joined); images and audio are refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
+        return "\n".join(p["text"] for p in value)
+    raise BadRequest(f"'{where}' must be a string or a list of text parts, got {_shown(value)}", where,
+                     "invalid_type")
+
+
+def _resume(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_TOKENS_LIMIT or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise BadRequest("'resume' must be a list of token ids", "resume")
+    return tuple(value)
+
+
+def _shown(value: Any) -> str:
+    """A short rendering of a bad value for the error message (never the whole of a large one)."""
+    try:
+        text = "null" if value is None else repr(value)
+    except ValueError:  # an integer past Python's digit limit for printing
+        text = f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 40 else text[:37] + "..."

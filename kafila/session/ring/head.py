@@ -1,0 +1,453 @@
+"""The head: turns chat requests into tokens, sends rows around the ring, closes it, samples, streams text.
+
+Pipelining: several requests are in flight at once, each in its own KV-cache sequence (`seq`,
+carried per row in the frame's header), and a long prompt goes round in chunks of at most `n_batch`
+rows, the next sent while the previous is still in later stages (every stage computes frames in the
+order it receives them, so the chunks enter each KV cache in order). At most `depth` frames are in
+the ring at once, one per stage and one on the wire: enough to keep every stage busy, few enough
+that a decode step, packed first into the next frame, never queues behind a whole prompt.
+While a prompt is prefilled its request gets `progress` events instead of text.
+
+A finished request's sequence keeps its KV cache on every stage (slots.py): the next request takes
+the slot whose tokens share the longest prefix with its prompt and prefills only the rest, after a
+`trim` message has dropped the slot's other positions on every stage (it travels ahead of the
+request's frames, and every link delivers in order). A request that fails has its sequence freed
+by a `free` message that travels the whole ring and comes back; only then is that slot reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kafila.engine.chain import Batch, logit_rows, take_batch
+from kafila.engine.embedding import Embedder
+from kafila.engine.request import Chunk, Request
+from kafila.engine.sampler import Sampler
+from kafila.engine.stage import ContextConfig
+from kafila.engine.vocab import Vocab
+from kafila.errors import EngineError, NetworkError, SessionEnded
+from kafila.planner.ttft import TtftModel, window_depth
+from kafila.session.protocol import frames, messages
+from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
+from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
+from kafila.session.ring.slots import Slots
+from kafila.session.ring.stage_runtime import StageWorker
+
+log = logging.getLogger("kafila.head")
+# The running figures are medians of the last STATS_WINDOW decode calls: a shared machine's stray slow
+# call moved a running average by a fifth (the prediction is the probe's median too), and a window this
+# long is still what the ring does now.
+STATS_WINDOW = 32
+# Text goes out at most this often, several tokens to a piece: a message per token kept the host, the
+# client and the head's event loop busy while the next token was computing (on a shared machine,
+# stealing the cores that stage ran on); 20 updates a second still read as a live stream.
+STREAM_INTERVAL_S = 0.05
+
+
+@dataclass
+class Job:
+    """One chat request and the queue its events go to."""
+
+    id: str
+    body: Any  # as the client sent it: _make_request validates it
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    request: Request | None = None
+    started: float = field(default_factory=time.perf_counter)
+    token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
+
+
+@dataclass
+class RingStats:
+    """Running medians of measured stage time per member and of the network's share of a token."""
+
+    predicted: dict[str, float]
+    times: dict[str, deque[float]] = field(default_factory=dict)
+    shares: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    tokens: int = 0
+    window_start: float = field(default_factory=time.perf_counter)
+    tokens_per_s: float | None = None
+    ttft: messages.TtftTime | None = None  # the latest request's time to first token, beside the plan's
+
+    def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
+        for name, t in zip(names, times_ns, strict=False):
+            self.times.setdefault(name, deque(maxlen=STATS_WINDOW)).append(t / 1e9)
+        if round_trip_ns > 0:
+            self.shares.append(max(round_trip_ns - sum(times_ns), 0) / round_trip_ns)
+
+    @property
+    def measured(self) -> dict[str, float]:
+        return {name: statistics.median(t) for name, t in self.times.items()}
+
+    @property
+    def network_share(self) -> float | None:
+        return statistics.median(self.shares) if self.shares else None
+
+    def count_token(self) -> None:
+        self.tokens += 1
+        elapsed = time.perf_counter() - self.window_start
+        if elapsed >= 1.0:
+            self.tokens_per_s = self.tokens / elapsed
+            self.tokens, self.window_start = 0, time.perf_counter()
+
+    def as_dict(self) -> dict[str, Any]:
+        measured = self.measured
+        return {
+            "stages": {n: {"predicted_s": p, "measured_s": measured.get(n)} for n, p in self.predicted.items()},
+            "network_share": self.network_share,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft": None if self.ttft is None else asdict(self.ttft),
+        }
+
+    def message(self) -> messages.Stats:
+        """The `stats` message the head sends the host."""
+        measured = self.measured
+        return messages.Stats({n: messages.StageTime(p, measured.get(n)) for n, p in self.predicted.items()},
+                              self.network_share, self.tokens_per_s, self.ttft)
+
+
+class Head:
+    """The head's serving loop over a ring `order` (head first); a ring of one runs entirely here."""
+
+    def __init__(
+        self,
+        worker: StageWorker,
+        embedder: Embedder,
+        vocab: Vocab,
+        config: ContextConfig,
+        order: list[str],
+        predicted: dict[str, float],
+        send_next: Callable[[bytes], Awaitable[None]] | None,
+        inbox: asyncio.Queue[bytes],
+        trace: Callable[[dict[str, Any]], None] | None = None,
+        ttft: TtftModel | None = None,
+    ) -> None:
+        self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
+        self.order = order
+        self.send_next = send_next  # None for a ring of one
+        self.inbox = inbox  # messages coming back from the last member (or from ourselves)
+        self.stats = RingStats(predicted)
+        self.ttft = ttft  # the plan's TTFT model: the prediction beside each measured first token
+        self._slots = Slots.empty(config.n_seq_max)
+        self._waiting: list[Job] = []
+        self._active: dict[int, Job] = {}
+        # frame id -> (its chunks, which rows want logits, when it was sent)
+        self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int]] = {}
+        self._depth = window_depth(len(order))  # frames in the ring at once: one per stage, one on the wire
+        self._wake = asyncio.Event()
+        self._ids = itertools.count()
+        self._frame_ids = itertools.count()
+        self.trace = trace  # records every batch and free in the order all stages compute them
+        self.failed: str | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        # chats forwarded before run() started (the host's first chat can arrive with its admission): answered
+        # once it has
+        self._early: list[tuple[messages.Chat, Callable[[bytes], Awaitable[None]]]] = []
+        self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
+            messages.Free: self._on_free,
+            messages.Trim: self._on_trim,
+            messages.Chat: self._on_chat,
+            messages.Bye: self._on_bye,
+        }
+
+    # -- requests -------------------------------------------------------------------------------
+    async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
+        """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
+
+        While its prompt is prefilled, {"progress": {"prefilled": n, "prompt_tokens": total}} after each chunk.
+
+        An error a lost member caused carries "resumable": the API server then sends the request
+        again to the re-planned ring, with the tokens so far as body["resume"].
+        """
+        if self.failed:
+            yield {"error": self.failed}
+            return
+        job = Job(f"chat-{next(self._ids)}", body)
+        try:
+            job.request = self._make_request(job, slot=-1)
+        except BadRequest as exc:  # checked again here: the API is not the only way in (DESIGN §5)
+            yield exc.event()
+            return
+        except Exception as exc:  # a bug must cost this request only, not the head and the ring with it
+            log.exception("the head could not start a request")
+            yield {"error": f"the head failed on this request: {exc}", "status": 500}
+            return
+        self._waiting.append(job)
+        self._wake.set()
+        pending, sent_at = "", -STREAM_INTERVAL_S
+        tokens: list[int] = []
+        while True:
+            wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending or tokens else None
+            try:
+                async with asyncio.timeout(None if wait is None else max(wait, 0.0)):
+                    evt = await job.events.get()
+            except TimeoutError:
+                evt = {}  # the held text is due
+            if "delta" in evt:
+                pending += evt["delta"]
+                tokens += evt["tokens"]
+                if time.perf_counter() - sent_at < STREAM_INTERVAL_S:
+                    continue
+            if pending or tokens:
+                yield {"delta": pending, "tokens": tokens}
+                pending, tokens, sent_at = "", [], time.perf_counter()
+            if "progress" in evt:
+                yield evt
+            if "done" in evt or "error" in evt:
+                yield evt
+                return
+
+    def _make_request(self, job: Job, slot: int) -> Request:
+        """The engine's request for a chat or completion body; BadRequest (never anything else) when it is bad."""
+        chat = parse_request(job.body, internal=True)
+        if any(t >= self.embedder.n_vocab for t in chat.resume):
+            raise BadRequest("'resume' holds a token id outside the vocabulary", "resume")
+        prompt = self._prompt_tokens(chat)
+        n_ctx = self.config.n_ctx_per_seq
+        field_name = "messages" if chat.prompt is None else "prompt"
+        if len(prompt) + len(chat.resume) >= n_ctx:
+            raise BadRequest(f"the prompt is {len(prompt) + len(chat.resume)} tokens but the context holds {n_ctx} "
+                             "per request; shorten it (or the host raises --context)", field_name,
+                             "context_length_exceeded")
+        request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
+                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt)
+        for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
+            request.text.push(t)
+        return request
+
+    def _prompt_tokens(self, chat: ChatRequest) -> list[int]:
+        """A completion's text as llama.cpp's completion tokenises it (BOS if the model adds one); a chat's
+        messages through the model's chat template."""
+        if chat.prompt is not None:
+            tokens = self.vocab.tokenize(chat.prompt, add_special=True, parse_special=True)
+            if not tokens:
+                raise BadRequest("'prompt' is empty (and this model adds no BOS token to start from)", "prompt")
+            return tokens
+        if not self.vocab.chat_template:
+            raise BadRequest("this model has no chat template (a base model): send its text to /v1/completions "
+                             "instead", "messages", NO_CHAT_TEMPLATE)
+        try:
+            return self.vocab.chat_tokens([{"role": r, "content": c} for r, c in chat.messages])
+        except Exception as exc:  # the model's own template (jinja2) may refuse a conversation in its own way
+            raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
+
+    def fail_all(self, reason: str, resumable: bool = False) -> None:
+        """End every request with `reason`; new requests are refused the same way."""
+        self.failed = reason
+        for job in [*self._waiting, *self._active.values()]:
+            job.events.put_nowait({"error": reason, "resumable": resumable})
+        self._waiting.clear()
+        self._active.clear()
+        self._in_flight.clear()
+        self._wake.set()
+
+    # -- the two loops --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Dispatch and collect until cancelled (or until the ring fails)."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            for msg, reply in self._early:
+                self.serve_remote(msg, reply)
+            self._early.clear()
+            tg.create_task(self._dispatch_loop())
+            tg.create_task(self._collect_loop())
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.failed:
+                continue
+            while self._waiting and self._slots:
+                job = self._waiting.pop(0)
+                assert job.request is not None
+                taken = self._slots.take(job.request.prompt, job.request.reuse_cache)
+                job.request.seq = taken.slot
+                job.request.reuse(taken.keep)
+                self._active[taken.slot] = job
+                if taken.trim:
+                    await self._trim(taken.slot, taken.keep)
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
+        """Send frames, each packing the next chunk of every ready request, while the ring has room."""
+        while len(self._in_flight) < self._depth and not self.failed:
+            batch = take_batch([job.request for job in self._active.values() if job.request is not None],
+                               self.config.n_batch)
+            if batch is None:
+                return
+            await self._send(batch)
+
+    async def _send(self, batch: Batch) -> None:
+        rows = batch.rows
+        embd = self.embedder.rows(batch.tokens)
+        fid = next(self._frame_ids)
+        header = ActivationHeader(fid, Phase.DECODE if batch.decode_only else Phase.PREFILL,
+                                  tuple(rows.pos.tolist()), embd.shape[0], embd.shape[1], seqs=tuple(rows.seq.tolist()))
+        if self.trace:
+            self.trace({"frame": fid, "tokens": batch.tokens.tolist(), "seqs": rows.seq.tolist(),
+                        "positions": rows.pos.tolist(), "want": rows.want.tolist()})
+        self._in_flight[fid] = (list(batch.chunks), rows.want, time.perf_counter_ns())
+        msg = frames.encode(Frame(header, embd))
+        if self.send_next is None:
+            self.inbox.put_nowait(msg)
+        else:
+            await self.send_next(msg)
+
+    async def _collect_loop(self) -> None:
+        while True:
+            msg = await self.inbox.get()
+            kind = messages.kind(msg)
+            if kind == "frame":
+                await self._finish_frame(frames.decode(msg))
+            elif kind == "control":
+                await self._on_control(messages.decode(msg))
+
+    async def _finish_frame(self, frame: Frame) -> None:
+        arrived = time.perf_counter_ns()
+        entry = self._in_flight.pop(frame.header.frame_id, None)
+        if entry is None:
+            return  # sent before a failure reset the ring: stale
+        taken, want, sent = entry
+        self._wake.set()  # the ring has room again: the next chunk can go while this frame is computed here
+        try:
+            logits, head_ns = await self.worker.run(frame, want)
+        except EngineError as exc:
+            self.fail_all(f"the head's stage failed: {exc}")
+            return
+        if self.trace:
+            self.trace({"logits": frame.header.frame_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
+        if frame.header.phase == Phase.DECODE:
+            self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
+                           arrived - sent + head_ns)
+        for chunk, row in logit_rows(taken, logits):
+            slot = chunk.seq
+            job = self._active.get(slot)
+            if job is None or job.request is None:
+                continue
+            before = len(job.request.generated)
+            try:
+                piece = job.request.complete(chunk, row)
+            except Exception as exc:  # this request's sampling failed: it ends, the ring goes on
+                log.exception("the head failed on request %s", job.id)
+                job.events.put_nowait({"error": f"the head failed on this request: {exc}", "status": 500})
+                await self._free(slot)
+                continue
+            new = job.request.generated[before:]
+            if new and not job.token_times:
+                self._first_token(job)
+            if new:
+                self.stats.count_token()
+                job.token_times.append(time.perf_counter())
+            if piece or new:
+                job.events.put_nowait({"delta": piece, "tokens": new})
+            elif not chunk.wants_logits:  # a prompt chunk went round: the request shows its progress
+                job.events.put_nowait({"progress": {"prefilled": job.request.fed,
+                                                    "prompt_tokens": len(job.request.prompt)}})
+            if job.request.done:
+                await self._finish_job(slot, job)
+        self._wake.set()
+
+    def _first_token(self, job: Job) -> None:
+        """Record the request's time to first token (from its arrival here) beside the plan's for its prompt."""
+        assert job.request is not None
+        fed = max(len(job.request.prompt) - job.request.cached, 1)  # a reused cache's tokens were not prefilled
+        # ... but the new rows attend to them
+        predicted = self.ttft.predict(fed, job.request.cached) if self.ttft is not None else None
+        self.stats.ttft = messages.TtftTime(fed, time.perf_counter() - job.started, predicted)
+
+    async def _finish_job(self, slot: int, job: Job) -> None:
+        assert job.request is not None
+        times = job.token_times
+        elapsed = time.perf_counter() - (times[0] if times else job.started)
+        n = len(job.request.generated)
+        gaps = np.diff(times)
+        # the ring's running figures, then this request's own (its tokens/s, not the ring's)
+        done = {**self.stats.as_dict(), "finish_reason": job.request.finish_reason, "completion_tokens": n,
+                "prompt_tokens": len(job.request.prompt), "cached_tokens": job.request.cached,
+                "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
+                "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
+        job.events.put_nowait({"done": done})
+        del self._active[slot]
+        self._slots.put(slot, job.request.held)  # kept on every stage for the next turn
+        self._wake.set()
+
+    async def _free(self, slot: int) -> None:
+        """Forget the request in `slot`; its sequence is reused once the free has gone round the ring."""
+        del self._active[slot]
+        if self.trace:
+            self.trace({"free": slot})
+        if self.send_next is None:
+            await self._release(slot)
+        else:
+            await self.send_next(messages.encode(messages.Free(slot)))
+
+    async def _release(self, slot: int) -> None:
+        await self.worker.free(slot)
+        self._slots.put(slot)
+        self._wake.set()
+
+    async def _trim(self, slot: int, keep: int) -> None:
+        """Drop `slot`'s positions from `keep` on, on every stage, before a new request's rows go in."""
+        if self.trace:
+            self.trace({"trim": slot, "keep": keep})
+        if self.send_next is None:
+            await self.worker.free(slot, keep)
+        else:
+            await self.send_next(messages.encode(messages.Trim(slot, keep)))
+
+    async def _on_control(self, msg: messages.Control) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("head ignored a %r message from the ring", msg.T)
+            return
+        await handler(msg)
+
+    async def _on_bye(self, msg: messages.Bye) -> None:
+        raise SessionEnded(msg.reason)  # a neighbour ended the session: so does this ring (member.py)
+
+    async def _on_free(self, msg: messages.Free) -> None:
+        await self._release(msg.seq)
+
+    async def _on_trim(self, msg: messages.Trim) -> None:
+        await self.worker.free(msg.seq, msg.keep)  # back from the ring: the head's own stage last
+
+    async def _on_chat(self, msg: messages.Chat) -> None:
+        if self.send_next is not None:
+            self.serve_remote(msg, self.send_next)
+
+    def serve_remote(self, msg: messages.Chat, reply: Callable[[bytes], Awaitable[None]]) -> None:
+        """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
+
+        async def answer() -> None:
+            async with contextlib.aclosing(self._guarded(msg.body)) as events:
+                try:
+                    async for evt in events:
+                        await reply(messages.encode(messages.ChatEvt(msg.id, msg.origin, evt)))
+                except NetworkError as exc:  # the asker is gone (a host that left, say): not the ring's failure
+                    log.info("chat %s from %s: its answer cannot be sent (%s)", msg.id, msg.origin, exc)
+
+        if self._tg is None:
+            self._early.append((msg, reply))
+            return
+        self._tg.create_task(answer())
+
+    async def _guarded(self, body: Any) -> AsyncGenerator[dict[str, Any], None]:
+        """`chat`'s events; a failure on one request ends that request with an error, never the head."""
+        try:
+            async for evt in self.chat(body):
+                yield evt
+        except Exception as exc:
+            log.exception("the head failed on one request")
+            yield {"error": f"the head failed on this request: {exc}", "status": 500}

@@ -1,0 +1,99 @@
+"""The API server's side of a lost member: the reply waits for the re-planned ring and goes on there.
+
+The heads here are stand-ins that speak the head's event protocol; test_ring_e2e kills a real
+member of a real ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kafila.session.api.server import ApiServer, api
+from kafila.session.state import SessionState
+
+
+async def collect(server: ApiServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [evt async for evt in server.events(body)]
+
+
+async def test_a_cut_reply_resumes_with_its_tokens_on_the_next_ring() -> None:
+    server = ApiServer(SessionState(phase="admitted"))
+    seen: list[dict[str, Any]] = []
+
+    async def first_ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        seen.append(body)
+        yield {"delta": "Once", "tokens": [11, 12]}
+        yield {"delta": "", "tokens": [13]}  # a token whose text is still held back
+        yield {"error": "member bo was lost: link closed", "resumable": True}
+        server.chat = None  # the host takes the ring down ...
+        await asyncio.sleep(0.3)
+        server.chat = second_ring  # ... and plans a new one
+
+    async def second_ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        seen.append(body)
+        yield {"delta": " upon", "tokens": [14]}
+        yield {"done": {"finish_reason": "length", "completion_tokens": 1}}
+
+    server.chat = first_ring
+    events = await collect(server, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert [e.get("delta") for e in events if "delta" in e] == ["Once", "", " upon"]
+    notice = next(e["notice"] for e in events if "notice" in e)
+    assert notice.startswith("member bo was lost: link closed") and "continues" in notice
+    assert events[-1] == {"done": {"finish_reason": "length", "completion_tokens": 4}}
+    assert "resume" not in seen[0] and seen[1]["resume"] == [11, 12, 13] and seen[1]["max_tokens"] == 1
+
+
+async def test_a_cut_reply_ends_with_the_reason_when_no_ring_follows() -> None:
+    state = SessionState(phase="admitted")
+    server = ApiServer(state)
+
+    async def ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        yield {"delta": "Once", "tokens": [11]}
+        yield {"error": "member bo was lost: link closed", "resumable": True}
+        state.rejection = "member ada is short of 40 MB"
+        state.set_phase("rejected")
+
+    server.chat = ring
+    events = await collect(server, {"messages": [], "max_tokens": 4})
+    assert events[-1]["error"].startswith("member bo was lost: link closed; the session cannot go on")
+    assert "short of 40 MB" in events[-1]["error"]
+
+
+async def test_a_cut_reply_waits_only_so_long_for_a_ring(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(api, "RESUME_WAIT_S", 0.5)
+    server = ApiServer(SessionState(phase="lost"))
+
+    async def ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        yield {"error": "member bo was lost: link closed", "resumable": True}
+
+    server.chat = ring
+    events = await collect(server, {"messages": [], "max_tokens": 4})
+    assert events[-1]["error"] == "member bo was lost: link closed; no ring was planned within 0 s"
+
+
+async def test_a_reply_cut_after_its_last_token_just_ends() -> None:
+    server = ApiServer(SessionState(phase="admitted"))
+    calls = 0
+
+    async def ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        nonlocal calls
+        calls += 1
+        yield {"delta": "Once upon", "tokens": [11, 12]}
+        yield {"error": "member bo was lost: link closed", "resumable": True}
+        server.chat = ring
+
+    server.chat = ring
+    events = await collect(server, {"messages": [], "max_tokens": 2})
+    assert events[-1] == {"done": {"finish_reason": "length", "completion_tokens": 2}} and calls == 1
+
+
+async def test_other_errors_end_the_reply_at_once() -> None:
+    server = ApiServer(SessionState(phase="admitted"))
+
+    async def ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        yield {"error": "the prompt is 900 tokens but the context holds 512"}
+
+    server.chat = ring
+    assert await collect(server, {"messages": []}) == [{"error": "the prompt is 900 tokens but the context holds 512"}]

@@ -1,0 +1,58 @@
+"""The host waits for stages by progress, not by a clock: a member whose stage arrives slowly (in all
+far longer than the stall limit) is admitted, while a member that makes no progress at all is named and
+the host plans again without it. Real processes on loopback; the slow and the stalled member are
+`kafila join` with one function patched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.session.cluster import Cluster
+
+STALL_LIMIT_S = 5
+CHUNK_PAUSE_S = 0.5  # bo's link takes this long per 1 MiB chunk: its stage takes well over the stall limit
+
+# bo reads its stage's chunks slowly, as over a slow link: progress, but slow
+SLOW = f"""
+import asyncio, sys
+import kafila.session.control.member as member
+real = member.receive_stage
+class SlowLink:
+    def __init__(self, link):
+        self.link = link
+    async def recv(self, timeout=None):
+        await asyncio.sleep({CHUNK_PAUSE_S})
+        return await self.link.recv(timeout)
+async def slow(link, *args, **kwargs):
+    return await real(SlowLink(link), *args, **kwargs)
+member.receive_stage = slow
+from kafila.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+# cy is alive and connected, but never asks for its stage: no progress at all
+STALLED = """
+import asyncio, sys
+import kafila.session.control.member as member
+async def never(self, manifest):
+    await asyncio.Event().wait()
+member.MemberRuntime._receive_stage = never
+from kafila.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_slow_delivery_succeeds_and_a_stalled_member_is_named(tmp_path: Path) -> None:
+    with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", [])], scripts={"bo": SLOW, "cy": STALLED},
+                 host_args=["--stall-limit", str(STALL_LIMIT_S)]) as cluster:
+        state = cluster.wait_phase({"admitted"}, timeout=600)
+        out = cluster.host.output
+        assert sorted(state["plan"]["order"]) == ["ada", "bo"], out
+        assert f"cy made no progress for {STALL_LIMIT_S} s while receiving its stage (0.0 of" in out, out
+        assert "member cy was lost" in out
+        assert "bo made no progress" not in out and "ada made no progress" not in out
+        # bo's stage took longer than the stall limit by construction: every chunk paused its receiver
+        bo_bytes = state["delivery"]["bo"][1]
+        assert bo_bytes / (1 << 20) * CHUNK_PAUSE_S > 2 * STALL_LIMIT_S
+        reply = cluster.chat("Hello", max_tokens=4)
+        assert reply["choices"][0]["message"]["content"], reply

@@ -1,0 +1,298 @@
+"""End to end with real processes on loopback: rendezvous + host + three members serving SmolLM2."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, run_kafila
+from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+
+# the module's ring starts once, and replies are bounded only against a hang (see REPLY_TIMEOUT_S)
+pytestmark = pytest.mark.timeout(2 * REPLY_TIMEOUT_S)
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Name three colours.",
+           "How do bees make honey?"]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_replies(smollm: Path) -> dict[str, str]:
+    """Ground truth: llama-cpp-python's own chat completion on the whole file, greedy."""
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), n_ctx=512, verbose=False)
+    try:
+        return {p: model.create_chat_completion([{"role": "user", "content": p}], max_tokens=MAX_TOKENS,
+                                                temperature=0)["choices"][0]["message"]["content"] for p in PROMPTS}
+    finally:
+        model.close()
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory):
+    with Cluster(tmp_path_factory.mktemp("ring"),
+                 [("ada", []), ("bo", ["--throttle", "2"]), ("cy", ["--throttle", "3"])]) as cluster:
+        cluster.wait_phase({"admitted"})
+        yield cluster  # leaving the block checks every process stops cleanly
+
+
+def test_admitted_plan_uses_every_member(ring: Cluster) -> None:
+    state = ring.state()
+    plan = state["plan"]
+    assert plan["feasible"] and sorted(plan["order"]) == ["ada", "bo", "cy"]
+    ranges = sorted(plan["ranges"].values())
+    assert ranges[0][0] == 0 and ranges[-1][1] == 30
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # contiguous, every block once
+    assert plan["ranges"][plan["head"]][1] == 30  # the head's range is last
+    assert {e["state"] for e in state["edges"]} <= {"direct", "relayed"}
+    assert state["members"]["cy"]["emulated"] == {"throttle": 3.0}
+
+
+def test_greedy_reply_identical_to_llama_cpp(ring: Cluster, llama_cpp_replies: dict[str, str]) -> None:
+    reply = ring.chat(PROMPTS[0], MAX_TOKENS)
+    assert reply["choices"][0]["message"]["content"] == llama_cpp_replies[PROMPTS[0]]
+    stats = reply["kafila"]
+    assert set(stats["stages"]) == {"ada", "bo", "cy"}
+    assert all(s["measured_s"] > 0 for s in stats["stages"].values())
+
+
+def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
+    """Feed one llama.cpp context on the whole file the head's recorded batches; (frames, identical)."""
+    from kafila.engine.reference import ReferenceContext
+    from kafila.engine.stage import ContextConfig, Rows
+
+    ref = ReferenceContext(model, ContextConfig(n_ctx_per_seq=512, n_seq_max=4, n_batch=128))
+    ours: dict[int, str] = {}
+    theirs: dict[int, str] = {}
+    try:
+        for line in trace_path.read_text().splitlines():
+            e = json.loads(line)
+            if "tokens" in e:
+                rows = Rows(np.array(e["seqs"], np.int32), np.array(e["positions"], np.int32),
+                            np.array(e["want"], bool))
+                logits = ref.run(np.array(e["tokens"], np.int32), rows)
+                theirs[e["frame"]] = hashlib.sha256(logits.tobytes()).hexdigest()
+            elif "logits" in e:
+                ours[e["logits"]] = e["sha256"]
+            elif "free" in e:
+                ref.free(e["free"])
+            elif "trim" in e:  # a slot kept for a new request: positions from `keep` on dropped
+                ref.free(e["trim"], e["keep"])
+    finally:
+        ref.close()
+    return len(ours), sum(ours[f] == theirs.get(f) for f in ours)
+
+
+def test_four_concurrent_chats(ring: Cluster, smollm: Path) -> None:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda p: ring.chat(p, MAX_TOKENS), PROMPTS))
+    assert all("choices" in r for r in replies), replies
+    texts = [r["choices"][0]["message"]["content"] for r in replies]
+    assert all(texts)
+    # Ground truth for batched rows: one context fed exactly the batches the ring computed, in order.
+    frames, identical = replay_on_one_context(smollm, ring.trace)
+    assert frames > MAX_TOKENS and identical == frames
+    # Not asserted: how many of the four equal the solo llama.cpp reply. Alone, a request equals it
+    # (test_greedy_reply_identical_to_llama_cpp); batched with others, llama.cpp's own numbers change
+    # with the batch, so the replay above, bit for bit, is the ground truth for batched rows.
+
+
+def test_streaming_api(ring: Cluster, llama_cpp_replies: dict[str, str]) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 8, "temperature": 0,
+                       "stream": True, "cache_prompt": False}).encode()  # computed afresh: comparable with llama.cpp
+    req = urllib.request.Request(ring.url + "/v1/chat/completions", body, ring.headers())
+    with urllib.request.urlopen(req, timeout=REPLY_TIMEOUT_S) as r:
+        lines = [ln.decode().strip() for ln in r if ln.strip()]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert all("choices" in c for c in chunks), chunks
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text and chunks[-1]["kafila"]["completion_tokens"] == 8
+    assert llama_cpp_replies[PROMPTS[2]].startswith(text)  # greedy: the first 8 tokens of llama.cpp's reply
+
+
+def test_wrong_code_is_refused(ring: Cluster) -> None:
+    session_id = ring.code.split("-")[0]
+    out = run_kafila("join", f"{session_id}-aaaa-aaaa-aaaa-aaaa", "--rendezvous", ring.rdv, "--name", "mallory",
+                     "--api-port", "-1", env=ring.env, timeout=120)
+    assert out.returncode == 1
+    assert "wrong join code" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unknown_or_expired_session(ring: Cluster) -> None:
+    out = run_kafila("join", "zzzzzzzz-aaaa-aaaa-aaaa-aaaa", "--rendezvous", ring.rdv, "--api-port", "-1",
+                     env=ring.env, timeout=120)
+    assert out.returncode == 1
+    assert "expired, or the join code is mistyped" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_second_member_of_the_same_name_is_refused(ring: Cluster) -> None:
+    out = run_kafila("join", ring.code, "--rendezvous", ring.rdv, "--name", "ada", "--api-port", "-1",
+                     env=ring.env, timeout=240)
+    assert out.returncode == 1, out.stderr
+    assert "refused: a member of that name is already in the session" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert ring.state()["phase"] == "admitted"  # the ring serving goes on
+
+
+def test_a_join_after_planning_is_refused(ring: Cluster) -> None:
+    out = run_kafila("join", ring.code, "--rendezvous", ring.rdv, "--name", "dora", "--api-port", "-1",
+                     env=ring.env, timeout=240)
+    assert out.returncode == 1, out.stderr
+    assert "refused: the session is already planned" in out.stderr, out.stderr
+    assert "dora" not in ring.state()["plan"]["order"]
+
+
+# A member whose llama.cpp build is not the host's: the real `kafila join`, with the build it announces
+# changed in that process only (the libraries' hash, as a different llama.cpp would give). Its probe is
+# the cached one of this machine's real build, so the member reaches the host at once.
+OTHER_BUILD = """
+import sys
+import kafila.session.control.member as member
+real = member.measurements
+def other(result, emulation):
+    m = real(result, emulation)
+    version, _, features = m["build"].split("/")
+    return {**m, "build": f"{version}/0123456789abcdef/{features}"}
+member.measurements = other
+from kafila.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_member_of_another_llama_cpp_build_is_refused(ring: Cluster) -> None:
+    out = subprocess.run([sys.executable, "-c", OTHER_BUILD, "join", ring.code, "--rendezvous", ring.rdv,
+                          "--name", "eve", "--api-port", "-1"], capture_output=True, text=True, timeout=600,
+                         cwd=REPO, env=ring.env)
+    assert out.returncode == 1, out.stderr
+    assert "refused: its llama.cpp build differs from the host's (llama.cpp libraries: 0123456789abcdef there" \
+        in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "refused eve: its llama.cpp build differs" in ring.host.output
+    assert ring.state()["members"]["eve"]["status"] == "refused"
+
+
+STORY = "Tell me a long story about a dragon."
+
+
+def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Path, smollm: Path) -> None:
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), n_ctx=1024, verbose=False)
+    try:  # ground truth for the reply up to the cut, and for the re-planned ring: one context, greedy
+        reference = model.create_chat_completion([{"role": "user", "content": STORY}], max_tokens=300,
+                                                 temperature=0)["choices"][0]["message"]["content"]
+        capital = model.create_chat_completion([{"role": "user", "content": PROMPTS[0]}], max_tokens=8,
+                                               temperature=0)["choices"][0]["message"]["content"]
+    finally:
+        model.close()
+    with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", ["--throttle", "4"])]) as cluster:
+        state = cluster.wait_phase({"admitted"})
+        victim = next(n for n in state["plan"]["order"] if n != state["plan"]["head"])
+        streaming = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(cluster.stream_chat, STORY, 300, REPLY_TIMEOUT_S, streaming)
+            while not streaming.wait(0.1):  # the first piece of text, or the request's own failure
+                if pending.done():
+                    raise AssertionError(f"the reply ended before the kill: {pending.result()}")
+            killed_at = time.monotonic()
+            cluster.members[victim].popen.kill()
+            chunks = pending.result(timeout=REPLY_TIMEOUT_S)
+        assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), \
+            (chunks[-3:], cluster.host.output[-4000:])
+        notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
+        assert len(notices) == 1, notices
+        noticed_at, notice = notices[0]
+        assert f"member {victim} was lost" in notice and noticed_at - killed_at < 10, (notice, noticed_at - killed_at)
+        pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
+        before = "".join(p for t, p in pieces if t < noticed_at)
+        after = "".join(p for t, p in pieces if t > noticed_at)
+        # up to the cut the ring is exact; after it the reply goes on (the resumed prefill batches rows
+        # differently from one-at-a-time decoding, so the continuation need not equal the reference)
+        assert before and reference.startswith(before), (before, reference)
+        assert after.strip(), chunks[-3:]
+        done = chunks[-2][1]
+        assert done["choices"][0]["finish_reason"] in ("length", "stop")
+        if done["choices"][0]["finish_reason"] == "length":
+            assert done["kafila"]["completion_tokens"] == 300
+        assert f"member {victim} was lost" in cluster.host.output
+        state = cluster.wait_phase({"admitted"}, 120)
+        assert sorted(state["plan"]["order"]) == sorted(n for n in ("ada", "bo", "cy") if n != victim), \
+            (cluster.host.output[-6000:], {n: m.output[-3000:] for n, m in cluster.members.items()})
+        again = cluster.chat(PROMPTS[0], 8)
+        assert again["choices"][0]["message"]["content"] == capital, again
+
+
+MEMORY_GB = {"ada": 0.05, "bo": 0.06}  # together short of the model, so the rejection names remedies
+
+
+def model_sizes(model: Path) -> tuple[int, int]:
+    """(weight bytes, f16 KV cache bytes per token) read straight from the GGUF file, not from Kafila's code."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(model))
+
+    def field(key: str) -> int:
+        f = reader.fields[f"llama.{key}"]
+        return int(f.parts[f.data[0]][0])
+
+    head_dim = field("embedding_length") // field("attention.head_count")
+    kv_per_token = 2 * field("block_count") * field("attention.head_count_kv") * head_dim * 2  # K and V, 2 bytes each
+    return sum(int(t.n_bytes) for t in reader.tensors), kv_per_token
+
+
+def test_fleet_that_cannot_fit_is_rejected(tmp_path: Path, smollm: Path) -> None:
+    weights, kv = model_sizes(smollm)
+    offered = sum(MEMORY_GB.values()) * 1e9
+    concurrency, context = 4, 512  # the host's defaults in Cluster
+    with Cluster(tmp_path, [(n, ["--memory", str(gb)]) for n, gb in MEMORY_GB.items()]) as cluster:
+        assert cluster.host.popen.wait(240) == 3
+        text = cluster.host.output
+        need = weights + concurrency * context * kv
+        assert f"rejected: does not fit in memory: the model needs {need / 1e9:.2f} GB " \
+               f"(weights {weights / 1e9:.2f} GB + KV cache for {concurrency} × {context} tokens " \
+               f"{concurrency * context * kv / 1e9:.2f} GB); the fleet offers {offered / 1e9:.2f} GB" in text, text
+        # every member named, with how much it is short by
+        for name, gb in MEMORY_GB.items():
+            m = re.search(rf"{name} short by ([\d.]+) GB \(needs ([\d.]+) GB, has {gb:.2f} GB\)", text)
+            assert m, text
+            assert abs(float(m.group(2)) - gb - float(m.group(1))) <= 0.011, m.group(0)
+        # and what would admit the session, each remedy checked against the sizes in the file
+        remedies = re.search(r"would admit: (.*)", text)
+        assert remedies, text
+        found = remedies.group(1).split("; or ")
+        c = re.fullmatch(rf"at most (\d+) concurrent requests? of {context} tokens", found[0])
+        assert c, found
+        most = int(c.group(1))
+        assert weights + most * context * kv <= offered < weights + (most + 1) * context * kv
+        t = re.fullmatch(rf"{concurrency} requests of at most (\d+) tokens", found[1])
+        assert t, found
+        assert int(t.group(1)) < context and weights + concurrency * int(t.group(1)) * kv <= offered
+        f = re.fullmatch(r"weights at most ([\d.]+)% of their current size .*", found[2])
+        assert f, found
+        assert 0 < float(f.group(1)) < 100
+        assert weights * float(f.group(1)) / 100 + concurrency * context * kv <= offered
+        assert found[3:] == ["more members or memory"]
+        for m in cluster.members.values():
+            assert m.popen.wait(30) == 1
+            assert "Traceback" not in m.output
+            assert remedies.group(0) in m.output and re.search(r"closest layout: .*short by", m.output), m.output

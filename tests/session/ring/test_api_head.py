@@ -1,0 +1,117 @@
+"""The head against bad requests that reach it past the API (defence in depth), on real llama.cpp.
+
+A ring of one: the whole SmolLM2 as the head's stage, in this process. Each bad body must be
+answered with a 400-status error event and the head must go on serving: afterwards a greedy chat
+gives llama-cpp-python's own text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafila.engine.sampler import Sampler
+from kafila.model.stage_cache import StageCache
+from kafila.session.protocol import messages
+from kafila.session.ring import head as head_module
+from kafila.session.ring.head import Head
+from tests.session.solo_head import solo_head
+
+N_CTX = 512
+PROMPT = "What is the capital of France?"
+HI = [{"role": "user", "content": PROMPT}]
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_reply(smollm: Path) -> str:
+    """Ground truth: llama-cpp-python's greedy chat completion on the whole file."""
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), n_ctx=N_CTX, verbose=False)
+    try:
+        out = model.create_chat_completion(HI, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+        return str(out["choices"][0]["message"]["content"])  # type: ignore[index]
+    finally:
+        model.close()
+
+
+@pytest.fixture
+async def head(smollm: Path, stage_cache: StageCache) -> AsyncIterator[Head]:
+    async with solo_head(smollm, stage_cache, N_CTX) as h:
+        yield h
+
+
+async def remote(h: Head, body: Any) -> list[dict[str, Any]]:
+    """A chat forwarded to the head as a ring member's would be (`serve_remote`); its events."""
+    got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def reply(msg: bytes) -> None:
+        evt = messages.decode(msg)
+        assert isinstance(evt, messages.ChatEvt)
+        got.put_nowait(evt.evt)
+
+    # A body that is not an object cannot come off the wire (messages.decode refuses it); the head
+    # must still survive one handed to it directly.
+    h.serve_remote(messages.Chat("c1", "bo", body), reply)
+    events = []
+    while not events or not ({"done", "error"} & set(events[-1])):
+        events.append(await asyncio.wait_for(got.get(), 120))
+    return events
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e.get("delta", "") for e in events)
+
+
+BAD = [
+    ({"messages": HI, "temperature": "x"}, "temperature"),
+    ({"messages": HI, "temperature": float("nan")}, "temperature"),
+    ({"messages": HI, "top_k": "40"}, "top_k"), ({"messages": HI, "top_p": 7}, "top_p"),
+    ({"messages": HI, "max_tokens": -3}, "max_tokens"), ({"messages": HI, "seed": "s"}, "seed"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"), ({"messages": None}, "messages"),
+    ({"messages": HI, "resume": [10**9]}, "resume"), ({"messages": HI, "resume": "x"}, "resume"),
+    ("not an object", None), ([1, 2], None),
+]
+
+
+async def test_bad_bodies_are_refused_and_the_head_serves_on(head: Head, llama_cpp_reply: str) -> None:
+    for body, param in BAD:
+        events = await remote(head, body)
+        assert len(events) == 1 and events[0]["status"] == 400 and events[0]["param"] == param, (body, events)
+        assert not events[0].get("resumable")
+    # a null temperature is OpenAI's "the default": served, not a crash (it once was float(None) in the head)
+    assert (await remote(head, {"messages": HI, "temperature": None, "max_tokens": 4}))[-1].get("done")
+    events = await remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0})
+    assert text_of(events) == llama_cpp_reply
+
+
+async def test_a_prompt_past_the_context_is_refused_with_the_numbers(head: Head) -> None:
+    events = [e async for e in head.chat({"messages": [{"role": "user", "content": "word " * 2000}]})]
+    assert len(events) == 1 and events[0]["status"] == 400 and events[0]["code"] == "context_length_exceeded"
+    assert f"the context holds {N_CTX} per request" in events[0]["error"]
+    tokens = int(events[0]["error"].split("the prompt is ")[1].split()[0])
+    assert tokens > N_CTX
+
+
+async def test_a_request_whose_sampling_fails_ends_alone(head: Head, llama_cpp_reply: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    class Failing(Sampler):
+        def sample(self, logits: Any) -> int:
+            if self.params.seed == 666:
+                raise ValueError("probabilities contain NaN")
+            return super().sample(logits)
+
+    monkeypatch.setattr(head_module, "Sampler", Failing)
+    bad, good = await asyncio.gather(remote(head, {"messages": HI, "seed": 666, "temperature": 1.0}),
+                                     remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0}))
+    assert bad[-1]["status"] == 500 and "probabilities contain NaN" in bad[-1]["error"]
+    assert text_of(good) == llama_cpp_reply
+    assert json.dumps(bad)  # the error travels as a chat_evt (JSON)

@@ -1,0 +1,22 @@
+"""The head's running stage-time figures: medians of the last STATS_WINDOW decode calls."""
+
+from __future__ import annotations
+
+from kafila.session.ring.head import STATS_WINDOW, RingStats
+
+
+def test_a_stray_slow_call_does_not_move_the_figure_and_old_calls_are_forgotten() -> None:
+    stats = RingStats({"ada": 0.030, "bo": 0.020})
+    assert stats.measured == {} and stats.network_share is None
+    for _ in range(9):
+        stats.add(["ada", "bo"], (30_000_000, 20_000_000), 60_000_000)  # 10 ms of 60 outside compute
+    stats.add(["ada", "bo"], (300_000_000, 20_000_000), 330_000_000)  # one call preempted for 270 ms
+    assert stats.measured == {"ada": 0.030, "bo": 0.020}
+    assert abs(stats.network_share - 1 / 6) < 1e-12
+    for _ in range(STATS_WINDOW):  # the ring slowed down: the figure follows within one window
+        stats.add(["ada", "bo"], (45_000_000, 20_000_000), 0)  # no round trip: the share keeps its samples
+    assert stats.measured == {"ada": 0.045, "bo": 0.020}
+    assert abs(stats.network_share - 1 / 6) < 1e-12
+    sent = stats.message()
+    assert sent.stages["ada"].measured_s == 0.045 and sent.stages["ada"].predicted_s == 0.030
+    assert stats.as_dict()["stages"]["bo"] == {"predicted_s": 0.020, "measured_s": 0.020}
