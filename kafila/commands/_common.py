@@ -7,6 +7,17 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1, with the reason when it is not."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a GGUF file, or a model by name: smollm2 (the default, embedded) or gemma3 (Gemma 3 270M)")

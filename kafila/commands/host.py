@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import socket
 
+from kafila.commands._common import positive_int
+
 HELP = "open a session for a model, coordinate it and serve a stage of it (prints the join code)"
 
 
@@ -16,7 +18,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for them (default 120)")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
-    p.add_argument("--batch", type=_positive, default=128,
+    p.add_argument("--batch", type=positive_int, default=128,
                    help="most prompt tokens per call: long prompts go round the ring in chunks of this size "
                         "(default 128)")
     p.add_argument("--api-port", type=int, default=8711, help="local chat API port (default 8711; -1: none)")
@@ -50,12 +52,3 @@ def run(args: argparse.Namespace) -> int:
     )
     return run_printing(lambda state: run_host(opts, state))
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value

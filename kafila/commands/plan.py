@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kafila.commands._common import positive_int
 from kafila.errors import PlanInputError
 
 if TYPE_CHECKING:
@@ -19,15 +20,6 @@ if TYPE_CHECKING:
 HELP = "plan a ring for a fleet and a model: order, head, block ranges, and the baselines beside it"
 EXIT_REJECTED = 3
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -38,11 +30,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="a GGUF file or a model JSON file (default: the embedded SmolLM2-135M)",
     )
-    p.add_argument("--concurrency", type=_positive, default=1, help="concurrent requests to admit (default 1)")
-    p.add_argument("--context", type=_positive, default=4096, help="tokens of context per request (default 4096)")
-    p.add_argument("--prompt-tokens", type=_positive, default=2000,
+    p.add_argument("--concurrency", type=positive_int, default=1, help="concurrent requests to admit (default 1)")
+    p.add_argument("--context", type=positive_int, default=4096, help="tokens of context per request (default 4096)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=2000,
                    help="predict the time to first token of a prompt this long (default 2000)")
-    p.add_argument("--batch", type=_positive, default=128,
+    p.add_argument("--batch", type=positive_int, default=128,
                    help="most rows per stage call: a prompt goes round in chunks of this many (default 128)")
     p.add_argument(
         "--strategy",
