@@ -22,12 +22,10 @@ KV cache per token and block: K and V, KV heads × head size values each, f16.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from kafila.bench.qwen3_models import use_more_bits
+from kafila.bench.qwen3_models import use_more_bits, write_models
 
 # bytes per block of 32 or 256 weights, and the block size
 TYPES: dict[str, tuple[int, int]] = {"Q4_K": (144, 256), "Q6_K": (210, 256), "Q8_0": (34, 32),
@@ -100,15 +98,7 @@ MODELS = {"qwen3-30b-a3b-q4_k_m": qwen3_30b_a3b, "gpt-oss-20b-mxfp4": gpt_oss_20
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0]) if argv else Path("bench")
-    out.mkdir(parents=True, exist_ok=True)
-    for stem, make in MODELS.items():
-        data = make()
-        path = out / f"{stem}.json"
-        path.write_text(json.dumps(data, indent=1) + "\n")
-        total = sum(data["blocks_bytes"]) + data["head_bytes"]
-        print(f"{path}: {total / 1e9:.2f} GB")
-    return 0
+    return write_models(argv, {stem: make() for stem, make in MODELS.items()})
 
 
 if __name__ == "__main__":

@@ -82,16 +82,22 @@ def model_file(name: str) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
+def write_models(argv: list[str], files: dict[str, dict[str, Any]]) -> int:
+    """Write each model file as `STEM.json` in the folder argv names (default bench/), saying its size."""
     out = Path(argv[0]) if argv else Path("bench")
     out.mkdir(parents=True, exist_ok=True)
-    for name in ARCHS:
-        data = model_file(name)
-        path = out / f"{name.lower()}-q4_k_m.json"
+    for stem, data in files.items():
+        path = out / f"{stem}.json"
         path.write_text(json.dumps(data, indent=1) + "\n")
         total = sum(data["blocks_bytes"]) + data["head_bytes"]
-        print(f"{path}: {data['params'] / 1e9:.2f} B params, {total / 1e9:.2f} GB, {data['bits_per_weight']} bpw")
+        params = f"{data['params'] / 1e9:.2f} B params, " if "params" in data else ""
+        bpw = f", {data['bits_per_weight']} bpw" if "bits_per_weight" in data else ""
+        print(f"{path}: {params}{total / 1e9:.2f} GB{bpw}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return write_models(argv, {f"{name.lower()}-q4_k_m": model_file(name) for name in ARCHS})
 
 
 if __name__ == "__main__":
