@@ -49,30 +49,52 @@ that may be null; fields this build does not know are ignored):
                               that the ring outlives its host; kafila.session.control.takeover)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
 
-decode() checks every field's type and range from one table (SCHEMA); anything malformed is a
-ProtocolError naming what is wrong, never another exception.
+decode() checks every field's type and range from one table (SCHEMA, its checks from
+kafila.session.protocol.fields); anything malformed is a ProtocolError naming what is wrong, never
+another exception.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from kafila.errors import ProtocolError
+from kafila.session.protocol.fields import CONFIG_KEYS as CONFIG_KEYS  # the limits stay importable from here
+from kafila.session.protocol.fields import (
+    EPOCH,
+    MAX_CONTROL,
+    MAX_INDEX,
+    NAME,
+    NAMES,
+    SECONDS,
+    SHA256,
+    TEXT,
+    Check,
+    block_range,
+    boolean,
+    chat_event,
+    check_fields,
+    context_config,
+    integer,
+    json_object,
+    list_of,
+    manifest,
+    map_of,
+    null_or,
+    number,
+    plan,
+    record,
+)
+from kafila.session.protocol.fields import MAX_NAME as MAX_NAME
+from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
 from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
 
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
 CHUNK_MAGIC = b"KFC1"
-MAX_CONTROL = 4 * 1024 * 1024
-MAX_NAME = 255
-MAX_TEXT = 64 * 1024
-MAX_INDEX = (1 << 31) - 1
-CONFIG_KEYS = ("n_ctx_per_seq", "n_seq_max", "n_batch")
 
 
 def kind(msg: bytes) -> str:
@@ -269,171 +291,40 @@ class Roster(Control):
     mixed_builds: bool = False
 
 
-# -- field checks: (value, where) -> the decoded value, or ProtocolError --------------------------
-Check = Callable[[Any, str], Any]
-
-
-def _int(lo: int, hi: int) -> Check:
-    def check(v: Any, where: str) -> int:
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise ProtocolError(f"{where} must be an integer in [{lo}, {hi}]")
-        return v
-    return check
-
-
-def _num(lo: float, hi: float) -> Check:
-    def check(v: Any, where: str) -> float:
-        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
-            raise ProtocolError(f"{where} must be a number in [{lo:g}, {hi:g}]")
-        return float(v)
-    return check
-
-
-def _str(max_len: int, min_len: int = 0) -> Check:
-    def check(v: Any, where: str) -> str:
-        if not isinstance(v, str) or not min_len <= len(v) <= max_len:
-            raise ProtocolError(f"{where} must be a string of {min_len} to {max_len} characters")
-        return v
-    return check
-
-
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise ProtocolError(f"{where} must be true or false")
-    return v
-
-
-def _null_or(inner: Check) -> Check:
-    def check(v: Any, where: str) -> Any:
-        return None if v is None else inner(v, where)
-    return check
-
-
-def _list(item: Check, max_len: int | None = None) -> Check:
-    def check(v: Any, where: str) -> tuple[Any, ...]:
-        if not isinstance(v, list) or (max_len is not None and len(v) > max_len):
-            raise ProtocolError(f"{where} must be a list" + (f" of at most {max_len} items" if max_len else ""))
-        return tuple(item(x, f"{where}[{i}]") for i, x in enumerate(v))
-    return check
-
-
-def _map(value: Check) -> Check:
-    def check(v: Any, where: str) -> dict[str, Any]:
-        if not isinstance(v, dict):
-            raise ProtocolError(f"{where} must be an object")
-        return {_NAME(k, f"a key of {where}"): value(x, f"{where}[{k!r}]") for k, x in v.items()}
-    return check
-
-
-def _object(v: Any, where: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise ProtocolError(f"{where} must be an object")
-    return v
-
-
-def _record(cls: type, checks: dict[str, Check]) -> Check:
-    """A nested object decoded into the dataclass `cls`."""
-    def check(v: Any, where: str) -> Any:
-        return cls(**_fields(_object(v, where), checks, where))
-    return check
-
-
-_NAME = _str(MAX_NAME, 1)
-_NAMES = _list(_NAME, 64)
-_EPOCH = _int(0, MAX_INDEX)
-_TEXT = _str(MAX_TEXT)
-_SECONDS = _num(0.0, 1e9)
-_SHA256 = _str(64, 64)
-
-
-def _range(v: Any, where: str) -> tuple[int, int]:
-    if not isinstance(v, list) or len(v) != 2:
-        raise ProtocolError(f"{where} must be a block range [start, end)")
-    start, end = (_int(0, MAX_INDEX)(x, where) for x in v)
-    if not start < end:
-        raise ProtocolError(f"{where} must be a block range [start, end) with start < end")
-    return start, end
-
-
-def _config(v: Any, where: str) -> dict[str, int]:
-    obj = _object(v, where)
-    return {k: _int(1, 1 << 24)(obj.get(k), f"{where}.{k}") for k in CONFIG_KEYS}
-
-
-def _plan(v: Any, where: str) -> dict[str, Any]:
-    obj = _object(v, where)
-    _map(_SECONDS)(obj.get("stage_seconds", {}), f"{where}.stage_seconds")
-    return obj
-
-
-def _manifest(v: Any, where: str) -> StageManifest:
-    obj = _object(v, where)
-    # the types first, so that the manifest's own consistency check sees only sane numbers
-    _SHA256(obj.get("sha256"), f"{where}.sha256")
-    _int(0, 1 << 50)(obj.get("size"), f"{where}.size")
-    _int(1, 1 << 32)(obj.get("chunk_size"), f"{where}.chunk_size")
-    _list(_SHA256)(obj.get("chunks"), f"{where}.chunks")
-    return StageManifest.from_dict(obj)
-
-
-def _event(v: Any, where: str) -> dict[str, Any]:
-    obj = _object(v, where)
-    if "delta" in obj:
-        _str(MAX_CONTROL)(obj["delta"], f"{where}.delta")
-        _list(_int(0, MAX_INDEX))(obj.get("tokens"), f"{where}.tokens")
-    elif "done" in obj:
-        _object(obj["done"], f"{where}.done")
-    elif "error" in obj or "notice" in obj:
-        _TEXT(obj.get("error", obj.get("notice")), f"{where}'s text")
-    elif "progress" in obj:
-        progress = _object(obj["progress"], f"{where}.progress")
-        for name in ("prefilled", "prompt_tokens"):
-            _int(0, MAX_INDEX)(progress.get(name), f"{where}.progress.{name}")
-    else:
-        raise ProtocolError(f"{where} must carry one of delta, done, error, notice, progress")
-    return obj
-
-
-_EDGE = _record(EdgeOutcome, {"predicted": _NAME, "actual": _NAME, "ready_ms": _null_or(_SECONDS),
-                              "error": _null_or(_TEXT)})
-_MEASURED = _record(Measured, {"bw": _num(0.0, 1e15), "disp": _SECONDS, "mem": _int(0, 1 << 60),
-                              "ubw": _num(0.0, 1e15), "nat": _NAME, "rtt_ms": _null_or(_SECONDS)})
-_STAGE_TIME = _record(StageTime, {"predicted_s": _SECONDS, "measured_s": _null_or(_SECONDS)})
-_TTFT = _record(TtftTime, {"prompt_tokens": _int(0, MAX_INDEX), "measured_s": _SECONDS,
-                           "predicted_s": _null_or(_SECONDS)})
+# the nested objects, each decoded into its dataclass above
+_EDGE = record(EdgeOutcome, {"predicted": NAME, "actual": NAME, "ready_ms": null_or(SECONDS),
+                             "error": null_or(TEXT)})
+_MEASURED = record(Measured, {"bw": number(0.0, 1e15), "disp": SECONDS, "mem": integer(0, 1 << 60),
+                             "ubw": number(0.0, 1e15), "nat": NAME, "rtt_ms": null_or(SECONDS)})
+_STAGE_TIME = record(StageTime, {"predicted_s": SECONDS, "measured_s": null_or(SECONDS)})
+_TTFT = record(TtftTime, {"prompt_tokens": integer(0, MAX_INDEX), "measured_s": SECONDS,
+                          "predicted_s": null_or(SECONDS)})
 
 # The one decode table: each type's class and a check per field.
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
-    "assign": (Assign, {"epoch": _EPOCH, "order": _NAMES, "head": _NAME, "ranges": _map(_range),
-                        "config": _config, "plan": _plan, "model": _TEXT, "stage": _manifest,
-                        "cut_local": _bool}),
-    "need": (Need, {"epoch": _EPOCH, "chunks": _list(_int(0, MAX_INDEX))}),
-    "working": (Working, {"epoch": _EPOCH, "step": _NAME}),
-    "loaded": (Loaded, {"epoch": _EPOCH}),
-    "connect": (Connect, {"epoch": _EPOCH}),
-    "ready": (Ready, {"epoch": _EPOCH, "edge": _null_or(_EDGE)}),
-    "admit": (Admit, {"epoch": _EPOCH}),
-    "reject": (Reject, {"reason": _TEXT}),
-    "refused": (Refused, {"reason": _TEXT}),
-    "lost": (Lost, {"who": _NAME, "reason": _TEXT, "epoch": _EPOCH}),
-    "stats": (Stats, {"stages": _map(_STAGE_TIME), "network_share": _null_or(_num(0.0, 1.0)),
-                      "tokens_per_s": _null_or(_num(0.0, 1e9)), "ttft": _null_or(_TTFT)}),
-    "free": (Free, {"seq": _int(0, 0xFFFF)}),
-    "trim": (Trim, {"seq": _int(0, 0xFFFF), "keep": _int(0, MAX_INDEX)}),
-    "chat": (Chat, {"id": _NAME, "origin": _NAME, "body": _object}),
-    "chat_evt": (ChatEvt, {"id": _NAME, "dest": _NAME, "evt": _event}),
-    "bye": (Bye, {"reason": _TEXT}),
-    "roster": (Roster, {"coordinator": _NAME, "model": _TEXT, "members": _map(_MEASURED),
-                        "beside": _null_or(_NAME), "holders": _NAMES, "model_sha256": _null_or(_SHA256),
-                        "strategy": _NAME, "mixed_builds": _bool}),
+    "assign": (Assign, {"epoch": EPOCH, "order": NAMES, "head": NAME, "ranges": map_of(block_range),
+                        "config": context_config, "plan": plan, "model": TEXT, "stage": manifest,
+                        "cut_local": boolean}),
+    "need": (Need, {"epoch": EPOCH, "chunks": list_of(integer(0, MAX_INDEX))}),
+    "working": (Working, {"epoch": EPOCH, "step": NAME}),
+    "loaded": (Loaded, {"epoch": EPOCH}),
+    "connect": (Connect, {"epoch": EPOCH}),
+    "ready": (Ready, {"epoch": EPOCH, "edge": null_or(_EDGE)}),
+    "admit": (Admit, {"epoch": EPOCH}),
+    "reject": (Reject, {"reason": TEXT}),
+    "refused": (Refused, {"reason": TEXT}),
+    "lost": (Lost, {"who": NAME, "reason": TEXT, "epoch": EPOCH}),
+    "stats": (Stats, {"stages": map_of(_STAGE_TIME), "network_share": null_or(number(0.0, 1.0)),
+                      "tokens_per_s": null_or(number(0.0, 1e9)), "ttft": null_or(_TTFT)}),
+    "free": (Free, {"seq": integer(0, 0xFFFF)}),
+    "trim": (Trim, {"seq": integer(0, 0xFFFF), "keep": integer(0, MAX_INDEX)}),
+    "chat": (Chat, {"id": NAME, "origin": NAME, "body": json_object}),
+    "chat_evt": (ChatEvt, {"id": NAME, "dest": NAME, "evt": chat_event}),
+    "bye": (Bye, {"reason": TEXT}),
+    "roster": (Roster, {"coordinator": NAME, "model": TEXT, "members": map_of(_MEASURED),
+                        "beside": null_or(NAME), "holders": NAMES, "model_sha256": null_or(SHA256),
+                        "strategy": NAME, "mixed_builds": boolean}),
 }
-
-
-def _fields(obj: dict[str, Any], checks: dict[str, Check], where: str) -> dict[str, Any]:
-    missing = [name for name in checks if name not in obj]
-    if missing:
-        raise ProtocolError(f"{where}: missing field {', '.join(missing)}")
-    return {name: check(obj[name], f"{where}: {name}") for name, check in checks.items()}
 
 
 def _assign_consistent(msg: Assign) -> None:
@@ -458,7 +349,7 @@ def decode(raw: bytes) -> Control:
     if entry is None:
         raise ProtocolError(f"control message of unknown type {str(t)[:40]!r}")
     cls, checks = entry
-    msg = cls(**_fields(obj, checks, f"'{t}' message"))
+    msg = cls(**check_fields(obj, checks, f"'{t}' message"))
     if isinstance(msg, Assign):
         _assign_consistent(msg)
     return msg
