@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             "fleets": f_rows,
         },
     )
-    emit(report, args.json, args.out)
+    emit(report, args.json, args.out, args.plot)
     if not args.json:
         _print(report)
     return 0

@@ -22,11 +22,16 @@ def envelope(name: str, results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def emit(report: dict[str, Any], as_json: bool, out: str | None) -> None:
-    """Print the report as JSON when asked, and save it to `out` when given."""
+def emit(report: dict[str, Any], as_json: bool, out: str | None, plot: str | None = None) -> None:
+    """Print the report as JSON when asked, save it to `out` when given, and its SVG chart to `plot`."""
     text = json.dumps(report, indent=2, sort_keys=False)
     if as_json:
         print(text)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
+    if plot:
+        from kafila.bench.plot import svg  # pygal only when a chart is asked for
+
+        Path(plot).parent.mkdir(parents=True, exist_ok=True)
+        Path(plot).write_text(svg(report))

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     results = {"latency": latency, "throughput": throughput, "fleet_throttles": throttles,
                "prediction": {"median_relative_error": median_err, "target": "<= 10%",
                               "target_met": median_err is not None and median_err <= 0.10}}
-    emit(envelope("ring", results), args.json, args.out)
+    emit(envelope("ring", results), args.json, args.out, args.plot)
     if not args.json:
         out = Console()
         out.print(f"(a) decode, median ms/token: ring {ring_ms:.2f}, local {local_ms:.2f}, "

@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
                                                    (r.get("pipe_floor") or {}).get("member_ms") or {})
         r["targets"] = judge(r)
     pooled = pool(runs)
-    emit(envelope("scale", {"probe": probe, "runs": runs, "targets": pooled}), args.json, args.out)
+    emit(envelope("scale", {"probe": probe, "runs": runs, "targets": pooled}), args.json, args.out, args.plot)
     if not args.json:
         out = Console()
         # a probe whose cuts fit its cost model badly was taken while the machine's speed moved

@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "mixed": "mixed",
     "scale": "scale",
 }
+PLOTTED = ("planner", "ring", "scale")  # the reports kafila.bench.plot draws
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         bp = sub.add_parser(name, help=module.HELP, description=module.HELP)
         bp.add_argument("--json", action="store_true", help="print the report as JSON")
         bp.add_argument("--out", default=None, help="also write the report to this file")
+        if name in PLOTTED:
+            bp.add_argument("--plot", default=None, metavar="FILE", help="also draw the report as an SVG chart here")
         module.configure(bp)
         bp.set_defaults(_bench_run=module.run)
 
