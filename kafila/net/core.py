@@ -4,7 +4,9 @@ Like aioquic's QuicConnection, the caller feeds it `receive_datagram(data, addr,
 what `datagrams_to_send(now)` returns, wakes it at `get_timer()` with `handle_timer(now)` and
 reads what happened from `next_event()`. One core carries, on one socket, STUN answers and
 rendezvous replies (handed out as events), punch frames (kafila.net.punch), relay envelopes and
-QUIC. Datagrams are told apart by their first byte (kafila.net.wire).
+QUIC. Datagrams are told apart by their first byte (kafila.net.wire). Its parts: the events it
+hands out (kafila.net.events), its QUIC connections' bookkeeping (kafila.net.connections) and the
+rendezvous's health (kafila.net.rdvhealth).
 
 Each QUIC connection talks to a *virtual* peer address; the core decides per datagram whether
 it goes straight to the peer (once a punch proved the path both ways) or through the
@@ -15,27 +17,27 @@ Limits against a flood of Initials (issue #13 item 5): an Initial creates a conn
 when it comes from a listed peer, that peer has fewer than `max_pending_per_peer` connections
 still in their handshake (each ends by QUIC's idle timeout if it never completes), and
 something in it decrypted (a forged Initial is dropped before it counts); every connection's
-ids are indexed per connection, so forgetting one costs O(its ids).
+ids are indexed per connection, so forgetting one costs O(its ids) (kafila.net.connections).
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aioquic.buffer import Buffer
-from aioquic.quic import events as qe
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
 
 from kafila.errors import ProtocolError, SessionError
+from kafila.net import events as ev
 from kafila.net import stun, wire
+from kafila.net.connections import Connections
 from kafila.net.pmtu import DEFAULT_CEILING, PmtuConfig, PmtuSearch
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
+from kafila.net.rdvhealth import RendezvousHealth
 from kafila.net.trust import VerifiedMember
 
 log = logging.getLogger("kafila.net")
@@ -43,102 +45,6 @@ log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
 MIN_INITIAL = 1200  # RFC 9000 §14.1: a client's Initial is padded to at least this
 HOST_CID_LEN = 8  # aioquic's connection ids (QuicConfiguration.connection_id_length's default)
-
-
-# ---- events -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StunReceived:
-    """A STUN Binding answer (the rendezvous client matches it to its request)."""
-
-    msg: stun.StunMessage
-
-
-@dataclass(frozen=True)
-class ControlReceived:
-    """A RESPONSE frame from the rendezvous."""
-
-    request_id: int
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ConnectionAccepted:
-    """A listed peer opened a QUIC connection to us (handshake still under way)."""
-
-    conn: PinnedQuicConnection
-
-
-@dataclass(frozen=True)
-class HandshakeCompleted:
-    """TLS is done on a connection (its pin is not checked yet: the Link does that)."""
-
-    conn: PinnedQuicConnection
-
-
-@dataclass(frozen=True)
-class StreamData:
-    """Bytes on stream 0 of a connection."""
-
-    conn: PinnedQuicConnection
-    data: bytes
-
-
-@dataclass(frozen=True)
-class ConnectionEnded:
-    """A connection is gone; the core has forgotten it."""
-
-    conn: PinnedQuicConnection
-    reason: str
-
-
-@dataclass(frozen=True)
-class PeerUnknown:
-    """Something came from a member id we have not listed yet: refresh the member list."""
-
-    member_id: bytes
-
-
-@dataclass(frozen=True)
-class PathChanged:
-    """The punch state toward a peer changed (direct is the proven address when DIRECT)."""
-
-    member_id: bytes
-    before: PunchState
-    after: PunchState
-    direct: Addr | None
-
-
-@dataclass(frozen=True)
-class RejoinDue:
-    """Time to re-register with the rendezvous (so it learns a rebound NAT mapping)."""
-
-
-@dataclass(frozen=True)
-class RendezvousLost:
-    """Nothing came from the rendezvous for `silent_s`: relayed connections were closed (`reason` says why).
-
-    Direct connections never touch the rendezvous and go on; re-joins go on too, so that the
-    member re-registers as soon as it answers again.
-    """
-
-    rendezvous: Addr
-    silent_s: float
-    reason: str
-    closed: int  # relayed connections closed with `reason`
-
-
-@dataclass(frozen=True)
-class RendezvousBack:
-    """The rendezvous answered again after it was lost (`silent_s`: for how long it was silent)."""
-
-    rendezvous: Addr
-    silent_s: float
-
-
-Event = (StunReceived | ControlReceived | ConnectionAccepted | HandshakeCompleted | StreamData | ConnectionEnded
-         | PeerUnknown | PathChanged | RejoinDue | RendezvousLost | RendezvousBack)
 
 
 def vaddr(member_id: bytes) -> Addr:
@@ -185,32 +91,32 @@ class EndpointCore:
         self.peers: dict[bytes, VerifiedMember] = {}  # verified members, kept by the membership layer
         self._punchers: dict[bytes, Puncher] = {}
         self._reported: dict[bytes, PunchState] = {}  # the punch state last told to the caller, per peer
-        self._cids: dict[bytes, PinnedQuicConnection] = {}
-        self._conn_cids: dict[PinnedQuicConnection, set[bytes]] = {}  # every connection's ids: O(own) forget
-        self._pending: dict[bytes, set[PinnedQuicConnection]] = {}  # per peer: incoming, handshake not done
-        self._established: set[PinnedQuicConnection] = set()
-        self._pmtu: dict[PinnedQuicConnection, PmtuSearch] = {}  # established connections' path MTU searches
-        self._dirty: set[PinnedQuicConnection] = set()
+        self._conns = Connections()
         self._out: list[tuple[bytes, Addr]] = []
-        self._events: deque[Event] = deque()
+        self._events: deque[ev.Event] = deque()
         self._next_ping: float | None = None
         self._next_rejoin: float | None = None
-        self._rdv_heard_at: float | None = None  # when something last came from the rendezvous (once joined)
-        self._rdv_probed_at = float("-inf")  # when we last sent it a STUN probe to see if it lives
-        self.rendezvous_lost: RendezvousLost | None = None  # while it is lost
+        self._rdv = RendezvousHealth(self.config.rendezvous_probe_s, self.config.lost_after_s)
+
+    @property
+    def rendezvous_lost(self) -> ev.RendezvousLost | None:
+        """Why the rendezvous is lost, while it is; None while it answers."""
+        return self._rdv.lost
 
     # ---- the caller's interface ---------------------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: Addr, now: float) -> None:
         """Handle one datagram from the socket; malformed ones are dropped (logged at debug)."""
-        if addr == self.rendezvous and self._rdv_heard_at is not None:
-            self._heard_rendezvous(now)
+        if addr == self.rendezvous and self._rdv.heard_at is not None:
+            back = self._rdv.heard(addr, now)
+            if back is not None:
+                self._events.append(back)
         try:
             kind = wire.kind_of(data)
             if kind == "stun":
                 msg = stun.decode(data)
                 if msg.msg_type == stun.BINDING_SUCCESS:
-                    self._events.append(StunReceived(msg))
+                    self._events.append(ev.StunReceived(msg))
             elif kind == "quic":
                 peer = self._peer_at(addr)
                 if peer is not None:
@@ -222,49 +128,47 @@ class EndpointCore:
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Addr]]:
         """Everything due now: QUIC packets of every connection touched since the last call, punches, control."""
-        while self._dirty:
-            self._drain(self._dirty.pop(), now)
+        while self._conns.dirty:
+            self._drain(self._conns.dirty.pop(), now)
         out, self._out = self._out, []
         return out
 
     def get_timer(self) -> float | None:
         """When handle_timer() next has something to do (None: nothing scheduled)."""
-        times = [t for t in (self._next_ping, self._next_rejoin, *self._rdv_timers()) if t is not None]
-        times += [t for c in self._conn_cids if (t := c.get_timer()) is not None]
+        times = [t for t in (self._next_ping, self._next_rejoin, *self._rdv.timers()) if t is not None]
+        times += [t for c in self._conns.ids if (t := c.get_timer()) is not None]
         times += [t for p in self._punchers.values() if (t := p.next_wakeup()) is not None]
-        times += [t for s in self._pmtu.values() if (t := s.next_wakeup()) is not None]
+        times += [t for s in self._conns.pmtu.values() if (t := s.next_wakeup()) is not None]
         return min(times, default=None)
 
     def handle_timer(self, now: float) -> None:
         """Run whatever is due: QUIC timers, keepalive pings, punch schedules, the rendezvous re-join."""
-        for conn in list(self._conn_cids):
+        for conn in list(self._conns.ids):
             t = conn.get_timer()
             if t is not None and t <= now:
                 conn.handle_timer(now)
-                self._dirty.add(conn)
-        for conn, search in self._pmtu.items():
+                self._conns.dirty.add(conn)
+        for conn, search in self._conns.pmtu.items():
             t = search.next_wakeup()
             if t is not None and t <= now:
-                self._dirty.add(conn)  # _drain sends the probe
+                self._conns.dirty.add(conn)  # _drain sends the probe
         if self._next_ping is not None and now >= self._next_ping:
             self._next_ping = now + self.config.keepalive_s
-            for conn in self._established:
+            for conn in self._conns.established:
                 conn.send_ping(0)  # keeps the NAT mapping and the QUIC idle timer alive
-                self._dirty.add(conn)
+                self._conns.dirty.add(conn)
         for p in list(self._punchers.values()):
             self._run_puncher(p, p.poll(now), now)
         if self._next_rejoin is not None and now >= self._next_rejoin:
             self._next_rejoin = now + self.config.rejoin_s
-            self._events.append(RejoinDue())
-        probe_at, lost_at = self._rdv_timers()
+            self._events.append(ev.RejoinDue())
+        probe_at, lost_at = self._rdv.timers()
         if lost_at is not None and now >= lost_at:
             self._lose_rendezvous(now)
         elif probe_at is not None and now >= probe_at and self.rendezvous is not None:
-            self._rdv_probed_at = now
-            probe = stun.StunMessage(stun.BINDING_REQUEST, secrets.token_bytes(12))
-            self._out.append((stun.encode(probe), self.rendezvous))  # its answer is only "heard"
+            self._out.append((self._rdv.probe(now), self.rendezvous))
 
-    def next_event(self) -> Event | None:
+    def next_event(self) -> ev.Event | None:
         """The oldest event not yet taken, or None."""
         return self._events.popleft() if self._events else None
 
@@ -274,7 +178,7 @@ class EndpointCore:
         """We are registered in a session: punch with its key, re-join periodically."""
         self.rendezvous, self.punch_key = rendezvous, punch_key
         self._next_rejoin = now + self.config.rejoin_s
-        self._rdv_heard_at = now  # it has just answered our join
+        self._rdv.joined(now)
         if self._next_ping is None:
             self._next_ping = now + self.config.keepalive_s
 
@@ -288,23 +192,23 @@ class EndpointCore:
         conn = PinnedQuicConnection(peer=peer, configuration=configuration(self.identity, True,
                                                                            self.config.idle_timeout_s))
         conn.connect(vaddr(peer.member_id), now)
-        self._index(conn, conn.host_cid)
-        self._dirty.add(conn)
+        self._conns.index(conn, conn.host_cid)
+        self._conns.dirty.add(conn)
         return conn
 
     def send_stream(self, conn: PinnedQuicConnection, data: bytes) -> None:
         """Queue bytes on a connection's stream 0."""
         conn.send_stream_data(0, data)
-        self._dirty.add(conn)
+        self._conns.dirty.add(conn)
 
     def touch(self, conn: PinnedQuicConnection) -> None:
         """The caller changed a connection directly: include it in the next datagrams_to_send."""
-        self._dirty.add(conn)
+        self._conns.dirty.add(conn)
 
     def close(self, conn: PinnedQuicConnection, reason: str) -> None:
         """Close a connection, telling the peer why."""
         conn.close(error_code=0x100, reason_phrase=reason[:200])
-        self._dirty.add(conn)
+        self._conns.dirty.add(conn)
 
     def start_punch(self, member_id: bytes, now: float) -> None:
         """Start punching toward a peer (no-op with direct paths off or an unlisted peer)."""
@@ -327,56 +231,40 @@ class EndpointCore:
 
     def mtu_search(self, conn: PinnedQuicConnection) -> PmtuSearch | None:
         """The connection's path MTU search (None before its handshake, or with the search off)."""
-        return self._pmtu.get(conn)
+        return self._conns.pmtu.get(conn)
 
     # ---- the rendezvous's health --------------------------------------------------------------
-
-    def _rdv_timers(self) -> tuple[float | None, float | None]:
-        """(when to probe the rendezvous next, when silence makes it lost); None, None when not joined or lost."""
-        if self._rdv_heard_at is None or self.rendezvous_lost is not None:
-            return None, None
-        probe_at = max(self._rdv_heard_at, self._rdv_probed_at) + self.config.rendezvous_probe_s
-        return probe_at, self._rdv_heard_at + self.config.lost_after_s
-
-    def _heard_rendezvous(self, now: float) -> None:
-        assert self._rdv_heard_at is not None and self.rendezvous is not None
-        if self.rendezvous_lost is not None:
-            silent = now - self._rdv_heard_at
-            self.rendezvous_lost = None
-            log.info("the rendezvous %s:%d answers again after %.0f s", *self.rendezvous, silent)
-            self._events.append(RendezvousBack(self.rendezvous, silent))
-        self._rdv_heard_at = now
 
     def _lose_rendezvous(self, now: float) -> None:
         """The rendezvous is silent: every connection it relays is dead, so end each with the reason now.
 
         Without this a relayed edge would end by QUIC's idle timeout, saying nothing of why.
         """
-        assert self._rdv_heard_at is not None and self.rendezvous is not None
-        silent = now - self._rdv_heard_at
+        assert self.rendezvous is not None
+        silent = self._rdv.silent_for(now)
         ip, port = self.rendezvous
         reason = f"its relay, the rendezvous at {ip}:{port}, is lost (nothing heard from it for {silent:.0f} s)"
-        relayed = [c for c in self._conn_cids if self.path_to(c.peer.member_id) == "relay"]
+        relayed = [c for c in self._conns.ids if self.path_to(c.peer.member_id) == "relay"]
         for conn in relayed:
             conn.close(error_code=0x100, reason_phrase=reason[:200])  # the peer never hears it: no relay
-            self._forget(conn)
-            self._events.append(ConnectionEnded(conn, reason))
-        self.rendezvous_lost = RendezvousLost(self.rendezvous, silent, reason, len(relayed))
+            self._conns.forget(conn)
+            self._events.append(ev.ConnectionEnded(conn, reason))
+        self._rdv.lost = ev.RendezvousLost(self.rendezvous, silent, reason, len(relayed))
         log.warning("the rendezvous %s:%d is silent for %.0f s: %d relayed connection(s) closed; direct ones go on",
                     ip, port, silent, len(relayed))
-        self._events.append(self.rendezvous_lost)
+        self._events.append(self._rdv.lost)
 
     @property
     def connections(self) -> list[PinnedQuicConnection]:
         """Every connection the core still drives."""
-        return list(self._conn_cids)
+        return list(self._conns.ids)
 
     # ---- frames ---------------------------------------------------------------------------
 
     def _on_frame(self, frame: wire.Frame, addr: Addr, now: float) -> None:
         if isinstance(frame, wire.Control):
             if frame.kind == wire.RESPONSE and addr == self.rendezvous:
-                self._events.append(ControlReceived(frame.request_id, frame.body))
+                self._events.append(ev.ControlReceived(frame.request_id, frame.body))
         elif isinstance(frame, wire.Relay):
             if frame.kind != wire.RELAYED or addr != self.rendezvous:
                 return
@@ -401,7 +289,7 @@ class EndpointCore:
         if p is None:
             peer = self.peers.get(member_id)
             if peer is None or self.punch_key is None:
-                self._events.append(PeerUnknown(member_id))
+                self._events.append(ev.PeerUnknown(member_id))
                 return None
             cands = [a for a in (peer.mapped, peer.local, peer.observed) if a is not None]
             p = Puncher(self.member_id, member_id, self.punch_key, cands, self.punch_config)
@@ -426,13 +314,9 @@ class EndpointCore:
         if p.state != before:
             self._reported[p.peer] = p.state
             log.info("path to %s: %s -> %s %s", p.peer.hex()[:8], before.value, p.state.value, p.direct or "")
-            self._events.append(PathChanged(p.peer, before, p.state, p.direct))
-            if PunchState.DIRECT in (before, p.state):  # packets take another path: its size is unknown
-                for conn, search in self._pmtu.items():
-                    if conn.peer.member_id == p.peer:
-                        search.start(now, self._ceiling(p.peer))
-                        conn.set_datagram_size(search.size)
-                        self._dirty.add(conn)
+            self._events.append(ev.PathChanged(p.peer, before, p.state, p.direct))
+            if PunchState.DIRECT in (before, p.state):
+                self._conns.new_path(p.peer, self._ceiling(p.peer), now)
 
     def _relay_to(self, payload: bytes, peer: bytes) -> None:
         if self.rendezvous is None:
@@ -462,7 +346,7 @@ class EndpointCore:
 
     def _on_quic(self, member_id: bytes, data: bytes, now: float) -> None:
         if not data[0] & 0x80:  # a short header (nearly every packet): its destination id is the next 8 bytes
-            conn = self._cids.get(data[1:1 + HOST_CID_LEN])
+            conn = self._conns.by_cid.get(data[1:1 + HOST_CID_LEN])
             if conn is None:
                 return
         else:
@@ -470,7 +354,7 @@ class EndpointCore:
                 header = pull_quic_header(Buffer(data=data), host_cid_length=HOST_CID_LEN)
             except ValueError:
                 return
-            conn = self._cids.get(header.destination_cid)
+            conn = self._conns.by_cid.get(header.destination_cid)
             if conn is None:
                 if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
                     self._accept(member_id, header.destination_cid, data, now)
@@ -479,15 +363,15 @@ class EndpointCore:
             return  # a connection id belonging to another peer: never cross edges
         conn.receive_datagram(data, vaddr(member_id), now)
         self._take_events(conn)
-        self._dirty.add(conn)
+        self._conns.dirty.add(conn)
 
     def _accept(self, member_id: bytes, dcid: bytes, data: bytes, now: float) -> None:
         """A connection for a new Initial: only from a listed peer, within its bound of pending handshakes."""
         peer = self.peers.get(member_id)
         if peer is None or self.punch_key is None:
-            self._events.append(PeerUnknown(member_id))  # a member not listed yet: its Initial will be resent
+            self._events.append(ev.PeerUnknown(member_id))  # a member not listed yet: its Initial will be resent
             return
-        pending = self._pending.setdefault(member_id, set())
+        pending = self._conns.pending.setdefault(member_id, set())
         if len(pending) >= self.config.max_pending_per_peer:
             log.debug("Initial from %s dropped: %d handshakes already pending", peer.short_id, len(pending))
             return
@@ -500,26 +384,22 @@ class EndpointCore:
         out = conn.datagrams_to_send(now)
         if not out:
             return  # nothing in it decrypted (forged or corrupt): the connection is dropped before it counts
-        self._index(conn, dcid)
-        self._index(conn, conn.host_cid)
+        self._conns.index(conn, dcid)
+        self._conns.index(conn, conn.host_cid)
         pending.add(conn)
-        self._events.append(ConnectionAccepted(conn))
+        self._events.append(ev.ConnectionAccepted(conn))
         self._take_events(conn)
         for packet, _addr in out:
             self._send_to_peer(member_id, packet)
-        self._dirty.add(conn)
+        self._conns.dirty.add(conn)
         self.start_punch(member_id, now)  # the caller punches; punch back so the edge can go direct
-
-    def _index(self, conn: PinnedQuicConnection, cid: bytes) -> None:
-        self._cids[cid] = conn
-        self._conn_cids.setdefault(conn, set()).add(cid)
 
     def _drain(self, conn: PinnedQuicConnection, now: float) -> None:
         """Send all a connection has queued and take its events."""
-        if conn not in self._conn_cids:
+        if conn not in self._conns:
             return  # already forgotten
         self._take_events(conn)
-        search = self._path_mtu(conn, now)
+        search = self._conns.path_mtu(conn, self.config.pmtu, lambda: self._ceiling(conn.peer.member_id), now)
         for data, _addr in conn.datagrams_to_send(now):
             self._send_to_peer(conn.peer.member_id, data)
         if search is not None and (size := search.probe_due(now)) is not None:
@@ -530,54 +410,5 @@ class EndpointCore:
                 search.on_lost(size, search.generation, now)
         self._take_events(conn)  # sending can end the connection (a close that went out)
 
-    def _path_mtu(self, conn: PinnedQuicConnection, now: float) -> PmtuSearch | None:
-        """The connection's path MTU search, fed what its probes and loss timer told; the size applied."""
-        if self.config.pmtu is None or conn not in self._established:
-            return None
-        search = self._pmtu.get(conn)
-        if search is None:
-            search = self._pmtu[conn] = PmtuSearch(self.config.pmtu)
-            search.start(now, self._ceiling(conn.peer.member_id))
-        for size, generation, acked in conn.mtu_outcomes:
-            if acked:
-                search.on_acked(size, generation, now)
-            else:
-                search.on_lost(size, generation, now)
-        conn.mtu_outcomes.clear()
-        if search.raised and conn._loss._pto_count >= search.config.black_hole_ptos:  # aioquic internal, 1.7.2
-            log.info("path to %s no longer carries %d-byte datagrams: back to %d", conn.peer.short_id,
-                     search.size, search.config.base)
-            search.on_black_hole(now)
-        if conn.datagram_size != search.size:
-            log.debug("datagrams to %s: %d -> %d bytes", conn.peer.short_id, conn.datagram_size, search.size)
-            conn.set_datagram_size(search.size)
-        return search
-
     def _take_events(self, conn: PinnedQuicConnection) -> None:
-        ev = conn.next_event()
-        while ev is not None:
-            if isinstance(ev, qe.ConnectionIdIssued):
-                if conn in self._conn_cids:
-                    self._index(conn, ev.connection_id)
-            elif isinstance(ev, qe.ConnectionIdRetired):
-                self._cids.pop(ev.connection_id, None)
-                self._conn_cids.get(conn, set()).discard(ev.connection_id)
-            elif isinstance(ev, qe.HandshakeCompleted):
-                self._pending.get(conn.peer.member_id, set()).discard(conn)
-                self._established.add(conn)
-                self._events.append(HandshakeCompleted(conn))
-            elif isinstance(ev, qe.StreamDataReceived) and ev.stream_id == 0:
-                self._events.append(StreamData(conn, ev.data))
-            elif isinstance(ev, qe.ConnectionTerminated):
-                self._forget(conn)
-                self._events.append(ConnectionEnded(conn, ev.reason_phrase or f"QUIC error {ev.error_code}"))
-            ev = conn.next_event()
-
-    def _forget(self, conn: PinnedQuicConnection) -> None:
-        for cid in self._conn_cids.pop(conn, set()):
-            if self._cids.get(cid) is conn:
-                del self._cids[cid]
-        self._pending.get(conn.peer.member_id, set()).discard(conn)
-        self._established.discard(conn)
-        self._pmtu.pop(conn, None)
-        self._dirty.discard(conn)
+        self._events.extend(self._conns.take_events(conn))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kafila.errors import KafilaError, NetworkError, SessionError
-from kafila.net import core as ev
+from kafila.net import events as ev
 from kafila.net import nat, wire
 from kafila.net.core import CoreConfig, EndpointCore
 from kafila.net.members import MemberList, fetch_members, merge_peers
@@ -59,10 +59,9 @@ class PeerEndpoint(LinkOwner):
         self.member_id = secrets.token_bytes(wire.ID_LEN)
         self.allow_direct = allow_direct
         self.punch_config = punch or PunchConfig()
-        self.core = EndpointCore(self.member_id, self.identity,
-                                 CoreConfig(allow_direct, idle_timeout_s, keepalive_s, rendezvous_ping_s,
-                                            route_limit=route_payload_limit),
-                                 self.punch_config)
+        config = CoreConfig(allow_direct=allow_direct, idle_timeout_s=idle_timeout_s, keepalive_s=keepalive_s,
+                            rejoin_s=rendezvous_ping_s, route_limit=route_payload_limit)
+        self.core = EndpointCore(self.member_id, self.identity, config, self.punch_config)
         self.rdv = RendezvousClient(self.member_id, self._sendto)
         self.nat_report: nat.NatReport | None = None
         self.me: VerifiedMember | None = None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from aioquic.quic.connection import QuicConnection
 
-from kafila.net import core as ev
+from kafila.net import events as ev
 from kafila.net import stun, wire
 from kafila.net.core import CoreConfig, EndpointCore
 from kafila.net.punch import PunchConfig
@@ -260,7 +260,7 @@ def test_a_flood_of_initials_creates_at_most_the_bound_and_a_real_link_still_ope
     conn, incoming = open_link(net, b, a, limit_s=20)  # bob's Initial gets in once the flood's handshakes end
     assert incoming in a.done and conn in b.done
     assert a.core.connections == [incoming]
-    assert set(a.core._cids.values()) == {incoming}  # the flood's connection ids were forgotten with them
+    assert set(a.core._conns.by_cid.values()) == {incoming}  # the flood's connection ids were forgotten with them
 
 
 def test_forged_initials_never_take_a_slot() -> None:

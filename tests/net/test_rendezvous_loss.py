@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kafila.errors import RendezvousError, WrongJoinCode
-from kafila.net import core as ev
+from kafila.net import events as ev
 from kafila.net import wire
 from kafila.net.core import CoreConfig
 from kafila.net.rdvclient import RendezvousClient
