@@ -39,21 +39,27 @@ Inside, each module has one job; the lower ones never import the upper ones:
 
     endpoint.py   PeerEndpoint: the asyncio adapter; pumps the core over one UDP socket (udp.py),
                   one timer, one clock; turns core events into Links
-    ring.py       verify_edge / open_ring: a member's two ring edges and their reports
+    ring.py       verify_edge / open_ring: a member's two ring edges and their reports, made through
+                  the endpoint calls it names (EdgeEndpoint); it never imports the endpoint
     members.py    the member list as trusted: paged, every announcement verified, pins policed
     rdvclient.py  requests to the rendezvous: STUN probes, control ops with retries, join/re-join
     core.py       EndpointCore, sans-I/O: demultiplexing, QUIC connections (and their limits),
                   relay vs direct routing, punch scheduling; receive_datagram / datagrams_to_send /
                   get_timer / handle_timer / next_event
+    events.py     what the core tells its caller (next_event): one frozen dataclass per kind
+    connections.py  the core's QUIC connections: ids, pending handshakes, path MTU, aioquic's events
+    rdvhealth.py  whether the rendezvous still answers: probed after silence, lost, back
     punch.py      the punch state machine toward one peer (freshness, replay window)
     quic.py       identities, pinned TLS configuration, the Link message stream
     nat.py, stun.py, wire.py, frames.py, trust.py   probing, codecs, join codes and MACs
 """
 
-from kafila.net.endpoint import EdgeReport, MemberList, PeerEndpoint, RingEdges
+from kafila.net.endpoint import PeerEndpoint
+from kafila.net.members import MemberList
 from kafila.net.nat import NatReport
 from kafila.net.punch import PunchConfig
 from kafila.net.quic import Identity, Link
+from kafila.net.ring import EdgeReport, RingEdges
 from kafila.net.trust import JoinCode, VerifiedMember
 
 __all__ = [

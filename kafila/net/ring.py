@@ -1,4 +1,8 @@
-"""Ring edges: open exactly this member's two edges and report each as predicted vs as it happened."""
+"""Ring edges: open exactly this member's two edges and report each as predicted vs as it happened.
+
+The edges are made through the endpoint's own calls (connect, accept, settle_path), which this module
+names in `EdgeEndpoint`; PeerEndpoint (kafila.net.endpoint) is one, and offers these as its methods.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,12 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kafila.errors import NetworkError, SessionError
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.planner.reachability import predict_edge
-
-if TYPE_CHECKING:
-    from kafila.net.endpoint import PeerEndpoint
 
 log = logging.getLogger("kafila.net")
 
@@ -48,8 +49,22 @@ class RingEdges:
     report: EdgeReport | None
 
 
+class EdgeEndpoint(Protocol):
+    """What opening ring edges needs from a member's endpoint."""
+
+    member_id: bytes
+    me: VerifiedMember | None
+
+    def now(self) -> float: ...
+    async def connect(self, peer: VerifiedMember, timeout_s: float = ...) -> Link: ...
+    async def accept(self, timeout_s: float = ...) -> Link: ...
+    def requeue(self, link: Link) -> None: ...
+    async def settle_path(self, peer: VerifiedMember, timeout_s: float | None = ...) -> str: ...
+    def direct_since(self, member_id: bytes) -> float | None: ...
+
+
 async def verify_edge(
-    ep: PeerEndpoint, peer: VerifiedMember, timeout_s: float = 10.0
+    ep: EdgeEndpoint, peer: VerifiedMember, timeout_s: float = 10.0
 ) -> tuple[Link | None, EdgeReport]:
     """Connect to peer and record predicted vs actual path and the time to a usable link."""
     me = ep.me
@@ -73,7 +88,7 @@ async def verify_edge(
     return link, rep
 
 
-async def open_ring(ep: PeerEndpoint, order: Sequence[VerifiedMember], timeout_s: float = 15.0) -> RingEdges:
+async def open_ring(ep: EdgeEndpoint, order: Sequence[VerifiedMember], timeout_s: float = 15.0) -> RingEdges:
     """Open exactly this member's two ring edges: connect to the successor, accept the predecessor."""
     if ep.me is None:
         raise SessionError("announce before opening the ring")
