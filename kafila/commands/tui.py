@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     what.add_argument("--attach", metavar="URL", help="follow a running session through its API (e.g. "
                       "http://127.0.0.1:8711)")
     p.add_argument("--rendezvous", metavar="HOST:PORT", help="the rendezvous to use (default 127.0.0.1:3478)")
-    p.add_argument("--name", help="this member's name (--join; default: the host name)")
+    p.add_argument("--name", help="this machine's name as a ring member (--host, --join; default: the host name)")
     p.add_argument("--members", type=int, default=None, help="members to wait for, besides this machine (--host)")
     p.add_argument("--coordinate-only", action="store_true", default=None,
                    help="(--host) only coordinate: this machine holds no stage (by default it serves one)")

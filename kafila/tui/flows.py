@@ -35,7 +35,8 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
 
         model = Path(args.host).expanduser() if args.host else None
         opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, mixed_builds=mixed,
-                                    coordinate_only=getattr(args, "coordinate_only", None)), **common)
+                                    coordinate_only=getattr(args, "coordinate_only", None), name=args.name),
+                           **common)
         return partial(run_host, opts), "host"
     from kafila.session.control.member import run_member
 

@@ -36,6 +36,14 @@ def test_host_without_model_means_the_embedded_one() -> None:
     assert flow.args[0].model is None  # type: ignore[attr-defined]
 
 
+def test_host_name_names_the_hosts_ring_member() -> None:
+    """`--name` names the host's own member, as `kafila host --name` does (it was once ignored with --host)."""
+    flow, _ = flow_for(parse("--host", "--name", "hosty"))
+    assert flow.args[0].name == "hosty"  # type: ignore[attr-defined]
+    flow, _ = flow_for(parse("--host"))
+    assert flow.args[0].name == HostOptions().name  # not given: the machine's host name
+
+
 def test_join_options() -> None:
     flow, mode = flow_for(parse("--join", "abcd-efgh", "--name", "lab-pc", "--rendezvous", "127.0.0.1:3999"))
     opts = flow.args[0]  # type: ignore[attr-defined]
