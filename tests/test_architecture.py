@@ -28,7 +28,8 @@ TOP_LAYERS: tuple[tuple[str, ...], ...] = (
     ("kafila.config", "kafila.process", "kafila.stopping", "kafila.errors"),
 )
 SESSION_LAYERS: tuple[tuple[str, ...], ...] = (
-    *((f"kafila.session.{room}",) for room in ("terminal", "control", "api", "ring", "delivery", "protocol")),
+    *((f"kafila.session.{room}",)
+      for room in ("terminal", "launch", "control", "coordinator", "api", "ring", "delivery", "protocol")),
     ("kafila.session.state", "kafila.session.options", "kafila.session.stoppable"),
 )
 

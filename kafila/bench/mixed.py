@@ -38,7 +38,7 @@ def identity_of(path: Path | None) -> str:
     """The build tag a process on that llama-cpp-python build announces (None: this process's build)."""
     from kafila.engine.variant import env_for
 
-    code = "from kafila.engine.build import build_identity; from kafila.session.control.builds import build_tag; " \
+    code = "from kafila.engine.build import build_identity; from kafila.session.coordinator.builds import build_tag; " \
            "print(build_tag(build_identity()))"
     env = env_for(path) if path is not None else None
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
@@ -49,7 +49,7 @@ def identity_of(path: Path | None) -> str:
 def _refusal(other: Path) -> str:
     """Start the ring without --mixed-builds; the host's note on the refused member."""
     from kafila.errors import SessionError
-    from kafila.session.control.demo import DemoMember, DemoOptions, run_demo
+    from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
     from kafila.session.terminal.background import SessionThread
 
     members = (DemoMember(MEMBERS[0]), DemoMember(MEMBERS[1], llama_path=other))
@@ -68,7 +68,7 @@ def _refusal(other: Path) -> str:
 def _ring(other: Path | None, tokens: int) -> dict[str, Any]:
     """A two-member ring (the second member on `other` when given); greedy replies and speed."""
     from kafila.errors import SessionError
-    from kafila.session.control.demo import DemoMember, DemoOptions, run_demo
+    from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
     from kafila.session.terminal.background import SessionThread
     from kafila.session.terminal.report import reply_via_api
 

@@ -48,7 +48,7 @@ async def _replies(url: str, n_users: int, tokens: int) -> tuple[float, int, lis
 
 
 def _session(members: tuple, strategy: str, fresh: bool, threads: int | None = None) -> Any:
-    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.launch.demo import DemoOptions, run_demo
     from kafila.session.terminal.background import SessionThread
 
     opts = DemoOptions(members=members, strategy=strategy, api_port=0, context=1024, fresh_probe=fresh,
@@ -83,7 +83,7 @@ def _pipe_floor(plan: dict[str, Any], tokens: int) -> dict[str, Any]:
     from kafila.model.cut import StageSpec
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache
-    from kafila.session.control.demo import SHARED_MACHINE_ENV
+    from kafila.session.launch.demo import SHARED_MACHINE_ENV
 
     order: list[str] = plan["order"]
     chain = order[1:] + order[:1]
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kafila.bench.report import emit, envelope
     from kafila.errors import SessionError
-    from kafila.session.control.demo import DemoMember
+    from kafila.session.launch.demo import DemoMember
 
     console = Console(stderr=True)
     names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]

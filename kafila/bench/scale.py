@@ -219,7 +219,7 @@ def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, prob
     from kafila.bench.local_context import local_context
     from kafila.bench.quic_rate import kafila_datagram_size, one_way_rate
     from kafila.model.stage_cache import default_cache_root
-    from kafila.session.control.demo import DemoMember
+    from kafila.session.launch.demo import DemoMember
     from kafila.session.options import HostOptions
 
     model = subject.path
@@ -281,7 +281,7 @@ def _pipe_floor(model: Path, cache: Path, order: list[str], ranges: dict[str, li
     from kafila.bench.pipe_ring import pipe_ring
     from kafila.model.cut import StageSpec
     from kafila.model.stage_cache import StageCache
-    from kafila.session.control.demo import SHARED_MACHINE_ENV
+    from kafila.session.launch.demo import SHARED_MACHINE_ENV
 
     chain = order[1:] + order[:1]  # the head's stage last
     stages = StageCache(cache)

@@ -169,7 +169,7 @@ def stage_prefill(plan: dict[str, Any], prompt_tokens: int | None) -> dict[str, 
 
 def session(model: Path, members: tuple[Any, ...], context: int, cache_dir: Path, threads: int) -> Any:
     """A SessionThread running the demo ring on `model`."""
-    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.launch.demo import DemoOptions, run_demo
     from kafila.session.terminal.background import SessionThread
 
     opts = DemoOptions(model=model, members=members, api_port=0, context=context, cache_dir=cache_dir,

@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def _members(args: argparse.Namespace) -> tuple:
     from kafila.errors import KafilaError
-    from kafila.session.control.demo import DemoMember
+    from kafila.session.launch.demo import DemoMember
 
     names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]
     try:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kafila.errors import SessionError
-    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.launch.demo import DemoOptions, run_demo
     from kafila.session.terminal.background import SessionThread
     from kafila.session.terminal.report import plan_summary, reply_via_api
 

@@ -38,7 +38,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kafila.session.control.host import run_host
+    from kafila.session.launch.host import run_host
     from kafila.session.options import HostOptions, parse_addr
     from kafila.session.terminal.printer import run_printing
 

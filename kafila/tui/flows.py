@@ -27,11 +27,11 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
     common = _given(concurrency=args.concurrency, context=args.context, api_port=args.api_port)
     mixed = getattr(args, "mixed_builds", None)
     if args.demo:
-        from kafila.session.control.demo import DemoOptions, run_demo
+        from kafila.session.launch.demo import DemoOptions, run_demo
 
         return partial(run_demo, DemoOptions(**common, **_given(mixed_builds=mixed))), "demo"
     if args.host is not None:
-        from kafila.session.control.host import run_host
+        from kafila.session.launch.host import run_host
 
         model = Path(args.host).expanduser() if args.host else None
         opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, mixed_builds=mixed,

@@ -3,7 +3,7 @@
 Builds `kafila` with build.spec once per session (see conftest.py; KAFILA_SKIP_BINARY=1 skips),
 then runs it with a clean environment from a folder outside the repository. The Python run of
 the same command is the ground truth. `kafila demo` from the binary starts the rendezvous and the
-members as the binary itself (kafila.session.control.demo.kafila_argv), so a whole loopback ring made of
+members as the binary itself (kafila.session.launch.demo.kafila_argv), so a whole loopback ring made of
 the binary alone must answer as the Python ring does, and leave no process or unpacked bundle behind.
 """
 

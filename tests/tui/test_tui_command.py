@@ -52,7 +52,7 @@ def test_join_options() -> None:
 
 
 def test_demo_options() -> None:
-    from kafila.session.control.demo import DemoOptions, run_demo
+    from kafila.session.launch.demo import DemoOptions, run_demo
 
     flow, mode = flow_for(parse("--demo", "--context", "1024"))
     assert mode == "demo" and flow.func is run_demo  # type: ignore[attr-defined]

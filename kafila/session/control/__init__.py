@@ -1,1 +1,1 @@
-"""The control plane: the coordinator (host), members, takeover after a loss, builds and measurement."""
+"""Members: joining, serving, taking coordination over after the host's loss, heartbeats, measurement."""

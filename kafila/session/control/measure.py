@@ -21,7 +21,7 @@ from kafila.engine.build import build_identity
 from kafila.engine.probe import LARGE_SHAPE, ProbeResult, probe
 from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
-from kafila.session.control.builds import build_tag, wire_protocol
+from kafila.session.coordinator.builds import build_tag, wire_protocol
 from kafila.session.delivery.cache_inventory import PROBE_MAX_AGE_S
 
 PROBE_FILE_PREFIX = "probe-v5-"  # v5: attention over the context (v4 unembedding on two vocabularies, v3 prefill)
@@ -107,5 +107,5 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         "samples": [round(b / s / t) for b, s in result.samples],
         "emu": emulation.as_dict(),
         "build": build_tag(build_identity()),
-        "proto": wire_protocol(),  # must match the host's in every mode (kafila.session.control.builds)
+        "proto": wire_protocol(),  # must match the host's in every mode (kafila.session.coordinator.builds)
     }

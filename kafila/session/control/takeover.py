@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
-from kafila.session.control.host import HostRuntime, coordinator_announcement, relay_events
+from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement, relay_events
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.protocol.messages import Assign, Roster

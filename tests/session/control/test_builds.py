@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafila.engine.build import BuildIdentity
-from kafila.session.control.builds import RingBuilds, build_differences, build_tag, judge_member, wire_protocol
+from kafila.session.coordinator.builds import RingBuilds, build_differences, build_tag, judge_member, wire_protocol
 
 HOST = build_tag(BuildIdentity("0.3.36", "aaaaaaaaaaaaaaaa", "CPU : SSE3 = 1 | AVX2 = 1"))
 NATIVE = build_tag(BuildIdentity("0.3.36", "bbbbbbbbbbbbbbbb", "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1"))

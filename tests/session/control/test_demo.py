@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kafila.model.embedded import default_model_path
-from kafila.session.control.demo import DemoOptions, run_demo
+from kafila.session.launch.demo import DemoOptions, run_demo
 from kafila.session.state import SessionState
 from tests.conftest import processes_marked
 from tests.shared_probe import shared_probe

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from kafila.session.control.demo import DemoOptions
+from kafila.session.launch.demo import DemoOptions
 from tests.conftest import processes_marked
 from tests.shared_probe import shared_probe
 

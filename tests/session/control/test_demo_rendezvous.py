@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kafila.errors import SessionError
-from kafila.session.control.demo import RENDEZVOUS_READY, _start_rendezvous, _stop
+from kafila.session.launch.demo import RENDEZVOUS_READY, _start_rendezvous, _stop
 
 
 async def test_ready_once_the_log_says_so_and_only_this_runs_lines_count(tmp_path: Path) -> None:

@@ -91,8 +91,8 @@ def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: i
 
     from kafila.net.trust import MAX_ANNOUNCEMENT, VerifiedMember
     from kafila.planner import NatClass
-    from kafila.session.control.host import planner_member
     from kafila.session.control.measure import Emulation, measurements
+    from kafila.session.coordinator.epochs import planner_member
 
     _, result, _ = measured
     meas = measurements(result, Emulation(throttle=2.0))

@@ -21,8 +21,8 @@ from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
 from kafila.process import PARENT_ENV
-from kafila.session.control.host import run_host
 from kafila.session.control.measure import cached_probe
+from kafila.session.launch.host import run_host
 from kafila.session.options import DEFAULT_API_PORT, HostOptions
 from kafila.session.state import SessionState
 
@@ -76,7 +76,7 @@ def kafila_argv() -> list[str]:
     """How to start another kafila process: the frozen binary itself, or this interpreter on kafila.py."""
     if getattr(sys, "frozen", False):
         return [sys.executable]
-    return [sys.executable, str(Path(__file__).resolve().parents[2] / "kafila.py")]
+    return [sys.executable, str(Path(__file__).resolve().parents[3] / "kafila.py")]
 
 
 async def _start(argv: list[str], log_path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:

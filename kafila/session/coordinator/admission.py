@@ -1,0 +1,96 @@
+"""Members arriving at the coordinator: each is admitted to the session or refused (another llama.cpp build,
+another model file, a name taken, a ring already planned), and the coordinator waits until enough have come.
+
+A member lost earlier that comes back (a restarted host's machine) is held for the next plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from kafila.errors import KafilaError, SessionError
+from kafila.net.quic import Link
+from kafila.net.trust import VerifiedMember
+from kafila.session.coordinator.builds import judge_member
+from kafila.session.coordinator.core import CoordinatorCore, Joined
+from kafila.session.delivery.local_model import MODEL_KEY, judge_model
+from kafila.session.protocol import messages
+from kafila.session.state import MemberView, member_view
+
+
+class Admission(CoordinatorCore):
+    """The coordinator's door: who joins the session, and waiting for them."""
+
+    async def _model_refusal(self, peer: VerifiedMember) -> str | None:
+        """Why a member's own model file (join --model) is refused: None when it has none or it is the host's."""
+        if MODEL_KEY not in peer.measurements:
+            return None
+        if self._model_sha256 is None:
+            self._model_sha256 = await asyncio.to_thread(self.cache.source_hash, self.model)
+        return judge_model(self._model_sha256, peer.name, peer.measurements)
+
+    async def _accept_loop(self) -> None:
+        while True:
+            try:
+                link = await self.ep.accept(timeout_s=3600)
+            except TimeoutError:
+                continue
+            peer = link.peer
+            view = member_view(peer)
+            verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
+            refusal = verdict.reason if not verdict.admitted else await self._model_refusal(peer)
+            if refusal is not None:
+                reason = refusal
+                view.status, view.note = "refused", reason
+                self.state.upsert_member(view)
+                self.state.log(f"refused {peer.name}: {reason}")
+                with contextlib.suppress(KafilaError):
+                    await link.send(messages.encode(messages.Refused(reason)))
+                continue
+            if peer.name in self.departed and peer.name not in self.joined:
+                self.builds.add(peer.name, verdict)
+                self._hold(peer, link, view)  # a lost member back (a restarted host's machine): the next plan has it
+                continue
+            if peer.name in self.joined or (self.state.plan is not None and self.state.phase == "admitted"):
+                with contextlib.suppress(KafilaError):
+                    why = "a member of that name is already in the session (join with another --name)" \
+                        if peer.name in self.joined else \
+                        "the session is already planned"
+                    await link.send(messages.encode(messages.Refused(why)))
+                continue
+            self.joined[peer.name] = Joined(peer, link)
+            self.builds.add(peer.name, verdict)
+            self.state.upsert_member(view)
+            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.expected})")
+            self._tg.create_task(self._recv_loop(peer.name, link))
+            self._arrived.set()
+
+    def _hold(self, peer: VerifiedMember, link: Link, view: MemberView) -> None:
+        """Take back a member lost earlier; while a ring serves it waits, unplanned, for the next plan."""
+        self.departed.discard(peer.name)
+        self.joined[peer.name] = Joined(peer, link)
+        waiting = self.state.phase == "admitted"
+        if waiting:
+            view.note = "rejoined: the next re-plan includes it"
+        self.state.upsert_member(view)
+        self.state.log(f"{peer.name} rejoined the session" + ("; the next re-plan includes it" if waiting else ""))
+        self._tg.create_task(self._recv_loop(peer.name, link))
+        self._arrived.set()
+
+    @property
+    def expected(self) -> int:
+        """How many members to wait for: those asked for, and the host's own machine unless it only coordinates."""
+        return self.opts.members + (0 if self.opts.coordinate_only else 1)
+
+    async def _wait_for_members(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.opts.wait_s
+        while len(self.joined) < self.expected:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
+            if loop.time() >= deadline:
+                break
+        if not self.joined:
+            raise SessionError(f"no member joined within {self.opts.wait_s:.0f} s")

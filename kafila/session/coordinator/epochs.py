@@ -1,0 +1,245 @@
+"""The coordinator's epochs: plan over the members present, cut and deliver their stages, open the ring's
+edges, admit the ring (or reject the session), and watch it serve until a member is lost.
+
+Each loss ends an epoch (losses.LossHandling); the next plans again over the others. A coordinator that took
+over a ring serving without it adopts that ring as it is instead of planning its first epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from kafila.errors import KafilaError, SessionError
+from kafila.model.cut import StageSpec
+from kafila.model.gguf_file import GGUFFile
+from kafila.model.gguf_set import SHARD_NAME
+from kafila.net.trust import VerifiedMember
+from kafila.planner import Member, ModelSpec, Workload, make_plan, predict_edge
+from kafila.planner.placement import Placement
+from kafila.session.api.server import Forwarder
+from kafila.session.coordinator.losses import LossHandling
+from kafila.session.delivery.local_model import claimed_hash
+from kafila.session.delivery.stage_files import manifest_for
+from kafila.session.protocol import messages
+from kafila.session.protocol.manifest import CHUNK_SIZE
+from kafila.session.state import EdgeView, StageStats
+from kafila.session.stoppable import run_stoppable
+
+EXIT_REJECTED = 3
+
+
+def model_label(model: Path) -> str:
+    """The name a user sees for a model: its file's stem (a GGUF's general.name is often a raw slug), without a
+    split set's `-00001-of-0000N`; an Ollama blob is named by its digest, so there general.name it is."""
+    m = SHARD_NAME.match(model.name)
+    if m:
+        return m.group("prefix")
+    if model.name.startswith("sha256-") and not model.suffix:
+        return str(GGUFFile(model).get("general.name", model.name))
+    return model.stem
+
+
+def planner_member(vm: VerifiedMember) -> Member:
+    """The planner's view of a member's verified announcement."""
+    m = vm.measurements
+    try:
+        emu = m.get("emu") or {}
+        return Member(vm.name, float(m["bw"]), float(m["disp"]), int(m["mem"]), float(vm.rtt_ms or 0.0),
+                      vm.nat_class, float(m["ubw"]), unembed_s=float(m.get("uo", 0.0)),
+                      block_s=float(m.get("blk", 0.0)),
+                      # prefill and the machine: absent from an older member's announcement (no TTFT then)
+                      prefill_bandwidth=float(m.get("pbw", 0.0)), prefill_dispatch_s=float(m.get("pdisp", 0.0)),
+                      prefill_block_s=float(m.get("pblk", 0.0)), prefill_rows=int(m.get("prow", 0)),
+                      prefill_attn_s=float(m.get("patt", 0.0)),
+                      machine=str(m.get("mach", "")), throttle=float(emu.get("throttle", 1.0)))
+    except (KeyError, TypeError, ValueError):
+        raise SessionError(f"member {vm.name} announced no usable measurements") from None
+
+
+class Epochs(LossHandling):
+    """Plan, deliver, admit, watch: one epoch after another until the session ends."""
+
+    async def _epoch(self) -> int | None:
+        """Plan and serve once; None to plan again (after a loss), else the exit status."""
+        self.epoch += 1
+        self._replanning = False
+        names = sorted(self.joined)
+        self.state.set_phase("planning", f"planning over {', '.join(names)}")
+        members = [planner_member(self.joined[n].peer) for n in names]
+        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
+        plan = make_plan(members, ModelSpec.described(self.info), workload)
+        placement = plan.placement(self.opts.strategy)
+        self.plan = plan
+        self.state.plan = plan.to_json(self.opts.strategy)
+        self.state.plan["builds"] = self.state.builds = self.builds.for_members(names)
+        self.state.predicted = {a.name: {b.name: predict_edge(a.nat, b.nat) for b in members if b.name != a.name}
+                                for a in members}
+        if not placement.feasible:
+            reason = plan.admission.text if plan.admission else str(placement.reason)
+            self.state.rejection = reason
+            self.state.set_phase("rejected", f"rejected: {reason}")
+            for j in self.joined.values():
+                with contextlib.suppress(KafilaError):
+                    await j.link.send(messages.encode(messages.Reject(reason)))
+            return EXIT_REJECTED
+        order = list(placement.order)
+        self.state.edges = [EdgeView(a, b, self.state.predicted[a][b])
+                            for a, b in zip(order, order[1:] + order[:1], strict=True) if a != b]
+        self.state.stages = {n: StageStats(float(s)) for n, s in self.state.plan["stage_seconds"].items()}
+        self.state.set_phase("delivering", f"ring {' → '.join(order)} (head {placement.head}); cutting stages")
+        # two steps, so that nobody opens ring edges while a neighbour is still receiving its stage
+        await self._assign(placement)
+        loss = await self._wait_all(order, "loaded")
+        if loss is None:
+            for n in order:
+                await self._tell(n, messages.Connect(self.epoch))
+            self.state.set_phase("connecting", "every stage is loaded; opening the ring's edges")
+            loss = await self._wait_all(order, "ready")
+        if loss is not None:
+            return await self._on_lost(*loss)
+        self._record_edges(order)
+        self.order = order
+        self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
+        if self.api is not None:
+            self.api.chat = self.forwarder.chat
+        for n in order:
+            await self._tell(n, messages.Admit(self.epoch))
+            self.state.update_member(n, status="serving")
+        roster = self._roster(order)
+        for n in order:  # the coordinator's state, so that the ring outlives the host (kafila.session.control.takeover)
+            await self._tell(n, roster)
+        self.state.lost = None
+        self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
+        who, reason = await self._next_loss()
+        return await self._on_lost(who, reason)
+
+    async def _adopt(self, assign: messages.Assign) -> int | None:
+        """Coordinate the ring of `assign`, which serves on without its coordinator; None to plan again.
+
+        Nothing is planned, cut or sent: each member keeps its stage and edges, and only its control link
+        moves here. A member of the ring that never connected is lost, and the others are planned again.
+        """
+        self.epoch = assign.epoch  # the members' epoch goes on: their reports name it
+        order = list(assign.order)
+        self.state.plan, self.state.model = assign.plan, assign.model
+        self.state.stages = {n: StageStats(float(s)) for n, s in assign.stage_seconds.items()}
+        missing = [n for n in order if n not in self.joined]
+        if missing:
+            status = None
+            for n in missing:
+                status = await self._on_lost(n, "it did not reach the member that took coordination over")
+            return status
+        self.order = order
+        for n in order:
+            self.state.update_member(n, status="serving")
+        roster = self._roster(order)
+        for n in order:
+            await self._tell(n, roster)
+        self.state.set_phase("admitted", f"took the serving ring over: {len(order)} members, head {assign.head}")
+        who, reason = await self._next_loss()
+        return await self._on_lost(who, reason)
+
+    def _roster(self, order: list[str]) -> messages.Roster:
+        """Who serves and what each measured, as the planner saw them (replicated to every member)."""
+        measured = {}
+        for n in order:
+            m = planner_member(self.joined[n].peer)
+            measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
+                                            m.nat.value, self.joined[n].peer.rtt_ms)
+        holders = tuple(n for n in order if claimed_hash(self.joined[n].peer.measurements) is not None)
+        return messages.Roster(self.state.me or "host", model_label(self.model), measured, self.beside, holders,
+                               self._model_sha256, self.opts.strategy, self.opts.mixed_builds)
+
+    async def _assign(self, plan: Placement) -> None:
+        """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
+        stage is cut, and the host feeds several members concurrently (one sender each)."""
+        for j in self.joined.values():
+            for task in list(j.sending):
+                task.cancel()  # a stage of an earlier epoch is no longer wanted
+        loop = asyncio.get_running_loop()
+        for name in plan.order:
+            j = self.joined[name]
+            j.loaded, j.ready = loop.create_future(), loop.create_future()
+        await run_stoppable(partial(self.cache.source_hash, self.model))  # once, before the cuts read it at once
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for name in plan.order:
+                    tg.create_task(self._assign_one(plan, name))
+        except* KafilaError as group:  # the CLI shows one error, not a group
+            raise group.exceptions[0] from None
+
+    async def _assign_one(self, plan: Placement, name: str) -> None:
+        order = list(plan.order)
+        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": self.opts.batch}
+        start, end = plan.ranges[name]
+        j = self.joined[name]
+        # cut and hashed on a worker thread that stops with this task (a SIGTERM mid-cut)
+        spec = StageSpec(start, end, head=(name == plan.head))
+        j.stage_path = await run_stoppable(partial(self.cache.stage, self.model, spec))
+        if self.use is not None:
+            self.use.add(j.stage_path)
+        j.manifest = await run_stoppable(partial(manifest_for, j.stage_path, CHUNK_SIZE))
+        self.state.delivery[name] = (0, j.manifest.size)
+        cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
+        if cut_local:
+            self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
+        await self._tell(name, messages.Assign(
+            self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
+            self.state.plan or {}, model_label(self.model), j.manifest, cut_local))
+
+    async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
+        """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason).
+
+        No fixed deadline: a multi-GB stage may take an hour to arrive over a slow link. A member is lost
+        when its link is, or when it shows no progress (stage bytes moving, a `working` or other message)
+        for `stall_s`: then it is named, with what it was doing, and the host plans again without it.
+        """
+        loop = asyncio.get_running_loop()
+        waits: dict[str, asyncio.Future[Any]] = {}
+        for n in order:
+            j = self.joined[n]
+            fut = j.loaded if kind == "loaded" else j.ready
+            assert fut is not None
+            waits[n] = fut
+            j.progress_at = loop.time()
+            j.step = "opening its ring edges" if kind == "ready" else "receiving its stage"
+        stall = self.opts.stall_s
+        lost_wait = asyncio.ensure_future(self._next_loss())
+        try:
+            pending: set[asyncio.Future[Any]] = set(waits.values())
+            while pending:
+                now = loop.time()
+                quiet = {n: now - self.joined[n].progress_at for n, f in waits.items() if f in pending}
+                stalled = max(quiet, key=lambda n: quiet[n])
+                if quiet[stalled] >= stall:
+                    j = self.joined[stalled]
+                    sent = self.state.delivery.get(stalled)
+                    where = f" ({sent[0] / 1e6:.1f} of {sent[1] / 1e6:.1f} MB sent)" \
+                        if sent is not None and j.step == "receiving its stage" else ""
+                    reason = f"made no progress for {stall:g} s while {j.step}{where}"
+                    self.state.log(f"{stalled} {reason}")
+                    return stalled, reason
+                done, pending = await asyncio.wait(pending | {lost_wait}, timeout=stall - quiet[stalled],
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(lost_wait)
+                if lost_wait in done:
+                    return lost_wait.result()
+        finally:
+            if not lost_wait.done():
+                lost_wait.cancel()
+        return None
+
+    def _record_edges(self, order: list[str]) -> None:
+        """Each member's `ready` reports its outgoing ring edge: predicted against what happened."""
+        for a, b in zip(order, order[1:] + order[:1], strict=True):
+            ready = self.joined[a].ready
+            edge = ready.result().edge if ready is not None and ready.done() else None
+            if a != b and edge is not None:
+                actual = {"direct": "direct", "relay": "relayed"}.get(edge.actual, "failed")
+                self.state.set_edge(a, b, actual, edge.ready_ms)
+                self.state.log(f"edge {a} → {b}: predicted {self.state.predicted[a][b]}, {actual}"
+                               f" (usable after {edge.ready_ms} ms)")

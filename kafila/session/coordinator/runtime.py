@@ -1,0 +1,80 @@
+"""The coordinator a session runs: the host's, or a member's that took coordination over (control.takeover).
+
+HostRuntime joins the coordinator's parts over their shared core: admission (members arriving), member_messages
+(what they say), epochs (plan, deliver, admit, watch) and losses (a member lost, the ring planned again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from kafila.engine.build import build_identity
+from kafila.errors import KafilaError
+from kafila.model.describe import ModelInfo
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint
+from kafila.session.api.server import ApiServer
+from kafila.session.coordinator.admission import Admission
+from kafila.session.coordinator.builds import build_tag
+from kafila.session.coordinator.epochs import Epochs
+from kafila.session.coordinator.member_messages import MemberMessages
+from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.options import HostOptions
+from kafila.session.protocol import messages
+from kafila.session.state import SessionState
+
+
+class HostRuntime(Admission, MemberMessages, Epochs):
+    """The host's session after it is open (see coordinator.session.coordinate_session)."""
+
+    def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None,
+                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset()) -> None:
+        super().__init__(ep, opts, state, model, info, cache, api, use, beside, serving, departed)
+        self._handlers.update({
+            messages.Need: self._on_need,
+            messages.Working: self._on_working,
+            messages.Loaded: self._on_loaded,
+            messages.Ready: self._on_ready,
+            messages.Lost: self._on_lost_report,
+            messages.Stats: self._on_stats,
+            messages.ChatEvt: self._on_chat_evt,
+        })
+
+    async def run(self) -> int:
+        """Coordinate until the session ends; returns its exit status."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            accept = tg.create_task(self._accept_loop())
+            try:
+                await self._wait_for_members()
+                status = None if self.serving is None else await self._adopt(self.serving)
+                while status is None:
+                    status = await self._epoch()
+                return status
+            finally:
+                accept.cancel()
+                for j in self.joined.values():
+                    with contextlib.suppress(KafilaError):
+                        j.link.post(messages.encode(messages.Bye("the host is closing the session")))
+                await asyncio.sleep(0.2)  # let the goodbyes leave before the endpoint closes
+
+
+def coordinator_announcement() -> dict[str, str]:
+    """What a coordinator's endpoint announces (the host's, or a member's that took coordination over)."""
+    return {"role": "host", "build": build_tag(build_identity())}
+
+
+def relay_events(source: SessionState, into: SessionState, prefix: str) -> None:
+    """Show every event of `source` (a coordinator or member beside the main one) in `into`'s log."""
+    shown = 0
+
+    def relay(s: SessionState) -> None:
+        nonlocal shown
+        for _, text in s.events[shown:]:
+            into.log(f"{prefix}{text}")
+        shown = len(s.events)
+
+    source.subscribe(relay)
