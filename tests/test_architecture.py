@@ -29,7 +29,7 @@ TOP_LAYERS: tuple[tuple[str, ...], ...] = (
 )
 SESSION_LAYERS: tuple[tuple[str, ...], ...] = (
     *((f"kafila.session.{room}",)
-      for room in ("terminal", "launch", "control", "coordinator", "api", "ring", "delivery", "protocol")),
+      for room in ("terminal", "launch", "member", "coordinator", "api", "ring", "delivery", "protocol")),
     ("kafila.session.state", "kafila.session.options", "kafila.session.stoppable"),
 )
 
@@ -151,12 +151,12 @@ def test_every_package_has_a_layer(graph: grimp.ImportGraph) -> None:
 def test_the_checks_can_fail() -> None:
     """The circle and layer checks, on a graph made to break them."""
     g = grimp.ImportGraph()
-    for m in ("kafila.net.a", "kafila.net.b", "kafila.session.control.x", "kafila.session.ring.y"):
+    for m in ("kafila.net.a", "kafila.net.b", "kafila.session.member.x", "kafila.session.ring.y"):
         g.add_module(m)
     g.add_import(importer="kafila.net.a", imported="kafila.net.b", line_number=1, line_contents="import b")
     g.add_import(importer="kafila.net.b", imported="kafila.net.a", line_number=1, line_contents="import a")
-    g.add_import(importer="kafila.net.a", imported="kafila.session.control.x", line_number=2, line_contents="x")
-    g.add_import(importer="kafila.session.ring.y", imported="kafila.session.control.x", line_number=3, line_contents="")
+    g.add_import(importer="kafila.net.a", imported="kafila.session.member.x", line_number=2, line_contents="x")
+    g.add_import(importer="kafila.session.ring.y", imported="kafila.session.member.x", line_number=3, line_contents="")
     assert _cycles(g) == [["kafila.net.a", "kafila.net.b"]]
     assert len(_upward(g, TOP_LAYERS)) == 1
     assert len(_upward(g, SESSION_LAYERS, within="kafila.session")) == 1

@@ -268,7 +268,7 @@ def _measure_probe(threads: int) -> tuple[dict[str, Any], dict[str, bytes]]:
     made once: its result and the cache's probe files, for every model's scratch cache."""
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache, default_cache_root
-    from kafila.session.control.measure import PROBE_FILE_PREFIX, cached_probe
+    from kafila.session.member.measure import PROBE_FILE_PREFIX, cached_probe
 
     user = StageCache(default_cache_root())
     result = cached_probe(default_model_path(), user, threads=threads, fresh=True)

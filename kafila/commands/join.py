@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     code = read_join_code(args.code)
     if args.throttle < 1.0:
         raise SessionError(f"--throttle must be at least 1 (it emulates a slower machine), got {args.throttle}")
-    from kafila.session.control.member import run_member
+    from kafila.session.member.join import run_member
     from kafila.session.options import MemberOptions, parse_addr
     from kafila.session.terminal.printer import run_printing
 

@@ -38,7 +38,7 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
                                     coordinate_only=getattr(args, "coordinate_only", None), name=args.name),
                            **common)
         return partial(run_host, opts), "host"
-    from kafila.session.control.member import run_member
+    from kafila.session.member.join import run_member
 
     opts_m = MemberOptions(**_given(code=args.join, rendezvous=rendezvous, name=args.name, api_port=args.api_port))
     return partial(run_member, opts_m), "member"

@@ -14,8 +14,8 @@ from textual.widgets import DataTable
 from kafila.bench.proc_mem import children
 from kafila.process import alive
 from kafila.session.api.client import ApiClient
-from kafila.session.control.member import run_member
 from kafila.session.launch.demo import DemoOptions, run_demo
+from kafila.session.member.join import run_member
 from kafila.session.options import MemberOptions
 from kafila.tui.app import KafilaApp
 from kafila.tui.screens.lost import LostScreen

@@ -110,7 +110,7 @@ class Epochs(LossHandling):
             await self._tell(n, messages.Admit(self.epoch))
             self.state.update_member(n, status="serving")
         roster = self._roster(order)
-        for n in order:  # the coordinator's state, so that the ring outlives the host (kafila.session.control.takeover)
+        for n in order:  # the coordinator's state, so that the ring outlives the host (kafila.session.member.takeover)
             await self._tell(n, roster)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")

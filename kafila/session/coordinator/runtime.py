@@ -1,4 +1,4 @@
-"""The coordinator a session runs: the host's, or a member's that took coordination over (control.takeover).
+"""The coordinator a session runs: the host's, or a member's that took coordination over (member.takeover).
 
 HostRuntime joins the coordinator's parts over their shared core: admission (members arriving), member_messages
 (what they say), epochs (plan, deliver, admit, watch) and losses (a member lost, the ring planned again).

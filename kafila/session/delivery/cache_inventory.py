@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("kafila.cache")
-PROBE_MAX_AGE_S = 24 * 3600  # kafila.session.control.measure measures an older probe again
+PROBE_MAX_AGE_S = 24 * 3600  # kafila.session.member.measure measures an older probe again
 IN_USE = "in-use"
 # kind -> the files of that kind, relative to the cache root
 KINDS: dict[str, tuple[str, ...]] = {

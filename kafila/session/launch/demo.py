@@ -21,8 +21,8 @@ from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
 from kafila.process import PARENT_ENV
-from kafila.session.control.measure import cached_probe
 from kafila.session.launch.host import run_host
+from kafila.session.member.measure import cached_probe
 from kafila.session.options import DEFAULT_API_PORT, HostOptions
 from kafila.session.state import SessionState
 

@@ -8,9 +8,9 @@ model still fits (a new epoch), so new requests are served by the smaller ring.
 from __future__ import annotations
 
 from kafila.errors import KafilaError
-from kafila.session.control.member import run_member
 from kafila.session.coordinator.runtime import relay_events
 from kafila.session.coordinator.session import coordinate_session
+from kafila.session.member.join import run_member
 from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.state import SessionState
 

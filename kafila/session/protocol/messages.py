@@ -18,7 +18,7 @@ that may be null; fields this build does not know are ignored):
                               its sha256, and cuts the stage itself; no chunks are sent)
     need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
     working   member → host   epoch, step (e.g. "receiving its stage", "loading its stage"): still busy
-                              with a step the host cannot watch (each second; kafila.session.control.heartbeat)
+                              with a step the host cannot watch (each second; kafila.session.member.heartbeat)
     loaded    member → host   epoch (stage received, verified and loaded into llama.cpp)
     connect   host → member   epoch (every stage is loaded: open the ring edges now)
     ready     member → host   epoch, edge {predicted, actual, ready_ms|null, error|null}|null
@@ -46,7 +46,7 @@ that may be null; fields this build does not know are ignored):
                               verified by sha256], model_sha256|null, strategy, mixed_builds
                               (the coordinator's state, replicated at each admission: who serves, what
                               each measured, and what a member needs to take coordination over, so
-                              that the ring outlives its host; kafila.session.control.takeover)
+                              that the ring outlives its host; kafila.session.member.takeover)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
 
 decode() checks every field's type and range from one table (SCHEMA, its checks from

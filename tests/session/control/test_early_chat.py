@@ -20,7 +20,7 @@ EARLY = "CHAT BEFORE THE HEAD"
 
 LATE_SERVE = f"""
 import asyncio, sys
-import kafila.session.control.member as member
+import kafila.session.member.runtime as member
 serve, on_chat = member.MemberRuntime._serve, member.MemberRuntime._on_chat
 async def late(self):
     await asyncio.sleep({SERVE_DELAY_S})

@@ -25,7 +25,7 @@ MAX_TOKENS = 8
 # planning, before admission.
 DIES_ON_ASSIGN = """
 import os, signal, sys
-import kafila.session.control.member as member
+import kafila.session.member.runtime as member
 async def die(self, msg):
     os.kill(os.getpid(), signal.SIGKILL)
 member.MemberRuntime._on_assign = die

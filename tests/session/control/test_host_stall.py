@@ -15,7 +15,7 @@ CHUNK_PAUSE_S = 0.5  # bo's link takes this long per 1 MiB chunk: its stage take
 # bo reads its stage's chunks slowly, as over a slow link: progress, but slow
 SLOW = f"""
 import asyncio, sys
-import kafila.session.control.member as member
+import kafila.session.member.stage as member
 real = member.receive_stage
 class SlowLink:
     def __init__(self, link):
@@ -33,7 +33,7 @@ sys.exit(main(sys.argv[1:]))
 # cy is alive and connected, but never asks for its stage: no progress at all
 STALLED = """
 import asyncio, sys
-import kafila.session.control.member as member
+import kafila.session.member.runtime as member
 async def never(self, manifest):
     await asyncio.Event().wait()
 member.MemberRuntime._receive_stage = never

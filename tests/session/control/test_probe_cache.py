@@ -15,7 +15,7 @@ import pytest
 from kafila.errors import KafilaError
 from kafila.model.random_gguf import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
-from kafila.session.control.measure import cached_probe
+from kafila.session.member.measure import cached_probe
 
 DAY_S = 24 * 3600  # README: "measures itself (cached for a day)"
 
@@ -91,8 +91,8 @@ def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: i
 
     from kafila.net.trust import MAX_ANNOUNCEMENT, VerifiedMember
     from kafila.planner import NatClass
-    from kafila.session.control.measure import Emulation, measurements
     from kafila.session.coordinator.epochs import planner_member
+    from kafila.session.member.measure import Emulation, measurements
 
     _, result, _ = measured
     meas = measurements(result, Emulation(throttle=2.0))

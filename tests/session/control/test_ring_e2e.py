@@ -164,7 +164,7 @@ def test_a_join_after_planning_is_refused(ring: Cluster) -> None:
 # the cached one of this machine's real build, so the member reaches the host at once.
 OTHER_BUILD = """
 import sys
-import kafila.session.control.member as member
+import kafila.session.member.join as member
 real = member.measurements
 def other(result, emulation):
     m = real(result, emulation)

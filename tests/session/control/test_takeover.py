@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from kafila.session.control.takeover import successor, survivors
+from kafila.session.member.takeover import successor, survivors
 from kafila.session.protocol.messages import Measured, Roster
 
 MEASURED = Measured(1e9, 0.001, 1 << 30, 1e9, "open", None)

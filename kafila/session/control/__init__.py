@@ -1,1 +1,0 @@
-"""Members: joining, serving, taking coordination over after the host's loss, heartbeats, measurement."""

@@ -1,0 +1,1 @@
+"""A ring member: joining, its stage, serving, heartbeats, measurement, and taking coordination over."""

@@ -1,0 +1,73 @@
+"""A member's shared state once it is connected to its coordinator: its assignment, stage worker, ring edges.
+
+The member's parts (stage, serving, takeover) extend this core; runtime.MemberRuntime joins them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kafila.engine.stage import ContextConfig
+from kafila.errors import ProtocolError
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint, RingEdges
+from kafila.net.quic import Link
+from kafila.session.api.server import ApiServer, Forwarder
+from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.options import MemberOptions
+from kafila.session.protocol import messages
+from kafila.session.ring.head import Head
+from kafila.session.ring.stage_runtime import StageWorker
+from kafila.session.state import SessionState
+
+log = logging.getLogger("kafila.member")
+
+
+class MemberCore:
+    """Everything a member does after it is connected to the host: the state its parts share."""
+
+    _tg: asyncio.TaskGroup  # the running member's tasks (MemberRuntime.run)
+
+    def __init__(self, ep: PeerEndpoint, control: Link, state: SessionState, opts: MemberOptions,
+                 cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
+        self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
+        self.use = use  # the delivered stage this member serves: `kafila cache --prune` leaves it
+        self.worker: StageWorker | None = None
+        self.head: Head | None = None
+        self.forwarder: Forwarder | None = None
+        self.edges: RingEdges | None = None
+        self.assignment: messages.Assign | None = None
+        self.roster: messages.Roster | None = None  # the coordinator's replicated state
+        self._serving: asyncio.Task[None] | None = None
+        self._ring_up = asyncio.Event()  # _serve has made this epoch's head or forwarder
+        self._pending: list[messages.Control] = []
+        self._ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
+        self._gone: set[bytes] = set()  # coordinators lost so far (their endpoints' member ids)
+        self._heirs: set[str] = set()  # members that took coordination over, so that a failed takeover is not retried
+        self._coordinating: asyncio.Task[None] | None = None  # this process coordinates the session (a takeover)
+
+    @property
+    def _assigned(self) -> messages.Assign:
+        if self.assignment is None:
+            raise ProtocolError("the host sent a ring instruction before assigning a stage")
+        return self.assignment
+
+    def _config(self) -> ContextConfig:
+        """The host's context settings for every stage, with this machine's own thread count."""
+        c = self._assigned.config  # validated: exactly the CONFIG_KEYS, each a positive int
+        return ContextConfig(n_ctx_per_seq=c["n_ctx_per_seq"], n_seq_max=c["n_seq_max"], n_batch=c["n_batch"],
+                             n_threads=self.opts.threads)
+
+    async def send_host(self, msg: messages.Control) -> None:
+        """Send a control message to the coordinator."""
+        await self.control.send(messages.encode(msg))
+
+    async def _next_control(self) -> messages.Control:
+        if self._pending:
+            return self._pending.pop(0)
+        while True:
+            raw = await self.control.recv()
+            if messages.kind(raw) == "control":
+                return messages.decode(raw)
+            log.warning("ignored a stray %s message from the host", messages.kind(raw))

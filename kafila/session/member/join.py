@@ -1,0 +1,64 @@
+"""`kafila join`: measure this machine, announce it at the rendezvous, connect to the host, and serve.
+
+After the connection the member follows its coordinator (runtime.MemberRuntime) until the session ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from kafila.model.embedded import default_model_path, resolve_model
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint
+from kafila.session.api.server import ApiServer
+from kafila.session.delivery.cache_inventory import InUse, start_cache_use
+from kafila.session.delivery.local_model import model_claim
+from kafila.session.member.host_link import connect_host
+from kafila.session.member.measure import Emulation, cached_probe, measurements
+from kafila.session.member.runtime import MemberRuntime
+from kafila.session.options import MemberOptions
+from kafila.session.state import SessionState, member_view
+
+
+async def run_member(opts: MemberOptions, state: SessionState) -> int:
+    """Join a session with a code and serve in it until the host ends it; returns an exit status."""
+    state.role, state.me, state.code = "member", opts.name, opts.code
+    cache = StageCache(opts.cache_dir)
+    if opts.model is not None:
+        opts = replace(opts, model=resolve_model(opts.model))  # a name or path, checked before anything else
+    with start_cache_use(cache.root) as use:
+        return await _serve_member(opts, state, cache, use)
+
+
+async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCache, use: InUse) -> int:
+    emulation = Emulation(opts.throttle, opts.memory_gb)
+    claim: dict[str, str] = {}
+    if opts.model is not None:
+        state.set_phase("measuring", f"hashing {opts.model} (once per file: the hash is cached)")
+        claim = await asyncio.to_thread(model_claim, cache, opts.model)
+        state.log(f"holding the model {opts.model.name} (sha256 {claim['model_sha256']})")
+    state.set_phase("measuring", "measuring this machine")
+    result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
+    async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
+                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous) as ep:
+        report = await ep.probe_nat(opts.rendezvous)
+        meas = {**measurements(result, emulation), "role": "member", **claim}
+        await ep.join_session(opts.rendezvous, opts.code)
+        me = await ep.announce(meas)
+        view = member_view(me)
+        view.nat_evidence.update({"alt_port": report.mapped_alt_port, "alt_ip": report.mapped_alt_ip,
+                                  "heard_change_ip_port": report.heard_change_ip_port,
+                                  "heard_change_port": report.heard_change_port})
+        state.upsert_member(view)
+        state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
+        control = await connect_host(ep, opts.join_timeout_s)
+        state.coordinator = control.peer.name
+        api = None
+        if opts.api_port is not None:
+            api = await ApiServer(state, port=opts.api_port).start_or_none()
+        try:
+            return await MemberRuntime(ep, control, state, opts, cache, api, use).run()
+        finally:
+            if api:
+                await api.stop()

@@ -1,0 +1,180 @@
+"""A member serving in an admitted ring: the head batches and samples, any other stage computes and passes
+activations on; a ring edge that fails is reported to the coordinator, and a neighbour's goodbye passed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from kafila.engine.embedding import Embedder
+from kafila.engine.vocab import Vocab
+from kafila.errors import KafilaError, NetworkError, PlanInputError, ProtocolError, SessionEnded
+from kafila.model.gguf_file import GGUFFile
+from kafila.net.quic import Link
+from kafila.planner.ttft import TtftModel, plan_model
+from kafila.session.api.server import Forwarder
+from kafila.session.member.core import MemberCore, log
+from kafila.session.protocol import frames, messages
+from kafila.session.ring.head import Head
+
+
+def _first(group: BaseException) -> BaseException:
+    """The first exception in a (nested) exception group."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
+    """Move every message arriving on `link` into `inbox` until the link fails."""
+    while True:
+        inbox.put_nowait(await link.recv())
+
+
+class Serving(MemberCore):
+    """The member's ring while it serves, and its stop."""
+
+    async def _serve(self) -> None:
+        assert self.worker is not None and self.edges is not None
+        order = list(self._assigned.order)
+        is_head = self._assigned.head == self.opts.name
+        config = self._config()
+        inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if self.edges.prev is not None:
+                    tg.create_task(pump(self.edges.prev, inbox))
+                if is_head:
+                    path = self.worker.engine.path
+                    vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
+                    nxt = self.edges.next
+                    self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
+                                     nxt.send if nxt is not None else None, inbox, self._trace_writer(),
+                                     self._ttft_model())
+                    if self.api:
+                        self.api.chat = self.head.chat
+                    tg.create_task(self.head.run())
+                    tg.create_task(self._report_stats())
+                else:
+                    assert self.edges.next is not None
+                    self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
+                    if self.api:
+                        self.api.chat = self.forwarder.chat
+                    tg.create_task(self._stage_loop(inbox))
+                self._ring_up.set()
+                self.state.update_member(self.opts.name, status="serving")
+        except* SessionEnded as group:  # a neighbour ended the session; pass the word on around the ring
+            why = str(_first(group))
+            self._ended = why
+            self.state.lost = why
+            self._fail_requests(why, resumable=False)
+            self._say_bye_on_ring(why)
+        except* (NetworkError, ProtocolError) as group:
+            reason = "; ".join(str(e) for e in group.exceptions)
+            peer = self._failed_peer()
+            self.state.lost = f"{peer} lost: {reason}"
+            self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
+            self._fail_requests(f"member {peer} was lost: {reason}", lost=peer)
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
+
+    def _say_bye_on_ring(self, why: str) -> None:
+        """Tell the next member along the ring that the session cannot go on, and why (it tells the next)."""
+        nxt = self.edges.next if self.edges is not None else None
+        if nxt is not None:
+            with contextlib.suppress(KafilaError):
+                nxt.post(messages.encode(messages.Bye(why)))
+
+    def _failed_peer(self) -> str:
+        for link in (self.edges.prev, self.edges.next) if self.edges else ():
+            if link is not None and link.closed is not None:
+                return link.peer.name
+        return "a ring neighbour"
+
+    def _fail_requests(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
+        # resumable: the API servers send them again once the host has planned a ring without the lost member
+        if self.head is not None:
+            self.head.fail_all(reason, resumable=resumable)
+        if self.forwarder is not None:  # the API server does not re-send what the lost head held
+            self.forwarder.fail_all(reason, lost=lost, resumable=resumable)
+        if self.api:
+            self.api.chat = None
+
+    def _trace_writer(self) -> Callable[[dict[str, Any]], None] | None:
+        """Appends the head's batches as JSON lines to opts.trace_path (tests replay them on one context)."""
+        path = self.opts.trace_path
+        if path is None:
+            return None
+
+        def write(entry: dict[str, Any]) -> None:
+            with open(path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+        return write
+
+    async def _stage_loop(self, inbox: asyncio.Queue[bytes]) -> None:
+        assert self.worker is not None and self.edges is not None and self.edges.next is not None
+        nxt = self.edges.next
+        while True:
+            msg = await inbox.get()
+            if messages.kind(msg) == "frame":
+                frame = frames.decode(msg)
+                out, ns = await self.worker.run(frame)
+                await nxt.send(frames.encode(frame.passed(out, ns)))
+                continue
+            c = messages.decode(msg)
+            if isinstance(c, messages.Bye):
+                raise SessionEnded(c.reason)
+            if isinstance(c, messages.Free):
+                await self.worker.free(c.seq)
+            elif isinstance(c, messages.Trim):
+                await self.worker.free(c.seq, c.keep)
+            elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
+                continue
+            await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
+
+    def _ttft_model(self) -> TtftModel | None:
+        """The plan's TTFT model (None when it predicts none, or a host of another version sent a malformed one)."""
+        try:
+            return plan_model(self._assigned.plan)
+        except PlanInputError as exc:
+            log.warning("the plan's TTFT model is unusable: %s", exc)
+            return None
+
+    async def _report_stats(self) -> None:
+        assert self.head is not None
+        while True:
+            await asyncio.sleep(1.0)
+            stats = self.head.stats.message()
+            for name, s in stats.stages.items():
+                if name in self.state.stages:
+                    self.state.stages[name].measured_s = s.measured_s
+            self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
+            self.state.ttft = None if stats.ttft is None else asdict(stats.ttft)
+            self.state.changed()
+            # the coordinator may be gone: the ring serves on without it (see run), and reports to its successor
+            with contextlib.suppress(NetworkError):
+                await self.send_host(stats)
+
+    async def _stop_serving(self, reason: str | None) -> None:
+        if reason:
+            self._fail_requests(reason)
+        if self._serving is not None:
+            self._serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KafilaError):
+                await self._serving
+            self._serving = None
+        if self.edges is not None:
+            for link in (self.edges.next, self.edges.prev):
+                if link is not None:
+                    await link.close()
+            self.edges = None
+        if self.worker is not None:
+            await asyncio.to_thread(self.worker.close)
+            self.worker = None
+        self.head = self.forwarder = None

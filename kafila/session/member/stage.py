@@ -1,0 +1,168 @@
+"""A member's part in setting up an epoch: its stage (received from the host, or cut from its own copy of
+the model), verified and loaded into llama.cpp, then its two ring edges opened.
+
+Each step the host cannot watch is announced by a heartbeat, so that the host bounds its wait by progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from kafila.engine.stage import StageEngine
+from kafila.errors import DiskFullError, EngineError, KafilaError, ProtocolError, SessionError
+from kafila.model.cut import StageSpec
+from kafila.net.trust import VerifiedMember
+from kafila.session.delivery.local_model import cut_locally
+from kafila.session.delivery.stage_files import StageReceiver
+from kafila.session.delivery.transfer import Superseded, receive_stage
+from kafila.session.member.core import MemberCore
+from kafila.session.member.heartbeat import working
+from kafila.session.protocol import messages
+from kafila.session.protocol.manifest import StageManifest
+from kafila.session.ring.compute_turn import ComputeTurn
+from kafila.session.ring.stage_runtime import StageWorker
+from kafila.session.state import StageStats
+from kafila.session.stoppable import run_stoppable
+
+RECV_TIMEOUT_S = 60.0
+
+
+class MemberStage(MemberCore):
+    """Setting up an epoch: the stage, loaded, and the ring edges."""
+
+    async def _setup(self, msg: messages.Assign) -> None:
+        self.assignment = msg
+        me = self.opts.name
+        if me not in msg.ranges:
+            raise ProtocolError(f"the host's assignment has no block range for this member ({me})")
+        self.state.plan = msg.plan
+        self.state.model = msg.model
+        self.state.stages = {n: StageStats(s) for n, s in msg.stage_seconds.items()}
+        start, end = msg.ranges[me]
+        is_head = msg.head == me
+        self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
+        try:
+            path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
+                          else self._receive_stage(msg.stage))
+        except Superseded:  # the host gave this epoch up (a member lost, a newer plan) before the stage came
+            self.state.log(f"epoch {msg.epoch}'s stage is no longer wanted: the host planned again")
+            return
+        except DiskFullError as exc:  # the host plans again without this member
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(me, str(exc), msg.epoch))
+            raise SessionError(f"{me} left the session: {exc}") from None
+        if self.use is not None:
+            self.use.add(path)
+        config = self._config()
+        self.state.update_member(me, status="loading")
+        try:
+            async with working(self.send_host, msg.epoch, "loading its stage"):
+                # stoppable: a SIGTERM while llama.cpp loads a big stage stops the load, not waits for it
+                engine = await run_stoppable(lambda progress: StageEngine(path, config, is_head, progress))
+        except EngineError as exc:  # e.g. another build that does not know the model's architecture
+            reason = f"its llama.cpp build cannot load this model's stage: {exc}"
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(me, reason, msg.epoch))
+            raise SessionError(f"{me} left the session: {reason}") from None
+        self.worker = StageWorker(engine, self.opts.throttle, ComputeTurn(self.cache.root))
+        await self.send_host(messages.Loaded(msg.epoch))
+        self.state.update_member(me, status="loaded")
+
+    async def _connect(self) -> None:
+        """Open this member's two ring edges (when the host says every stage is loaded)."""
+        order = self._assigned.order
+        self.state.set_phase("connecting", "opening ring edges")
+        async with working(self.send_host, self._assigned.epoch, "opening its ring edges"):
+            await self._open_edges(order)
+
+    async def _open_edges(self, order: tuple[str, ...]) -> None:
+        # members only: a host's coordinating endpoint may share its machine's name with the member beside it
+        by_name: dict[str, VerifiedMember] = {}
+        for vm in (await self.ep.members()).verified:
+            # a member restarted (a host's machine rejoining) is listed beside its dead self until the
+            # rendezvous drops that as silent: the newest announcement is the one alive
+            if vm.measurements.get("role") != "host" and (
+                    vm.name not in by_name or vm.issued_at > by_name[vm.name].issued_at):
+                by_name[vm.name] = vm
+        missing = [n for n in order if n not in by_name]
+        if missing:
+            raise SessionError(f"ring members {missing} are not in the verified member list")
+        me = order.index(self.opts.name)
+        succ, pred = order[(me + 1) % len(order)], order[me - 1]
+        try:
+            self.edges = await self.ep.open_ring([by_name[n] for n in order])
+        except KafilaError as exc:  # a neighbour gone before admission: the host's to handle, not an exit
+            await self._report_edge_failure(pred, str(exc))
+            return
+        r = self.edges.report
+        if len(order) > 1 and self.edges.next is None:
+            await self._report_edge_failure(succ, r.error if r is not None and r.error else "no link")
+            return
+        edge = None
+        if self.edges.report is not None:
+            r = self.edges.report
+            edge = messages.EdgeOutcome(r.predicted, r.actual, r.ready_ms, r.error)
+        await self.send_host(messages.Ready(self._assigned.epoch, edge))
+        self.state.update_member(self.opts.name, status="ready")
+
+    async def _cut_stage(self, msg: messages.Assign, spec: StageSpec) -> Path:
+        """This member's stage cut from its own copy of the model (the host checked the whole file's sha256)."""
+        if self.opts.model is None:
+            raise ProtocolError("the host asked this member to cut its stage, but it was given no --model")
+        self.state.log(f"cutting blocks [{spec.start}, {spec.end}) from {self.opts.model}")
+        async with working(self.send_host, msg.epoch, "cutting its stage"):
+            path = await asyncio.to_thread(cut_locally, self.cache, self.opts.model, spec, msg.stage)
+        await self.send_host(messages.Need(msg.epoch, ()))  # nothing to send: the host counts 0 bytes
+        self.state.delivery[self.opts.name] = (msg.stage.size, msg.stage.size)
+        self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
+        return path
+
+    async def _report_edge_failure(self, peer: str, reason: str) -> None:
+        """Tell the host that a ring edge to `peer` could not open; it plans again (or ends the session)."""
+        if self.edges is not None:
+            for link in (self.edges.next, self.edges.prev):
+                if link is not None:
+                    await link.close()
+            self.edges = None
+        self.state.log(f"ring edge to {peer} failed: {reason}; waiting for the host")
+        await self.send_host(messages.Lost(peer, f"its ring edge could not open: {reason}", self._assigned.epoch))
+
+    async def _receive_stage(self, manifest: StageManifest) -> Path:
+        """The stage file, received and verified; raises Superseded when the host gives the epoch up meanwhile."""
+        me = self.opts.name
+        receiver = StageReceiver(self.cache.root / "delivered", manifest)
+        missing = await asyncio.to_thread(receiver.missing)
+        receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
+        await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))
+        total = manifest.size
+        self.state.delivery[me] = (total - receiver.bytes_missing, total)
+        self.state.changed()
+
+        def progress(have: int) -> None:
+            self.state.delivery[me] = (min(have * manifest.chunk_size, total), total)
+            self.state.changed()
+
+        def aside(raw: bytes) -> None:
+            msg = messages.decode(raw)
+            self._pending.append(msg)  # handled after the transfer, or at once: the host gave this epoch up
+            if isinstance(msg, messages.Lost | messages.Assign | messages.Reject | messages.Bye):
+                raise Superseded(type(msg).__name__)
+
+        seen = len(receiver.have)
+
+        def step() -> str | None:
+            # the host sees bytes leave it, not arrive here (a link's windows hold many MB): say when they
+            # do; once all are here, verifying the whole file is work it cannot see at all
+            nonlocal seen
+            if receiver.complete:
+                return "verifying its stage"
+            moved, seen = len(receiver.have) != seen, len(receiver.have)
+            return "receiving its stage" if moved else None
+
+        async with working(self.send_host, self._assigned.epoch, step):
+            path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
+        self.state.delivery[me] = (total, total)
+        self.state.log(f"stage {manifest.sha256[:12]} verified ({total / 1e6:.1f} MB)")
+        return path

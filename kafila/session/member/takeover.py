@@ -1,0 +1,185 @@
+"""A member takes coordination over when the host is lost (issue 14 (b), and (a) followed by a later loss).
+
+The host's own stage goes with it, so the ring must be re-planned over the survivors, and only a
+process that holds the model's bytes can cut new stages. Every member knows the same replicated
+`roster` (who serves, what each measured, which of them hold the model, verified by sha256 at
+admission) and the same assignment, so each makes the same choice without a word exchanged: the
+first member in ring order, other than the one lost with the coordinator, that holds the model.
+
+That member runs the host's own coordinator (`HostRuntime`: plan, cut, deliver, admit) on a second
+endpoint in its process, announced as the session's coordinator; every survivor, the successor's
+own member included, connects to it as it connected to the host, and the session goes on as after
+any member loss (the API servers resume replies that were in flight).
+
+A coordinate-only host held no stage, so its loss leaves the ring serving. The same choice names
+the member that coordinates from then on, and it starts at once (`adopt`): its coordinator takes the
+serving ring over as it is (no re-plan, no stage moved), so that `/kafila/state` names a coordinator
+that is really there, and a later member loss reaches it as the host's own `lost` reports do. Waiting
+for the later loss instead would need every member to agree on who was lost, which only the lost
+member's two neighbours see: without a coordinator the others would never hear of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Collection, Sequence
+
+from kafila.errors import KafilaError, SessionError
+from kafila.model.describe import describe_model
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint
+from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement, relay_events
+from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.member.host_link import find_host
+from kafila.session.member.serving import Serving
+from kafila.session.options import HostOptions, MemberOptions
+from kafila.session.protocol import messages
+from kafila.session.protocol.messages import Assign, Roster
+from kafila.session.state import SessionState
+
+TAKEOVER_WAIT_S = 60.0  # how long the new coordinator waits for the survivors before planning with those it has
+FIND_COORDINATOR_S = 60.0  # how long a survivor looks for the new coordinator's announcement
+END_GRACE_S = 1.0  # a session that cannot go on: how long clients get to read why before this process ends
+
+
+def successor(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) -> str | None:
+    """Who coordinates after the coordinator is lost: the first survivor in ring order holding the model.
+
+    The coordinator's own ring member (`roster.beside`) is gone with it, and so are the `lost`.
+    None: no survivor holds the model, so nobody can cut stages for a new plan.
+    """
+    return next((n for n in survivors(roster, order, lost) if n in roster.holders), None)
+
+
+def survivors(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) -> list[str]:
+    """The ring members left once the coordinator's process (and its ring member) and the `lost` are gone."""
+    return [n for n in order if n != roster.beside and n not in lost]
+
+
+def coordinator_options(opts: MemberOptions, assign: Assign, roster: Roster, expected: int) -> HostOptions:
+    """The host's settings, as replicated to every member, for the member that coordinates now.
+
+    It only coordinates from its second endpoint: its ring member is the member already running.
+    """
+    assert opts.model is not None
+    c = assign.config
+    return HostOptions(model=opts.model, rendezvous=opts.rendezvous, members=expected, coordinate_only=True,
+                       name=opts.name, threads=opts.threads, wait_s=TAKEOVER_WAIT_S, concurrency=c["n_seq_max"],
+                       context=c["n_ctx_per_seq"], batch=c["n_batch"], api_port=None, bind=opts.bind,
+                       cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
+                       allow_direct=opts.allow_direct, mixed_builds=roster.mixed_builds, strategy=roster.strategy)
+
+
+async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member_state: SessionState,
+                     cache: StageCache, use: InUse | None, adopt: bool = False) -> int:
+    """Run the session's coordination from this member's process until the session ends; returns its status.
+
+    `adopt`: the ring of `assign` still serves (its coordinator held no stage): take it over as it is.
+    """
+    ring = list(assign.order) if adopt else survivors(roster, assign.order)
+    host_opts = coordinator_options(opts, assign, roster, len(ring))
+    assert host_opts.model is not None
+    state = SessionState()
+    state.role, state.me, state.coordinator, state.model = "host", opts.name, opts.name, roster.model
+    relay_events(state, member_state, "coordinating: ")
+    info = describe_model(host_opts.model)
+    async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
+                            allow_direct=opts.allow_direct) as ep:
+        await ep.probe_nat(opts.rendezvous)
+        await ep.join_session(opts.rendezvous, opts.code)
+        await ep.announce(coordinator_announcement())
+        state.set_phase("waiting", f"waiting for {', '.join(ring)}")
+        runtime = HostRuntime(ep, host_opts, state, host_opts.model, info, cache, None, use, beside=opts.name,
+                              serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)))
+        return await runtime.run()
+
+
+class Takeover(Serving):
+    """A member whose coordinator is gone: it follows the successor (maybe itself), or the session ends."""
+
+    async def _without_coordinator(self, reason: str) -> int | None:
+        """Go on after the coordinator left: None once connected to a member that took coordination over.
+
+        Every member makes the same choice from the same replicated roster and assignment: the first
+        survivor in ring order holding the model coordinates now (`successor`). When the
+        coordinator's process held a stage, that member re-plans over the survivors; when it held none
+        and the ring still serves, it takes the ring over as it is, so that it can re-plan after a later
+        loss. With no survivor holding the model the ring serves on under the head until a later loss
+        ends the session with that reason (re-planning needs the model's bytes), on every member.
+        """
+        left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
+        self.state.coordinator_left = left
+        roster, assignment = self.roster, self.assignment
+        serving = self._serving is not None and not self._serving.done()
+        if roster is not None and assignment is not None and self._ended is None:
+            heir = successor(roster, assignment.order)
+            if heir is not None and heir not in self._heirs:
+                if roster.beside in assignment.order:  # the ring lost a stage with its coordinator
+                    await self._take_over(heir, left)
+                    return None
+                if serving:  # a coordinate-only host: the ring is whole
+                    await self._hand_over(heir, left)
+                    return None
+        if self.assignment is not None and self._serving is not None and not self._serving.done():
+            self.state.coordinator = self.assignment.head
+            self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
+            await asyncio.wait({self._serving})  # until the ring itself breaks (our own cancellation still ends us)
+            why = f"{self.state.lost or 'the ring broke'}, after {left}"
+        elif self.state.lost is not None:
+            why = f"{self.state.lost}, and {left}"
+        else:
+            why = f"{left} before the ring was admitted"
+        if self._ended is not None:
+            why = self._ended  # the first member to end said why; every member says the same
+        elif self.assignment is not None:
+            why += ("; the ring cannot be re-planned without its host: no survivor holds the model to cut new "
+                    "stages from (a member joined with `kafila join CODE --model PATH` would have taken "
+                    "coordination over): open a new session with `kafila host`")
+        self.state.lost = why
+        self.state.set_phase("closed", f"the session cannot go on: {why}")
+        self._fail_requests(why, resumable=False)
+        self._say_bye_on_ring(why)
+        await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
+        raise SessionError(why)
+
+    async def _take_over(self, heir: str, left: str) -> None:
+        """Stop serving the broken ring and connect to `heir`, which coordinates now (this member, maybe)."""
+        assert self.roster is not None and self.assignment is not None
+        doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
+        self.state.coordinator = heir
+        self.state.set_phase("lost", f"{left}; {doing} coordination over (it holds the model) and re-plans "
+                                     f"over {', '.join(survivors(self.roster, self.assignment.order))}")
+        await self._stop_serving(f"{left}; re-planning over the survivors")  # resumable: the API servers wait
+        await self._follow(heir, adopt=False)
+
+    async def _hand_over(self, heir: str, left: str) -> None:
+        """Serve on, and report from now on to `heir` (this member, maybe), which takes the ring over as it is."""
+        assert self.roster is not None and self.assignment is not None
+        doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
+        self.state.coordinator = heir
+        self.state.log(f"{left}; the ring serves on, and {doing} coordination over (it holds the model, "
+                       f"so it can re-plan after a later loss)")
+        await self._follow(heir, adopt=True)
+
+    async def _follow(self, heir: str, adopt: bool) -> None:
+        """Leave the lost coordinator for `heir`; start coordinating first when `heir` is this member."""
+        assert self.roster is not None and self.assignment is not None
+        self._heirs.add(heir)
+        self._gone.add(self.control.peer.member_id)
+        with contextlib.suppress(KafilaError):
+            await self.control.close()
+        if heir == self.opts.name:
+            self._coordinating = self._tg.create_task(self._coordinate(self.assignment, self.roster, adopt))
+        found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir)
+        self.control = await self.ep.connect(found)
+        self._pending.clear()  # the lost coordinator's instructions are void
+        self.state.log(f"connected to {heir}, which coordinates now")
+
+    async def _coordinate(self, assign: messages.Assign, roster: messages.Roster, adopt: bool) -> None:
+        """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
+        try:
+            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use, adopt)
+            self.state.log(f"coordination ended (status {status})")
+        except KafilaError as exc:
+            self.state.log(f"coordination failed: {exc}")
