@@ -1,1 +1,2 @@
-"""The ring's data plane: the head's batching and sampling, request slots, and stage workers."""
+"""The ring's data plane: the head's batching and sampling, its running figures and reply pacing, request slots,
+and stage workers."""

@@ -13,6 +13,8 @@ the slot whose tokens share the longest prefix with its prompt and prefills only
 `trim` message has dropped the slot's other positions on every stage (it travels ahead of the
 request's frames, and every link delivers in order). A request that fails has its sequence freed
 by a `free` message that travels the whole ring and comes back; only then is that slot reused.
+
+The ring's running figures are kept in ring_stats.py; a reply's text is paced in reply_stream.py.
 """
 
 from __future__ import annotations
@@ -22,11 +24,9 @@ import contextlib
 import hashlib
 import itertools
 import logging
-import statistics
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,18 +42,12 @@ from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
 from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
+from kafila.session.ring.reply_stream import paced
+from kafila.session.ring.ring_stats import RingStats
 from kafila.session.ring.slots import Slots
 from kafila.session.ring.stage_runtime import StageWorker
 
 log = logging.getLogger("kafila.head")
-# The running figures are medians of the last STATS_WINDOW decode calls: a shared machine's stray slow
-# call moved a running average by a fifth (the prediction is the probe's median too), and a window this
-# long is still what the ring does now.
-STATS_WINDOW = 32
-# Text goes out at most this often, several tokens to a piece: a message per token kept the host, the
-# client and the head's event loop busy while the next token was computing (on a shared machine,
-# stealing the cores that stage ran on); 20 updates a second still read as a live stream.
-STREAM_INTERVAL_S = 0.05
 
 
 @dataclass
@@ -66,55 +60,6 @@ class Job:
     request: Request | None = None
     started: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
-
-
-@dataclass
-class RingStats:
-    """Running medians of measured stage time per member and of the network's share of a token."""
-
-    predicted: dict[str, float]
-    times: dict[str, deque[float]] = field(default_factory=dict)
-    shares: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
-    tokens: int = 0
-    window_start: float = field(default_factory=time.perf_counter)
-    tokens_per_s: float | None = None
-    ttft: messages.TtftTime | None = None  # the latest request's time to first token, beside the plan's
-
-    def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
-        for name, t in zip(names, times_ns, strict=False):
-            self.times.setdefault(name, deque(maxlen=STATS_WINDOW)).append(t / 1e9)
-        if round_trip_ns > 0:
-            self.shares.append(max(round_trip_ns - sum(times_ns), 0) / round_trip_ns)
-
-    @property
-    def measured(self) -> dict[str, float]:
-        return {name: statistics.median(t) for name, t in self.times.items()}
-
-    @property
-    def network_share(self) -> float | None:
-        return statistics.median(self.shares) if self.shares else None
-
-    def count_token(self) -> None:
-        self.tokens += 1
-        elapsed = time.perf_counter() - self.window_start
-        if elapsed >= 1.0:
-            self.tokens_per_s = self.tokens / elapsed
-            self.tokens, self.window_start = 0, time.perf_counter()
-
-    def as_dict(self) -> dict[str, Any]:
-        measured = self.measured
-        return {
-            "stages": {n: {"predicted_s": p, "measured_s": measured.get(n)} for n, p in self.predicted.items()},
-            "network_share": self.network_share,
-            "tokens_per_s": self.tokens_per_s,
-            "ttft": None if self.ttft is None else asdict(self.ttft),
-        }
-
-    def message(self) -> messages.Stats:
-        """The `stats` message the head sends the host."""
-        measured = self.measured
-        return messages.Stats({n: messages.StageTime(p, measured.get(n)) for n, p in self.predicted.items()},
-                              self.network_share, self.tokens_per_s, self.ttft)
 
 
 class Head:
@@ -185,28 +130,9 @@ class Head:
             return
         self._waiting.append(job)
         self._wake.set()
-        pending, sent_at = "", -STREAM_INTERVAL_S
-        tokens: list[int] = []
-        while True:
-            wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending or tokens else None
-            try:
-                async with asyncio.timeout(None if wait is None else max(wait, 0.0)):
-                    evt = await job.events.get()
-            except TimeoutError:
-                evt = {}  # the held text is due
-            if "delta" in evt:
-                pending += evt["delta"]
-                tokens += evt["tokens"]
-                if time.perf_counter() - sent_at < STREAM_INTERVAL_S:
-                    continue
-            if pending or tokens:
-                yield {"delta": pending, "tokens": tokens}
-                pending, tokens, sent_at = "", [], time.perf_counter()
-            if "progress" in evt:
+        async with contextlib.aclosing(paced(job.events)) as events:
+            async for evt in events:
                 yield evt
-            if "done" in evt or "error" in evt:
-                yield evt
-                return
 
     def _make_request(self, job: Job, slot: int) -> Request:
         """The engine's request for a chat or completion body; BadRequest (never anything else) when it is bad."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kafila.session.ring.head import STATS_WINDOW, RingStats
+from kafila.session.ring.ring_stats import STATS_WINDOW, RingStats
 
 
 def test_a_stray_slow_call_does_not_move_the_figure_and_old_calls_are_forgotten() -> None:

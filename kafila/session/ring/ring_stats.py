@@ -1,0 +1,68 @@
+"""The head's running figures of the ring: measured stage times, the network's share of a token, tokens/s, TTFT.
+
+They go to the host as a `stats` message and into every finished request's `done` event.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kafila.session.protocol import messages
+
+# The running figures are medians of the last STATS_WINDOW decode calls: a shared machine's stray slow
+# call moved a running average by a fifth (the prediction is the probe's median too), and a window this
+# long is still what the ring does now.
+STATS_WINDOW = 32
+
+
+@dataclass
+class RingStats:
+    """Running medians of measured stage time per member and of the network's share of a token."""
+
+    predicted: dict[str, float]
+    times: dict[str, deque[float]] = field(default_factory=dict)
+    shares: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    tokens: int = 0
+    window_start: float = field(default_factory=time.perf_counter)
+    tokens_per_s: float | None = None
+    ttft: messages.TtftTime | None = None  # the latest request's time to first token, beside the plan's
+
+    def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
+        for name, t in zip(names, times_ns, strict=False):
+            self.times.setdefault(name, deque(maxlen=STATS_WINDOW)).append(t / 1e9)
+        if round_trip_ns > 0:
+            self.shares.append(max(round_trip_ns - sum(times_ns), 0) / round_trip_ns)
+
+    @property
+    def measured(self) -> dict[str, float]:
+        return {name: statistics.median(t) for name, t in self.times.items()}
+
+    @property
+    def network_share(self) -> float | None:
+        return statistics.median(self.shares) if self.shares else None
+
+    def count_token(self) -> None:
+        self.tokens += 1
+        elapsed = time.perf_counter() - self.window_start
+        if elapsed >= 1.0:
+            self.tokens_per_s = self.tokens / elapsed
+            self.tokens, self.window_start = 0, time.perf_counter()
+
+    def as_dict(self) -> dict[str, Any]:
+        measured = self.measured
+        return {
+            "stages": {n: {"predicted_s": p, "measured_s": measured.get(n)} for n, p in self.predicted.items()},
+            "network_share": self.network_share,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft": None if self.ttft is None else asdict(self.ttft),
+        }
+
+    def message(self) -> messages.Stats:
+        """The `stats` message the head sends the host."""
+        measured = self.measured
+        return messages.Stats({n: messages.StageTime(p, measured.get(n)) for n, p in self.predicted.items()},
+                              self.network_share, self.tokens_per_s, self.ttft)
