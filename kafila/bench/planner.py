@@ -92,10 +92,10 @@ def timing(quick: bool) -> list[dict[str, Any]]:
 
 def fleets(bench_dir: Path, concurrency: int, context: int) -> list[dict[str, Any]]:
     """Part (b): every shipped fleet × model, three strategies each."""
-    from kafila.commands.plan import load_fleet, load_model
     from kafila.errors import PlanInputError
     from kafila.planner import Workload, make_plan
     from kafila.planner.cost import kv_positions, read_bytes
+    from kafila.planner.files import load_fleet, load_model
 
     rows = []
     for fleet in FLEETS:

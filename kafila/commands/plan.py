@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kafila.commands._common import positive_int
-from kafila.errors import PlanInputError
 
 if TYPE_CHECKING:
-    from kafila.planner import Member, ModelSpec, Plan
+    from kafila.planner import Member, Plan
 
 HELP = "plan a ring for a fleet and a model: order, head, block ranges, and the baselines beside it"
 EXIT_REJECTED = 3
@@ -46,42 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = f"exit status: 0 feasible, {EXIT_REJECTED} rejected (reasons printed), 1 bad input"
 
 
-def _read_json(path: str, what: str) -> Any:
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise PlanInputError(f"{what} file {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanInputError(f"{what} file {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-
-
-def load_fleet(path: str) -> tuple[Member, ...]:
-    """Members from a fleet JSON file."""
-    from kafila.planner.schema import parse_fleet
-
-    return parse_fleet(_read_json(path, "fleet"))
-
-
-def load_model(path: str | None) -> ModelSpec:
-    """A model spec from a model JSON file, a GGUF file (through the model layer), or the embedded default."""
-    from kafila.planner import ModelSpec
-    from kafila.planner.schema import parse_model
-
-    if path is not None and path.lower().endswith(".json"):
-        return parse_model(_read_json(path, "model"))
-    try:
-        from kafila.model.describe import describe_model
-        from kafila.model.embedded import resolve_model
-    except ImportError as exc:
-        raise PlanInputError(f"reading GGUF files needs the model layer ({exc}); pass --model MODEL.json") from None
-    return ModelSpec.described(describe_model(resolve_model(path)))
-
-
 def run(args: argparse.Namespace) -> int:
     from kafila.planner import Workload, make_plan
+    from kafila.planner.files import load_fleet, load_model
 
     members = load_fleet(args.fleet)
     model = load_model(args.model)

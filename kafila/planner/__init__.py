@@ -1,4 +1,5 @@
-"""The planner: pure functions from measured numbers to a ring plan. No I/O, no net, no engine, no model.
+"""The planner: pure functions from measured numbers to a ring plan. No I/O, no net, no engine, no model
+(but `files`, which reads fleet and model files for the CLI and the benchmarks).
 
 Use::
 
@@ -17,7 +18,7 @@ Inputs are SI: `Member(name, bandwidth [bytes/s], dispatch_s, memory [bytes], rt
 (`expert_bytes`, `experts`, `experts_used`), sliding-window (`kv_window`) and cut-rule (`must_hold`,
 `whole_only`) fields; the cost model is in `cost`. Bad numbers
 raise `kafila.errors.PlanInputError` naming the field. `kafila.planner.schema` turns fleet and
-model JSON objects into these.
+model JSON objects into these; `kafila.planner.files` reads them from files (a model from GGUF too).
 
 Modules: spec (inputs), cost (the cost model), reachability (NAT pairs, counting rule),
 order (ring order search), partition (exact bisection + feasibility pass, head rotation),

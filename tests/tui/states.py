@@ -16,8 +16,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kafila.commands.plan import load_fleet, load_model
 from kafila.planner import Member, Workload, make_plan, predict_edge
+from kafila.planner.files import load_fleet, load_model
 from kafila.planner.reachability import NatClass
 from kafila.session.state import EdgeView, MemberView, SessionState, StageStats
 
