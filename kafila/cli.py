@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kafila import __version__
-from kafila.errors import KafilaError
+from kafila.errors import KafilaError, first_kafila_error
 from kafila.process import follow_parent
 from kafila.stopping import start_deadline
 
@@ -70,15 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _first_kafila_error(group: BaseExceptionGroup) -> KafilaError | None:
-    for exc in group.exceptions:
-        if isinstance(exc, KafilaError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup) and (inner := _first_kafila_error(exc)):
-            return inner
-    return None
-
-
 def _terminate(_signum: int, _frame: object) -> None:
     # (a session flow running in the main thread's event loop is cancelled instead: kafila.stopping)
     try:
@@ -124,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kafila: error: {exc}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:  # raised out of a TaskGroup: report its first user-facing error
-        first = _first_kafila_error(group)
+        first = first_kafila_error(group)
         if first is None:
             raise
         print(f"kafila: error: {first}", file=sys.stderr)

@@ -99,3 +99,13 @@ RENDEZVOUS_CODES: dict[str, type[RendezvousError]] = {
 
 class DiskFullError(SessionError):
     """A stage does not fit on this machine's disk (checked before a transfer, or ENOSPC while writing)."""
+
+
+def first_kafila_error(group: BaseExceptionGroup) -> KafilaError | None:
+    """The first KafilaError in an exception group (a TaskGroup's), searched depth first; None if it holds none."""
+    for exc in group.exceptions:
+        if isinstance(exc, KafilaError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (inner := first_kafila_error(exc)):
+            return inner
+    return None

@@ -72,8 +72,8 @@ def _ring(model: Path, members: tuple[Any, ...], context: int, cache: Path, thre
           tokens: tuple[int, int], progress: Any, label: str) -> dict[str, Any]:
     """One ring session: settle, TTFT of the prompt, then (unthrottled only) decode; memory and delivery."""
     from kafila.bench import scale_ring
-    from kafila.cli import _first_kafila_error
     from kafila.errors import KafilaError
+    from kafila.errors import first_kafila_error as _first_kafila_error
 
     clock = scale_ring.DeliveryClock()
     sampler = RssSampler(in_window=clock.delivering, active=clock.any_delivering)
