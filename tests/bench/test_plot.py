@@ -14,6 +14,8 @@ from kafila.bench import plot
 from kafila.bench.report import emit
 from tests.conftest import run_kafila
 
+pytestmark = pytest.mark.fast
+
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -119,6 +121,7 @@ def test_emit_writes_the_chart_beside_the_report(tmp_path: Path) -> None:
     assert (tmp_path / "charts" / "ring.svg").read_text() == plot.ring(RING)
 
 
+@pytest.mark.slow  # the whole planner bench, a few seconds
 def test_bench_planner_plot_from_the_command_line(tmp_path: Path) -> None:
     out = run_kafila("bench", "planner", "--quick", "--out", str(tmp_path / "p.json"), "--plot",
                      str(tmp_path / "p.svg"), timeout=300)
