@@ -130,25 +130,64 @@ def test_a_members_malformed_body_is_a_protocol_error() -> None:
         open_announcement(seal_raw(code, b"[1, 2]"), code, b"m" * 8)  # was an AttributeError
 
 
-FIELDS = st.fixed_dictionaries({}, optional={
-    "v": st.sampled_from([2, 1, "2"]), "session": st.sampled_from(["k7q2m9xd", "x"]), "member": st.text(max_size=20),
-    "name": st.text(max_size=10), "fp": st.sampled_from(["ab" * 32, "zz", ""]), "nat": st.text(max_size=10),
-    "mapped": st.none() | st.lists(st.integers() | st.text(max_size=8), max_size=3),
-    "local": st.none() | st.just(["10.0.0.1", 4]), "rtt_ms": st.none() | st.floats() | st.text(max_size=3),
-    "m": st.dictionaries(st.text(max_size=4), st.integers(), max_size=3) | st.integers(),
-    "t": st.floats() | st.text(max_size=4) | st.none(),
-})
+# each field of an announcement's body: values a member's own code writes, and values it never would
+VALID = {
+    "v": st.just(2), "session": st.just("k7q2m9xd"), "member": st.just((b"m" * 8).hex()),
+    "name": st.text(max_size=8) | st.text(min_size=60, max_size=80),
+    "fp": st.sampled_from(["ab" * 32, "00" * 32]), "nat": st.sampled_from(["permissive", "ordinary", "restrictive"]),
+    "mapped": st.none() | st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535)).map(list),
+    "local": st.none() | st.just(["10.0.0.1", 4]), "rtt_ms": st.none() | st.floats(0, 1e4),
+    "m": st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
+    "t": st.floats(T0 - MAX_ANNOUNCEMENT_AGE_S + 1, T0 + 3600),
+}
+FUZZED = {
+    "v": st.sampled_from([1, "2", 2.5, None]), "session": st.sampled_from(["abcdefgh", "x", 8]),
+    "member": st.text(max_size=20) | st.sampled_from([(b"x" * 8).hex(), (b"m" * 9).hex()]),
+    "name": st.integers() | st.none(), "fp": st.sampled_from(["zz", "", "ab" * 31, "ab" * 33]),
+    "nat": st.text(max_size=10),
+    "mapped": st.lists(st.integers() | st.text(max_size=8), max_size=3) | st.just(["x", 70000]),
+    "local": st.integers() | st.just(["10.0.0.1"]), "rtt_ms": st.sampled_from(["x", "", []]),
+    "m": st.integers() | st.text(max_size=3),
+    "t": st.floats() | st.text(max_size=4) | st.none() | st.just(T0 - 26 * 3600),
+}
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> tuple[dict[str, object], bool]:
+    """An announcement body of what a member writes but for a field or two, fuzzed or absent (or none), and
+    whether it is all a member's own code writes."""
+    disturbed = draw(st.lists(st.sampled_from(list(VALID)), max_size=2))
+    body: dict[str, object] = {}
+    for key, valid in VALID.items():
+        if key not in disturbed:
+            body[key] = draw(valid)
+        elif draw(st.integers(0, 3)):
+            body[key] = draw(FUZZED[key])
+    return body, not disturbed
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(FIELDS.map(lambda d: json.dumps(d).encode()), st.binary(max_size=200)))
-def test_fuzz_sealed_bodies_from_a_member(body: bytes) -> None:
-    """Any body sealed with the right key is an announcement or a ProtocolError/SessionError, nothing else."""
+@given(st.one_of(bodies(), st.binary(max_size=200).map(lambda b: (b, False))))
+def test_fuzz_sealed_bodies_from_a_member(case: tuple[dict[str, object] | bytes, bool]) -> None:
+    """Any body sealed with the right key is an announcement or a ProtocolError/SessionError, nothing else; one a
+    member's code writes is accepted; and what is accepted says what the body says, within the documented bounds."""
     code = JoinCode("k7q2m9xd", "0123456789abcdef")
+    body, genuine = case
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        open_announcement(seal_raw(code, body), code, (b"m" * 8))
+        vm = open_announcement(seal_raw(code, raw), code, (b"m" * 8), now=T0)
     except (ProtocolError, SessionError):
-        pass
+        assert not genuine, body
+        return
+    assert isinstance(body, dict) and (body["v"], body["session"], body["member"]) == (2, "k7q2m9xd", "6d" * 8)
+    assert vm.member_id == b"m" * 8 and vm.fingerprint == bytes.fromhex(str(body["fp"])) and len(vm.fingerprint) == 32
+    assert vm.name == str(body["name"])[:64]  # a name is cut to 64 characters
+    assert vm.nat_class.value == body["nat"] and vm.rtt_ms == body["rtt_ms"]
+    assert vm.measurements == (body["m"] if isinstance(body["m"], dict) else {})  # "" is read as no measurements
+    for got, sent in ((vm.mapped, body["mapped"]), (vm.local, body["local"])):
+        assert got == (tuple(sent) if sent is not None else None)  # type: ignore[arg-type]
+        assert got is None or (isinstance(got[0], str) and len(got[0]) <= 64 and 0 <= got[1] <= 65535)
+    assert vm.issued_at == body["t"] and T0 - vm.issued_at <= MAX_ANNOUNCEMENT_AGE_S
 
 
 @settings(max_examples=150, deadline=None)
