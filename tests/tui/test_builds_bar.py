@@ -1,13 +1,29 @@
-"""The session bar says when a ring mixes llama.cpp builds; `kafila tui --host --mixed-builds` asks for it."""
+"""The session bar says when a ring mixes llama.cpp builds; `kafila tui --host --mixed-builds` asks for it.
+
+The app renders a change on its next tick, not at once: each check after a change waits for that render
+(the event), bounded only against a hang, instead of pausing a fixed time a loaded machine may outlast.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from textual.pilot import Pilot
+
 from kafila.tui.app import KafilaApp
 from kafila.tui.flows import flow_for
 from tests.tui import states
 from tests.tui.screen_text import screen_text
+from tests.tui.test_app import until
+
+HANG_S = 60  # a bound on a hang only
+
+
+async def rendered(app: KafilaApp, pilot: Pilot[int]) -> str:
+    """The screen once the app has rendered the state's last change (on its next tick) and drawn it."""
+    await until(lambda: not app._dirty, timeout=HANG_S)  # the change has been rendered
+    await pilot.pause()  # and the widgets it updated have been drawn
+    return screen_text(app)
 
 
 async def test_the_bar_says_mixed_and_who_differs() -> None:
@@ -20,8 +36,7 @@ async def test_the_bar_says_mixed_and_who_differs() -> None:
         assert "MIXED builds, not bit-exact (rtx3060-laptop differ)" in screen_text(app)
         state.builds = {**state.builds, "mode": "exact", "bit_exact": True, "differ": {}}
         state.changed()
-        await pilot.pause(0.5)
-        assert "MIXED" not in screen_text(app)
+        assert "MIXED" not in await rendered(app, pilot)
 
 
 def test_tui_host_and_demo_pass_mixed_builds_on() -> None:
@@ -45,8 +60,7 @@ async def test_the_bar_says_who_coordinates_once_the_host_left() -> None:
         head = (state.plan or {})["head"]
         state.coordinator, state.coordinator_left = head, "the coordinator (host) left the session: Idle timeout"
         state.changed()
-        await pilot.pause(0.5)
-        assert f"host left: {head} coordinates" in screen_text(app)
+        assert f"host left: {head} coordinates" in await rendered(app, pilot)
 
 
 def test_tui_host_serves_unless_coordinate_only() -> None:
@@ -65,11 +79,9 @@ async def test_the_bar_says_when_the_rendezvous_is_unreachable_and_when_it_is_ba
         await pilot.pause()
         assert "rendezvous unreachable" not in screen_text(app)
         state.set_rendezvous("the rendezvous 127.0.0.1:3478 is unreachable (silent for 8 s): direct edges serve on")
-        await pilot.pause(0.5)
-        assert "rendezvous unreachable: direct edges only" in screen_text(app)
+        assert "rendezvous unreachable: direct edges only" in await rendered(app, pilot)
         state.set_rendezvous(None)
-        await pilot.pause(0.5)
-        assert "rendezvous unreachable" not in screen_text(app)
+        assert "rendezvous unreachable" not in await rendered(app, pilot)
     assert [text for _, text in state.events[-2:]] == [
         "the rendezvous 127.0.0.1:3478 is unreachable (silent for 8 s): direct edges serve on",
         "the rendezvous answers again: re-registering with it"]
