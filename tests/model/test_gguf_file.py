@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from pathlib import Path
@@ -63,10 +64,40 @@ def test_truncated(synthetic_models: dict[str, Path], tmp_path: Path, keep: int)
         GGUFFile(p)
 
 
+def check_accepted(path: Path) -> None:
+    """What holds of every GGUF the reader accepts (the format as ggml's gguf.md documents it): each tensor lies
+    whole in the file, after the aligned start of the data and at an aligned offset, its size that of its shape in
+    its ggml type's blocks (the gguf package's table); where the gguf package's own reader reads the file too, both
+    see the same metadata keys and tensors; and the model described is made of those tensors."""
+    size = path.stat().st_size
+    ours = GGUFFile(path)
+    align = ours.get("general.alignment", 32)
+    assert align > 0 and align & (align - 1) == 0 and ours.data_start % align == 0
+    for t in ours.tensors.values():
+        block, type_size = gguf.GGML_QUANT_SIZES[t.type]
+        assert t.ne[0] % block == 0 and t.n_bytes == math.prod(t.ne) // block * type_size, t
+        assert ours.data_start <= t.offset and (t.offset - ours.data_start) % align == 0, t
+        assert t.offset + t.n_bytes <= size, t
+    try:
+        ref = gguf.GGUFReader(path)
+    except Exception:  # the reference reader refuses what it refuses, in its own ways
+        ref = None
+    if ref is not None:
+        assert set(ours.fields) == {k for k in ref.fields if not k.startswith("GGUF.")}
+        assert [(t.name, t.offset, t.n_bytes) for t in ours.tensors.values()] == [
+            (t.name, t.data_offset, t.n_bytes) for t in ref.tensors]
+    info = describe_model(path)
+    assert info.file_bytes == size and len(info.blocks_bytes) == info.n_blocks >= 1
+    for i, nbytes in enumerate(info.blocks_bytes):
+        assert nbytes == sum(t.n_bytes for t in ours.tensors.values() if t.name.startswith(f"blk.{i}.")) > 0
+    assert info.n_embd >= 1 and info.n_head >= 1
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_damaged_header_is_model_error(synthetic_models: dict[str, Path], tmp_path: Path, data: st.DataObject) -> None:
-    """Random byte damage in the header either still describes a model or gives a ModelError, nothing else."""
+    """Random byte damage in the header either still describes a model, one that holds what a GGUF must, or gives
+    a ModelError, nothing else."""
     raw = bytearray(synthetic_models["qwen2"].read_bytes())
     header_end = GGUFFile(synthetic_models["qwen2"]).data_start
     for _ in range(data.draw(st.integers(1, 8))):
@@ -77,7 +108,8 @@ def test_damaged_header_is_model_error(synthetic_models: dict[str, Path], tmp_pa
     try:
         describe_model(p)  # the parser, then what `kafila inspect` reads from it
     except ModelError:
-        pass
+        return
+    check_accepted(p)
 
 
 # -- crafted files: each damage the format allows gets its own one-line error ---------------------------------------
