@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,12 +138,85 @@ def test_unknown_op_and_bad_fields_answer_errors() -> None:
     assert r["code"] == "bad_request" and "token_hash" in r["error"]
 
 
+STRANGER = ("10.0.0.9", 9)
+
+
+@st.composite
+def datagrams(draw: st.DrawFn) -> bytes:
+    """Anything a stranger could send: random bytes, STUN, control requests and answers, relay envelopes, QUIC."""
+    kind = draw(st.sampled_from(["bytes", "stun", "control", "relay", "quic"]))
+    if kind == "stun":
+        msg_type = draw(st.sampled_from([stun.BINDING_REQUEST, stun.BINDING_REQUEST, stun.BINDING_SUCCESS]))
+        change = draw(st.sampled_from([0, stun.CHANGE_PORT, stun.CHANGE_IP, stun.CHANGE_IP | stun.CHANGE_PORT]))
+        data = stun.encode(stun.StunMessage(msg_type, draw(st.binary(min_size=12, max_size=12)), change=change))
+        return data + draw(st.sampled_from([b"", b"", b"\0\0\0\0", b"x"]))  # an unknown attribute, or damage
+    if kind == "control":
+        body = draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=5))
+        body = draw(st.sampled_from([body, {**body, "op": "create", "token_hash": "00" * 32}]))
+        try:
+            return wire.encode_control(draw(st.sampled_from([wire.REQUEST, wire.RESPONSE])),
+                                       draw(st.integers(0, 2**32 - 1)), body)
+        except (ProtocolError, ValueError):
+            return b"\x10" + json.dumps(body, default=str).encode()  # no request id: malformed
+    if kind == "relay":
+        peer = draw(st.sampled_from([b"a" * 8, b"b" * 8, bytes(8)]))
+        payload = draw(st.binary(min_size=1, max_size=1600))
+        return bytes([draw(st.sampled_from([wire.RELAY, wire.RELAYED]))]) + peer + payload
+    if kind == "quic":
+        return bytes([draw(st.integers(0x40, 0xFF))]) + draw(st.binary(max_size=1400))
+    return draw(st.binary(max_size=1600))
+
+
 @settings(max_examples=400, deadline=None)
-@given(st.binary(max_size=1600), st.integers(0, 3))
-def test_fuzz_any_datagram_never_crashes(data: bytes, sock: int) -> None:
+@given(datagrams(), st.integers(0, 3))
+def test_a_stranger_gets_only_bounded_answers_to_itself(data: bytes, sock: int) -> None:
+    """Whatever a stranger (no session, no registration) sends, what comes back goes to it alone, from a socket
+    of the rendezvous, within a datagram: a STUN answer from the socket its flags ask for (RFC 5780), naming
+    the address it came from; one answer to a control request, a refusal no larger than the request unless it
+    created a session; and nothing at all for relay envelopes, answers, QUIC or garbage."""
     c = core()
-    out = c.handle(data, ("10.0.0.9", 9), [A, A2, B, B2][sock], 0.0)
-    assert isinstance(out, list)
+    local = [A, A2, B, B2][sock]
+    out = c.handle(data, STRANGER, local, 0.0)
+    assert len(out) <= 1
+    for reply, via, dst in out:
+        assert dst == STRANGER and via in (A, A2, B, B2) and len(reply) <= c.limits.max_datagram
+    request = None
+    if stun.is_stun(data) and data[:2] == b"\x00\x01":
+        try:
+            request = stun.decode(data)
+        except ProtocolError:
+            pass
+    if request is not None:
+        ((reply, via, _dst),) = out
+        ip = {A[0]: B[0], B[0]: A[0]}[local[0]] if request.change & stun.CHANGE_IP else local[0]
+        port = {3478: 3479, 3479: 3478}[local[1]] if request.change & stun.CHANGE_PORT else local[1]
+        assert via == (ip, port)
+        other = ({A[0]: B[0], B[0]: A[0]}[local[0]], {3478: 3479, 3479: 3478}[local[1]])
+        assert stun.decode(reply) == stun.StunMessage(stun.BINDING_SUCCESS, request.txid, mapped=STRANGER,
+                                                      origin=(ip, port), other=other)
+        return
+    frame = None
+    if data[:1] in (b"\x10",):
+        try:
+            frame = wire.decode(data)
+        except ProtocolError:
+            pass
+    if not isinstance(frame, wire.Control):
+        assert out == [] and not c.sessions  # relay envelopes, answers, QUIC, garbage: silence, no state
+        return
+    if not out:  # refused, and even a refusal cut to its code would have been larger than the request
+        longest = max(len(json.dumps({"ok": False, "code": code}, separators=(",", ":"))) for code in RENDEZVOUS_CODES)
+        assert len(data) < 5 + longest and not c.sessions
+        return
+    ((reply, via, _dst),) = out
+    answer = wire.decode(reply)
+    assert via == local and isinstance(answer, wire.Control) and answer.kind == wire.RESPONSE
+    assert answer.request_id == frame.request_id
+    if answer.body["ok"] is True:  # only a create needs no registration
+        assert frame.body["op"] == "create" and list(c.sessions) == [answer.body["session"]]
+    else:
+        assert answer.body["ok"] is False and answer.body["code"] in RENDEZVOUS_CODES and not c.sessions
+        assert len(reply) <= len(data), "a refusal larger than its request"
 
 
 def test_relay_rate_is_bounded_per_member() -> None:
