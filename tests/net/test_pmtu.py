@@ -98,7 +98,9 @@ def test_a_path_is_searched_up_to_its_own_ceiling(ceiling: int, carries: int) ->
     if truth > BASE:
         assert probed[0] == top  # the route's own size first: one round trip when the path carries it
     assert len(set(probed)) <= 11  # binary search over at most LIMIT - BASE bytes in 16-byte steps
-    assert search.next_wakeup() is None if search.size >= truth == top else True
+    # the raise timer (RFC 8899 PMTU_RAISE_TIMER): armed raise_s after the search ended (at 0) below the
+    # path's ceiling, where the path may later carry more; not armed at the ceiling, where there is no more
+    assert search.next_wakeup() == (None if truth == top else config.raise_s)
 
 
 def test_the_raise_timer_searches_up_to_the_paths_ceiling_again() -> None:
