@@ -8,7 +8,6 @@ gives llama-cpp-python's own text.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ async def remote(h: Head, body: Any) -> list[dict[str, Any]]:
 
     async def reply(msg: bytes) -> None:
         evt = messages.decode(msg)
-        assert isinstance(evt, messages.ChatEvt)
+        assert isinstance(evt, messages.ChatEvt) and (evt.id, evt.dest) == ("c1", "bo")  # back to the asker
         got.put_nowait(evt.evt)
 
     # A body that is not an object cannot come off the wire (messages.decode refuses it); the head
@@ -112,6 +111,7 @@ async def test_a_request_whose_sampling_fails_ends_alone(head: Head, llama_cpp_r
     monkeypatch.setattr(head_module, "Sampler", Failing)
     bad, good = await asyncio.gather(remote(head, {"messages": HI, "seed": 666, "temperature": 1.0}),
                                      remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0}))
-    assert bad[-1]["status"] == 500 and "probabilities contain NaN" in bad[-1]["error"]
+    # what reaches the asker, decoded from the chat_evt messages: the one error, neither resumable (the request
+    # itself is bad, another ring would fail it alike) nor preceded by text
+    assert bad == [{"error": "the head failed on this request: probabilities contain NaN", "status": 500}]
     assert text_of(good) == llama_cpp_reply
-    assert json.dumps(bad)  # the error travels as a chat_evt (JSON)
