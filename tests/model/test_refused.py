@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kafila.errors import ModelError
-from kafila.model.arch import REFUSED, REFUSED_KINDS
+from kafila.model.arch import REFUSED_KINDS, require_supported
 from kafila.model.cut import StageSpec, write_stage
 from kafila.model.describe import describe_model
 from tests.conftest import run_kafila
@@ -74,11 +74,40 @@ def test_refused_by_name_before_anything_is_cut(tmp_path: Path, arch: str) -> No
     assert list(tmp_path.iterdir()) == [model]  # nothing written, not even a temporary file
 
 
-def test_every_recurrent_and_hybrid_kind_is_data() -> None:
-    """The brief's list of kinds is in the table, each with a reason."""
-    for arch in ("mamba", "mamba2", "rwkv6", "rwkv7", "jamba", "falcon-h1", "granitehybrid", "lfm2", "lfm2moe",
-                 "nemotron_h", "plamo2", "qwen3next", "t5", "t5encoder", "clip"):
-        assert REFUSED[arch]
+def llama_cpp_kinds() -> dict[str, str]:
+    """Every architecture the gguf package (llama.cpp's own tables) knows that keeps a recurrent state or has a
+    decoder, with the reason it cannot be split, read from its tensor list: state tensors (SSM, RWKV time mix,
+    short convolutions) alone make a recurrent model, beside attention a hybrid one; decoder tensors an
+    encoder-decoder."""
+    kinds = {}
+    for arch, tensors in gguf.MODEL_TENSORS.items():
+        names = {t.name for t in tensors}
+        recurrent = any(n.startswith(("SSM_", "TIME_MIX_", "SHORTCONV_")) for n in names)
+        attention = bool(names & {"ATTN_Q", "ATTN_QKV", "ATTN_Q_A"})
+        if recurrent:
+            kinds[gguf.MODEL_ARCH_NAMES[arch]] = "a hybrid model" if attention else "a recurrent model"
+        elif any(n.startswith("DEC_") for n in names) or gguf.MODEL_ARCH_NAMES[arch] == "t5encoder":
+            kinds[gguf.MODEL_ARCH_NAMES[arch]] = "an encoder-decoder"  # t5encoder: T5's encoder half alone
+    return kinds
+
+
+LLAMA_CPP_KINDS = llama_cpp_kinds()
+
+
+def test_llama_cpps_tables_name_the_kinds_the_brief_lists() -> None:
+    """The ground truth below is not empty or off: it holds the brief's kinds, each as what it is."""
+    for arch in ("mamba", "mamba2", "rwkv6", "rwkv7"):
+        assert LLAMA_CPP_KINDS[arch] == "a recurrent model"
+    for arch in ("jamba", "falcon-h1", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "plamo2", "qwen3next"):
+        assert LLAMA_CPP_KINDS[arch] == "a hybrid model"
+    for arch in ("t5", "t5encoder"):
+        assert LLAMA_CPP_KINDS[arch] == "an encoder-decoder"
+
+
+@pytest.mark.parametrize("arch", sorted(LLAMA_CPP_KINDS))
+def test_every_recurrent_hybrid_and_encoder_decoder_kind_llama_cpp_knows_is_refused_as_what_it_is(arch: str) -> None:
+    with pytest.raises(ModelError, match=rf"^architecture '{arch}' cannot be split: {LLAMA_CPP_KINDS[arch]}"):
+        require_supported(arch)
 
 
 @pytest.mark.parametrize(("arch", "general_type", "reason"), [
