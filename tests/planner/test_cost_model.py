@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from itertools import combinations, product
+from itertools import combinations, permutations, product
 from pathlib import Path
 
 import pytest
@@ -125,12 +125,19 @@ def test_plans_never_cut_where_the_model_says_a_stage_is_invalid(flags: list[boo
         with pytest.raises(PlanInputError, match="sliding-window blocks"):
             make_plan(members, spec, Workload(1, 4))
         return
-    plan = make_plan(members, spec, Workload(1, 4))
+    workload = Workload(1, 4)
+    plan = make_plan(members, spec, workload)
     # Ground truth: the model layer's own judgement of each stage, searched exhaustively.
-    valid = [cuts for cuts in combinations(range(1, len(flags)), m - 1)
+    valid = [(0, *cuts, len(flags)) for cuts in combinations(range(1, len(flags)), m - 1)
              if all(info.stage_problem(a, e) is None for a, e in zip((0, *cuts), (*cuts, len(flags)), strict=True))]
     assert valid  # at least m flags: some partition holds one in every stage
-    if plan.feasible:
+    # ... and whether some order of the members holds one of them within its memory (the head last, with the
+    # embedding and output: DESIGN §3's need)
+    fits = any(all(need(spec, workload, bounds[p], bounds[p + 1], p == m - 1) <= mem.memory
+                   for p, mem in enumerate(order))
+               for bounds in valid for order in permutations(members))
+    assert plan.feasible == fits, plan.kafila.reason
+    if fits:
         assert all(info.stage_problem(a, e) is None for a, e in plan.ranges.values())
 
 
