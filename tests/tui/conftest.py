@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tui.demo_cache import seeded_demo_cache
 from tests.tui.scripted_api import Script, start
 
 
@@ -31,3 +32,12 @@ async def api(script: Script) -> AsyncIterator[str]:
         yield url
     finally:
         await server.stop()
+
+
+@pytest.fixture
+def demo_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache of a test that runs the demo: its own, seeded with the shared probe (tests.tui.demo_cache);
+    KAFILA_CACHE_DIR names it, for a demo run in this process and for every process started from here."""
+    cache = seeded_demo_cache(tmp_path / "cache")
+    monkeypatch.setenv("KAFILA_CACHE_DIR", str(cache))
+    return cache

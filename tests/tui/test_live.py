@@ -1,5 +1,8 @@
 """Pilot against a real loopback session: the dashboard runs the demo flow (rendezvous, three member
-processes, the host in this loop) as its worker, and a chat streams a reply through the ring."""
+processes, the host in this loop) as its worker, and a chat streams a reply through the ring.
+
+Every demo here runs in the test's own cache, seeded with the shared probe (conftest.demo_cache): it
+neither probes afresh nor writes the user's cache, and each test checks so once its demo has stopped."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from kafila.tui.screens.lost import LostScreen
 from kafila.tui.widgets.chat import ChatPane, ChatSettings, MessageView
 from tests.conftest import REPO, llama_cpp_reply
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.tui.demo_cache import assert_demo_ran_in, probe_files
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
 
@@ -44,7 +48,8 @@ async def admitted_then_chat(app: KafilaApp, pilot: Any, text: str) -> MessageVi
     await until(lambda: reply_finished(app, chat), timeout=REPLY_TIMEOUT_S)  # a hang bound
     return [m for m in app.dashboard.query(MessageView) if m.role == "assistant"][-1]
 
-async def test_live_demo_session_in_pilot(smollm: Path) -> None:
+async def test_live_demo_session_in_pilot(smollm: Path, demo_cache: Path) -> None:
+    seeded = probe_files(demo_cache)
     # computed before the session starts: this loop runs the host, and must not block while it serves
     expected, expected_cli = llama_cpp_reply(smollm, "Hi", 8).strip(), llama_cpp_reply(smollm, "Hi", 6).strip()
     flow = partial(run_demo, DemoOptions(api_port=0))
@@ -85,6 +90,7 @@ async def test_live_demo_session_in_pilot(smollm: Path) -> None:
     # the app waited for its session to stop: the rendezvous outlived the app before, when textual
     # cancelled the flow at exit and the loop closed during its clean-up
     assert not [pid for pid in demo if alive(pid)], children()
+    assert_demo_ran_in(demo_cache, seeded)
 
 
 async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_session(tmp_path: Path,
@@ -112,8 +118,9 @@ async def test_join_from_the_dashboard_chat_through_a_member_then_lose_the_sessi
             assert "SESSION LOST" in screen_text(app)
 
 
-async def test_live_rejection_shows_its_reasons() -> None:
+async def test_live_rejection_shows_its_reasons(demo_cache: Path) -> None:
     """A real demo session asked for far more context than three members hold: rejected, with the remedies."""
+    seeded = probe_files(demo_cache)
     flow = partial(run_demo, DemoOptions(api_port=0, concurrency=64, context=1_000_000))
     app = KafilaApp(flow=flow, mode="demo", tick_s=0.1)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -124,3 +131,4 @@ async def test_live_rejection_shows_its_reasons() -> None:
         text = screen_text(app)
         assert "REJECTED" in text and "What would admit the session" in text
         assert app.dashboard.query_one("#prompt").disabled
+    assert_demo_ran_in(demo_cache, seeded)

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import REPO, llama_cpp_reply, missing_tool
 from tests.session.cluster import REPLY_TIMEOUT_S
+from tests.tui.demo_cache import assert_demo_ran_in, probe_files
 from tests.tui.tmux import Tmux
 
 KAFILA = f"{sys.executable} kafila.py"
@@ -98,10 +99,13 @@ def transcript_replies(data_dir: Path) -> list[str]:
     return replies
 
 
-def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, smollm: Path) -> None:
-    """The real `kafila tui --demo`: rendezvous, three member processes and the host; plan, matrix, a reply."""
+def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, demo_cache: Path, smollm: Path) -> None:
+    """The real `kafila tui --demo`: rendezvous, three member processes and the host; plan, matrix, a reply.
+
+    In the test's own cache, seeded with the shared probe: the demo neither probes nor writes the user's cache."""
+    seeded = probe_files(demo_cache)
     tmux.start(f"{KAFILA} tui --demo --api-port 0 --max-tokens 12 --temperature 0", REPO,
-               {"KAFILA_DATA_DIR": str(data_dir)}, width=100, height=30)
+               {"KAFILA_DATA_DIR": str(data_dir), "KAFILA_CACHE_DIR": str(demo_cache)}, width=100, height=30)
     tmux.wait_for(lambda s: "ADMITTED" in s or "REJECTED" in s or "LOST" in s, timeout=300)
     screen = tmux.wait_for("Admitted: the ring serves", timeout=10)  # the chat opened itself
     tmux.type("What is the capital of France?")
@@ -128,6 +132,7 @@ def test_demo_end_to_end_in_tmux(tmux: Tmux, data_dir: Path, smollm: Path) -> No
     assert "predicted reachability" in screen and "direct" in screen
     tmux.keys("C-q")
     tmux.wait_for("EXIT=0", timeout=60)
+    assert_demo_ran_in(demo_cache, seeded)
 
 
 def test_record_writes_the_attached_sessions_last_state(tmux: Tmux, data_dir: Path, tmp_path: Path) -> None:
