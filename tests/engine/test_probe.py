@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kafila.engine.probe import (
@@ -198,11 +198,11 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     # an unembedding's time is its head cut's call less the fitted body call (DESIGN §3: o + p + s_last / b)
     assert [b for b, _ in result.unembed_samples] == [unembed, wide_unembed]
     assert result.unembed_samples[0][1] == pytest.approx(result.head_call_s - result.predict(1, blocks[-1]), rel=1e-9)
-    # two positive samples of two sizes and a line through them that rises: q + U / u passes through both
-    (u1, s1), (u2, s2) = result.unembed_samples
-    if s1 > 0 and s2 > 0 and (s2 - s1) * (u2 - u1) > 0 and s1 - u1 * (s2 - s1) / (u2 - u1) >= 0:
-        for nbytes, seconds in result.unembed_samples:
-            assert result.unembed_s + nbytes / result.unembed_bandwidth_bytes_per_s == pytest.approx(seconds, rel=1e-6)
+    # the unembedding's speed and fixed time are what its documented fit of these two samples gives, whichever
+    # case this machine's timings fell in (worked out by hand below, not through fit_cost)
+    speed, fixed = unembedding_by_hand(list(result.unembed_samples), result.bandwidth_bytes_per_s)
+    assert result.unembed_bandwidth_bytes_per_s == pytest.approx(speed, rel=1e-6)
+    assert result.unembed_s == pytest.approx(fixed, rel=1e-6, abs=1e-12)
     # prefill: one call of 32 rows per cut (the model has no 1- or 4-block cut here: its two smallest), same fit
     assert result.prefill_rows == 32 and result.prefill_sample_blocks == (2, 12, 1, 2)
     assert [b for b, _ in result.prefill_samples] == [b for b, _ in result.samples]
@@ -219,6 +219,57 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     assert 0 < first and 0 < later
     width = attention_width(smollm)
     assert result.prefill_attn_s == pytest.approx(max(later - first, 0) / (32 * ATTENTION_AT * width), rel=1e-9)
+
+
+def unembedding_by_hand(samples: list[tuple[int, float]], bandwidth: float) -> tuple[float, float]:
+    """(bytes/s, fixed seconds) of the unembedding from two head cuts' (output bytes, seconds), by fit_unembedding's
+    documented rule, in closed form: a cut no slower than its body (seconds <= 0) says nothing; of the lines
+    seconds = q + U / u with q >= 0 and 1/u >= 0, the least-squares one: the line through both samples where it is
+    such a line, else the best through the origin, unless a flat line fits better (nothing grew with size: the
+    larger output's own speed, as with one sample); with no sample, the blocks' speed."""
+    usable = sorted((u, s) for u, s in samples if u > 0 and s > 0)
+    if len(usable) == 2 and usable[0][0] != usable[1][0]:
+        (u1, s1), (u2, s2) = usable
+        k = (s2 - s1) / (u2 - u1)  # seconds per byte of the line through both
+        q = s1 - u1 * k
+        if k > 0 and q >= 0:
+            return 1 / k, q
+        if k < 0 or q < 0:
+            k0 = (u1 * s1 + u2 * s2) / (u1**2 + u2**2)  # least squares through the origin
+            through_origin = (s1 - k0 * u1) ** 2 + (s2 - k0 * u2) ** 2
+            flat = (s1 - s2) ** 2 / 2  # least squares of a constant: the mean
+            if flat >= through_origin:
+                return 1 / k0, 0.0
+    if usable:
+        u, s = usable[-1]
+        return u / s, 0.0
+    return bandwidth, 0.0
+
+
+def test_the_unembedding_by_hand_agrees_with_the_documented_cases() -> None:
+    """The worked-out rule above, on numbers whose answers are known (the cases of test_unembedding_fit)."""
+    assert unembedding_by_hand([(30_000_000, 0.004), (300_000_000, 0.031)], 5e9) == pytest.approx((1e10, 0.001))
+    assert unembedding_by_hand([(30_000_000, -0.001), (300_000_000, 0.03)], 5e9) == (1e10, 0.0)
+    assert unembedding_by_hand([(30_000_000, 0.0)], 5e9) == (5e9, 0.0)
+    assert unembedding_by_hand([(30_000_000, 0.03), (300_000_000, 0.03)], 5e9) == (1e10, 0.0)
+    assert unembedding_by_hand([(30_000_000, 0.04), (300_000_000, 0.03)], 5e9) == (1e10, 0.0)  # fell: flat wins
+    # rising, but the line through both would need a negative fixed time: the best line through the origin
+    speed, fixed = unembedding_by_hand([(1, 1.0), (3, 5.0)], 5e9)
+    assert (speed, fixed) == (pytest.approx(10 / 16), 0.0)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(10**6, 10**9), st.floats(-0.01, 0.1)), min_size=2, max_size=2,
+                unique_by=lambda sample: sample[0]))
+def test_the_unembedding_fit_is_the_rule_worked_out_by_hand(samples: list[tuple[int, float]]) -> None:
+    """fit_unembedding against the closed form, on every case (the real probe above meets the one its timings give).
+
+    Not on two equal times: the least-squares slope of those is 0 give or take rounding, and a slope of 1e-25
+    s/byte reads as a fixed time at near-infinite speed instead of the larger output's own speed; the two predict
+    the same time for the larger output."""
+    assume(samples[0][1] != samples[1][1])
+    speed, fixed = fit_unembedding(samples, 5e9)
+    assert (speed, fixed) == pytest.approx(unembedding_by_hand(samples, 5e9), rel=1e-6, abs=1e-12)
 
 
 def attention_width(model: Path) -> int:
