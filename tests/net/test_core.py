@@ -1,4 +1,5 @@
-"""The endpoint core without sockets: in-memory members and a relay on a fake clock, with loss and reordering."""
+"""The endpoint core without sockets: in-memory members and the real rendezvous (RendezvousCore, in-process) on a
+fake clock, with loss and reordering."""
 
 from __future__ import annotations
 
@@ -6,41 +7,22 @@ import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aioquic.quic.connection import QuicConnection
 
 from kafila.net import events as ev
-from kafila.net import stun, wire
+from kafila.net import registration, wire
 from kafila.net.core import CoreConfig, EndpointCore
 from kafila.net.punch import PunchConfig
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
-from kafila.net.trust import VerifiedMember
+from kafila.net.trust import JoinCode, VerifiedMember
 from kafila.planner.reachability import NatClass
+from rendezvous.core import RendezvousCore
 
 Addr = tuple[str, int]
-RELAY: Addr = ("10.9.9.9", 3478)
-KEY = b"p" * 32
-
-
-class Relay:
-    """The rendezvous's relay role, nothing else: RELAY from a registered address -> RELAYED to the peer."""
-
-    def __init__(self) -> None:
-        self.addr_of: dict[bytes, Addr] = {}
-        self.forwarded = 0
-
-    def handle(self, data: bytes, src: Addr) -> list[tuple[bytes, Addr]]:
-        if stun.is_stun(data):  # the rendezvous's probe responder: a STUN Binding answer
-            return [(stun.encode(stun.StunMessage(stun.BINDING_SUCCESS, stun.decode(data).txid, mapped=src)), src)]
-        frame = wire.decode(data)
-        sender = next((m for m, a in self.addr_of.items() if a == src), None)
-        if not isinstance(frame, wire.Relay) or frame.kind != wire.RELAY or sender is None:
-            return []
-        dst = self.addr_of.get(frame.peer)
-        if dst is None:
-            return []
-        self.forwarded += 1
-        return [(wire.encode_relay(wire.RELAYED, sender, frame.payload), dst)]
+RELAY: Addr = ("10.9.9.9", 3478)  # the rendezvous: probe responder, session registry and relay
+SECRET = "0123456789abcdef"  # the join code's secret (the session id is the rendezvous's to give)
 
 
 @dataclass
@@ -56,41 +38,121 @@ class Member:
     paths: list[ev.PathChanged] = field(default_factory=list)
     rendezvous: list[ev.RendezvousLost | ev.RendezvousBack] = field(default_factory=list)
     rejoins: int = 0  # RejoinDue events seen
+    reg_key: bytes | None = None  # from the member's latest join, as the rendezvous issued it
 
 
 class Net:
-    """Datagrams between members and the relay, delivered after a delay; maybe lost, maybe reordered."""
+    """Datagrams between members and the rendezvous, delivered after a delay; maybe lost, maybe reordered.
+
+    The rendezvous is the real RendezvousCore: members create and join a session with it, re-join it when their
+    core says so (challenge and MAC'd rejoin, registering afresh when it forgot them, creating the session again
+    under its id when it forgot that, as kafila.net.rdvclient does), and it relays only between members of one
+    session, within its rate and size bounds. Its clock is the net's."""
 
     def __init__(self, seed: int = 1, loss: float = 0.0, jitter_s: float = 0.0, delay_s: float = 0.01) -> None:
         self.rng = random.Random(seed)
         self.loss, self.jitter_s, self.delay_s = loss, jitter_s, delay_s
         self.now = 0.0
-        self.relay = Relay()
+        self.rendezvous = RendezvousCore([RELAY])
         self.relay_alive = True  # False: the rendezvous is down (nothing reaches it, nothing comes from it)
+        self.code: JoinCode | None = None  # once the session is created
         self.members: dict[Addr, Member] = {}
         self.blocked: Callable[[Addr, Addr], bool] = lambda src, dst: False  # a filter on direct datagrams
         self._queue: list[tuple[float, int, Addr, Addr, bytes]] = []
         self._seq = 0
+        self._asked: dict[int, tuple[Member, dict[str, Any]]] = {}  # request id -> who asked what
         self.direct_sent = 0
         self.log: list[tuple[Addr, Addr, bytes]] = []  # every datagram sent: (src, dst, data)
 
     def add(self, name: str, addr: Addr, config: CoreConfig | None = None) -> Member:
         mid = name.encode().ljust(8, b"-")[:8]
         core = EndpointCore(mid, Identity(name), config or CoreConfig(), PunchConfig(window_s=2.0))
+        core.rendezvous = RELAY  # as PeerEndpoint sets it before it creates or joins: its answers are let in
         m = Member(addr, core, name)
         self.members[addr] = m
-        self.relay.addr_of[mid] = addr
         return m
 
     def introduce(self) -> None:
-        """Every member lists every other (as a verified member list would) and joins the session."""
+        """Every member lists every other (as a verified member list would); the first creates the session; all
+        join it."""
         for m in self.members.values():
             for o in self.members.values():
                 if o is not m:
                     m.core.peers[o.core.member_id] = VerifiedMember(
                         o.core.member_id, o.name, o.core.identity.fingerprint, NatClass.PERMISSIVE, o.addr, None,
                         o.addr, 1.0, {})
-            m.core.joined(RELAY, KEY, self.now)
+        if self.code is None:
+            self._at_once(next(iter(self.members.values())), self._create())
+        for m in self.members.values():
+            if m.reg_key is None:
+                self._at_once(m, self._join(m))
+        assert self.code is not None and all(m.reg_key is not None for m in self.members.values())
+        for m in self.members.values():
+            m.core.joined(RELAY, self.code.punch_key, self.now)
+
+    def _at_once(self, m: Member, body: dict[str, Any]) -> None:
+        """A request of the setup, answered before the clock moves: the rendezvous's answer straight to m's core
+        (the tests' timelines start with everyone registered, as they did with a relay that needed no joins)."""
+        self._seq += 1
+        self._asked[self._seq] = (m, body)
+        for out, via, to in self.rendezvous.handle(wire.encode_control(wire.REQUEST, self._seq, body), m.addr,
+                                                   RELAY, self.now):
+            self.members[to].core.receive_datagram(out, via, self.now)
+        self._flush()  # where the core hands the answer on
+
+    # ---- the member's side of the registration (kafila.net.rdvclient's, on the fake clock) -----------------
+
+    def _create(self, again: bool = False) -> dict[str, Any]:
+        token_hash = JoinCode("00000000", SECRET).join_token_hash.hex()  # the token is not bound to the id
+        return {"op": "create", "token_hash": token_hash, **({"session": self._sid} if again else {})}
+
+    @property
+    def _sid(self) -> str:
+        assert self.code is not None
+        return self.code.session_id
+
+    def _join(self, m: Member) -> dict[str, Any]:
+        assert self.code is not None
+        return registration.join_body(self._sid, m.core.member_id, self.code.join_token)
+
+    def _ask(self, m: Member, body: dict[str, Any]) -> None:
+        """Send one request from m to the rendezvous (lost, its answer never comes: the next re-join asks again)."""
+        self._seq += 1
+        self._asked[self._seq] = (m, body)
+        self.send(m.addr, RELAY, wire.encode_control(wire.REQUEST, self._seq, body))
+
+    def _rejoin(self, m: Member) -> None:
+        """A RejoinDue: challenge, then a MAC'd rejoin (a member never registered joins)."""
+        if self.code is not None:
+            if m.reg_key is None:
+                self._ask(m, self._join(m))
+            else:
+                self._ask(m, registration.challenge_body(self._sid, m.core.member_id))
+
+    def _answered(self, rid: int, reply: dict[str, Any]) -> None:
+        asked = self._asked.pop(rid, None)
+        if asked is None:
+            return  # an answer to a request already answered
+        m, body = asked
+        op = body["op"]
+        if reply.get("ok") is not True:  # forgotten by the rendezvous: register afresh, or create the session again
+            if op in ("challenge", "rejoin") and reply.get("code") == "not_member":
+                self._ask(m, self._join(m))
+            elif op in ("challenge", "rejoin") and reply.get("code") == "unknown_session":
+                self._ask(m, self._create(again=True))
+            return  # anything else: the next re-join tries again
+        if op == "create" and self.code is None:
+            self.code = JoinCode(wire.get_str(reply, "session", 8), SECRET)
+        elif op == "create":  # created again (by us or by another member first): join it
+            self._ask(m, self._join(m))
+        elif op == "join":
+            m.reg_key = registration.reg_key_of(reply)
+        elif op == "challenge":
+            assert m.reg_key is not None
+            nonce = wire.get_hex(reply, "nonce", registration.NONCE_LEN)
+            self._ask(m, registration.rejoin_body(self._sid, m.core.member_id, m.reg_key, nonce))
+
+    # ---- the network ---------------------------------------------------------------------------------
 
     def send(self, src: Addr, dst: Addr, data: bytes) -> None:
         self.log.append((src, dst, data))
@@ -120,9 +182,11 @@ class Net:
                     m.paths.append(e)
                 elif isinstance(e, ev.RendezvousLost | ev.RendezvousBack):
                     m.rendezvous.append(e)
-                elif isinstance(e, ev.RejoinDue):  # the rendezvous answers a re-join (as its control role would)
+                elif isinstance(e, ev.RejoinDue):
                     m.rejoins += 1
-                    self.send(RELAY, m.addr, wire.encode_control(wire.RESPONSE, m.rejoins, {"ok": True}))
+                    self._rejoin(m)
+                elif isinstance(e, ev.ControlReceived):
+                    self._answered(e.request_id, e.body)
             for data, dst in m.core.datagrams_to_send(self.now):  # what acting on events queued
                 self.send(m.addr, dst, data)
 
@@ -146,8 +210,8 @@ class Net:
                 if RELAY in (src, dst) and not self.relay_alive:
                     continue
                 if dst == RELAY:
-                    for out, to in self.relay.handle(data, src):
-                        self.send(RELAY, to, out)
+                    for out, via, to in self.rendezvous.handle(data, src, RELAY, self.now):
+                        self.send(via, to, out)
                 elif dst in self.members:
                     self.members[dst].core.receive_datagram(data, src, self.now)
             for m in self.members.values():
@@ -185,14 +249,14 @@ def test_link_over_the_relay_at_once_then_direct() -> None:
     net = Net()
     a, b = pair(net)
     conn, incoming = open_link(net, a, b)
-    assert net.relay.forwarded > 0  # the handshake went through the relay while punching began
+    assert net.rendezvous.stats.relayed > 0  # the handshake went through the relay while punching began
     assert net.run(lambda: a.core.path_to(b.core.member_id) == b.core.path_to(a.core.member_id) == "direct", 3)
     assert a.core.punch_outcome(b.core.member_id)[0]
     assert [p.after.value for p in a.paths][-1] == "direct"
-    relayed = net.relay.forwarded
+    relayed = net.rendezvous.stats.relayed
     transfer(net, a, conn, b, incoming, bytes(range(256)) * 256)
     transfer(net, b, incoming, a, conn, b"pong" * 1000)
-    assert net.relay.forwarded == relayed  # once direct, nothing more goes through the relay
+    assert net.rendezvous.stats.relayed == relayed  # once direct, nothing more goes through the relay
 
 
 def test_loss_and_reordering_do_not_corrupt_or_stall_a_link() -> None:
