@@ -1,5 +1,6 @@
-"""The rendezvous lost mid-session, on the sans-I/O core and a fake clock: direct connections go on, relayed
-ones end with a reason naming the lost relay, re-joins go on, and the rendezvous is seen coming back; then the
+"""The rendezvous lost mid-session, on the sans-I/O core and a fake clock with the real RendezvousCore in-process:
+direct connections go on, relayed ones end with a reason naming the lost relay, re-joins go on, and the rendezvous
+is seen coming back, having forgotten silent members (and an empty session) that then register again; then the
 client's re-registration with a restarted rendezvous (a new, empty RendezvousCore), without sockets."""
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def test_a_lost_rendezvous_ends_relayed_connections_with_its_name_and_direct_one
     transfer(net, a, ab, b, ba, b"still direct" * 1000)  # the direct edge serves on
     transfer(net, b, ba, a, ab, b"and back" * 1000)
     rejoins = a.rejoins
+    keys = {m.name: m.reg_key for m in (a, b, c)}
     assert net.run(lambda: False, 30) is False
     assert a.rejoins >= rejoins + 5  # re-joins go on, so the member re-registers once it is back
     assert len(a.rendezvous) == 1  # lost once, not again and again
@@ -70,6 +72,9 @@ def test_a_lost_rendezvous_ends_relayed_connections_with_its_name_and_direct_one
     for m in (a, b, c):
         assert isinstance(m.rendezvous[1], ev.RendezvousBack) and m.rendezvous[1].silent_s > 30
         assert m.core.rendezvous_lost is None
+    # silent past its 30 s, the members were forgotten by the rendezvous: they registered afresh (new keys)
+    assert net.run(lambda: all(m.reg_key != keys[m.name] for m in (a, b, c)), a.core.config.rejoin_s + 1)
+    assert registered(net) == {m.core.member_id for m in (a, b, c)}
     bc2 = b.core.connect(b.core.peers[c.core.member_id], net.now)  # the relay carries new links again
     assert net.run(lambda: bc2 in b.done, 10)
 
@@ -84,6 +89,39 @@ def test_a_rendezvous_silent_for_less_than_the_bound_is_not_lost() -> None:
     assert net.run(lambda: False, 30) is False
     assert not b.rendezvous and bc not in b.ended and cb not in c.ended
     transfer(net, b, bc, c, cb, b"relayed" * 100)
+
+
+def registered(net: Net) -> set[bytes]:
+    """The member ids the net's rendezvous holds in the session it gave."""
+    assert net.code is not None
+    s = net.rendezvous.sessions.get(net.code.session_id)
+    return set(s.members) if s is not None else set()
+
+
+def test_a_rendezvous_out_of_reach_past_its_timeouts_gets_the_session_back_and_relays_again() -> None:
+    """Out of reach longer than the rendezvous keeps a silent member (30 s) and a session nobody is in (60 s): it
+    forgets both. When it answers again, the members' re-joins are refused as of an unknown session; they create
+    it again under its id, join it afresh, and the relay carries a new link between two of them."""
+    net = Net(seed=13)
+    a, b, c = three(net)
+    assert net.code is not None
+    sid, ids = net.code.session_id, {m.core.member_id for m in (a, b, c)}
+    assert registered(net) == ids
+    keys, session = {m.name: m.reg_key for m in (a, b, c)}, net.rendezvous.sessions[sid]
+    net.relay_alive = False
+    assert net.run(lambda: False, 70) is False
+    assert all(isinstance(m.rendezvous[-1], ev.RendezvousLost) for m in (a, b, c))
+    net.relay_alive = True
+    assert net.run(lambda: registered(net) == ids and all(m.reg_key != keys[m.name] for m in (a, b, c)),
+                   a.core.config.rejoin_s + 1)
+    assert list(net.rendezvous.sessions) == [sid] and net.rendezvous.sessions[sid] is not session  # made again
+    assert all(isinstance(m.rendezvous[-1], ev.RendezvousBack) for m in (a, b, c))
+    bc = b.core.connect(b.core.peers[c.core.member_id], net.now)
+    assert net.run(lambda: bc in b.done and len(c.done) == 1, 10)
+    (cb,) = c.done
+    relayed = net.rendezvous.stats.relayed
+    transfer(net, b, bc, c, cb, b"relayed again" * 100)
+    assert b.core.path_to(c.core.member_id) == "relay" and net.rendezvous.stats.relayed > relayed
 
 
 class Rendezvous:
