@@ -5,15 +5,55 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from tests.synthetic import write_synthetic
 
 REPO = Path(__file__).resolve().parent.parent
+TIERS = ("fast", "slow")
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What this run collected before `-m` chose its tier: the test files, and the tests in neither tier."""
+
+    files: frozenset[str]
+    untiered: tuple[str, ...]
+
+
+COLLECTED: pytest.StashKey[Collected] = pytest.StashKey()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the fast tier is `-m "not slow"`, `-m fast` the same set
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test is in exactly one tier (tests/test_tiers.py checks that each file declares one).
+
+    A file may declare `pytestmark = pytest.mark.fast` and mark its few slow tests `@pytest.mark.slow`:
+    such a test is slow only, so the module's (or class's) `fast` moves down onto its other tests.
+    Tests with neither mark are recorded for tests/test_tiers.py.
+    """
+    both = [item for item in items if item.get_closest_marker("slow") and item.get_closest_marker("fast")]
+    holders = {node for item in both for node in item.listchain() if any(m.name == "fast" for m in node.own_markers)}
+    for node in holders:
+        node.own_markers[:] = [m for m in node.own_markers if m.name != "fast"]
+    for item in items:
+        if item.get_closest_marker("slow") is None and holders.intersection(item.listchain()):
+            item.add_marker(pytest.mark.fast)
+    config.stash[COLLECTED] = Collected(
+        frozenset(item.nodeid.split("::")[0] for item in items),
+        tuple(item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)))
+
+
+# Hypothesis: no per-example deadline (200 ms by default, which a loaded machine misses without any bug);
+# CI (CI=true) tries more examples where a test does not set its own count. HYPOTHESIS_PROFILE=dev|ci chooses.
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.register_profile("ci", deadline=None, max_examples=400, print_blob=True)
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +94,9 @@ def llama_cpp_reply(model: Path, prompt: str, max_tokens: int, n_ctx: int = 512)
 def in_ci() -> bool:
     """Whether this is CI (`.ci/run` sets CI=true; any value but empty, 0 or false counts)."""
     return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if in_ci() else "dev"))
 
 
 def missing_tool(why: str) -> None:

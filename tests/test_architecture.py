@@ -11,6 +11,8 @@ from pathlib import Path
 import grimp
 import pytest
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parent.parent
 MAX_LINES = 450
 MAX_ROOM_MODULES = 12

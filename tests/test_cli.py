@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Runs kafila.cli.main with one extra command, `stuck`, whose clean-up hangs. It says "ready" from

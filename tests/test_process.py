@@ -13,6 +13,8 @@ import pytest
 
 from kafila import process
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 60  # a bound on a hang only: the deadline a completing unwind never meets, and the wait for the process
 STUCK_DEADLINE_S = 2.0  # the deadline that cuts the stuck unwind short (its length is not what is tested)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_kafila
 from tests.shared_probe import shared_probe_model
+
+pytestmark = pytest.mark.slow
 
 
 def test_bench_ring_report(tmp_path: Path) -> None:

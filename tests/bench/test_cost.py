@@ -7,12 +7,15 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kafila.bench.cost import _fit_predict, _row_rate, time_cases
 from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.model.cut import StageSpec
 from kafila.model.stage_cache import StageCache
 from tests.synthetic import write_synthetic
+
+pytestmark = pytest.mark.fast
 
 
 def test_time_cases_times_each_batch_and_frees_its_sequences(tmp_path: Path) -> None:

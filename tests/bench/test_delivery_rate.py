@@ -10,7 +10,7 @@ from kafila.bench.delivery_rate import delivery_rate
 from kafila.bench.quic_rate import kafila_datagram_size
 from kafila.session.protocol.manifest import CHUNK_SIZE
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("allow_direct", [True, False], ids=["direct", "relay"])

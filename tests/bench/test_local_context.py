@@ -7,6 +7,8 @@ import pytest
 from kafila.bench.local_context import _chat
 from kafila.model.embedded import resolve_model
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("prompt", ["What is the capital of France?", "Write a haiku about the sea."])
 def test_chat_equals_llama_cpp_python(prompt: str) -> None:

@@ -7,10 +7,14 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
+
 from kafila.lab.natlab import available
 from kafila.planner.reachability import NatClass
 from tests.conftest import missing_tool, run_kafila
 from tests.planner.brute import direct
+
+pytestmark = pytest.mark.slow
 
 CLASSES = ("permissive", "ordinary", "restrictive")
 

@@ -7,7 +7,11 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from kafila.bench.proc_mem import RssSampler, children
+
+pytestmark = pytest.mark.fast
 
 
 def test_sampler_reads_proc_only_while_active() -> None:

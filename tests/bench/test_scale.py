@@ -18,6 +18,8 @@ from kafila.model.random_gguf import SHAPES
 from tests.conftest import run_kafila
 from tests.shared_probe import shared_probe_model
 
+pytestmark = pytest.mark.fast
+
 TOKENS = 8
 REPLY_TOKENS = 6
 
@@ -26,6 +28,7 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6)
 
 
+@pytest.mark.slow
 def test_bench_scale_report(tmp_path: Path) -> None:
     """Two files of the tiny shape (3 and 4 blocks) on one probe: each run's report, and the pooled target."""
     cache = tmp_path / "cache"

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_kafila
 from tests.session.delivery.test_cache_inventory import _cache
+
+pytestmark = pytest.mark.fast
 
 
 def test_lists_then_prunes_down_to_the_cap(tmp_path: Path) -> None:

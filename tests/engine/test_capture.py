@@ -13,6 +13,8 @@ from kafila.errors import EngineError
 from kafila.model.cut import StageSpec
 from kafila.model.stage_cache import StageCache
 
+pytestmark = pytest.mark.fast
+
 CONFIG = ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=8)
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kafila.engine.devices import ALL_LAYERS, Device, choose_offload, devices, plan_offload, stage_need_bytes
 from kafila.engine.probe import offload_memory
 from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.model.cut import StageSpec
 from kafila.model.stage_cache import StageCache
+
+pytestmark = pytest.mark.fast
 
 GB = 10**9
 CPU = Device("CPU", "cpu", 16 * GB, 32 * GB)

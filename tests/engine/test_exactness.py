@@ -20,6 +20,8 @@ from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 CONFIG = ContextConfig(n_ctx_per_seq=256, n_seq_max=4, n_batch=64)
 DECODE_STEPS = 32
 
@@ -65,6 +67,7 @@ def _compare(model: Path, split: str, cache: StageCache, prompts: list[list[int]
     return compared
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["", "10", "10,20", "3,29"])
 def test_smollm_chain_identical(smollm: Path, stage_cache: StageCache, split: str) -> None:
     rng = np.random.default_rng(1)
@@ -112,6 +115,7 @@ def test_profiled_chain_identical(profiled_models: dict[str, Path], stage_cache:
     assert _compare(profiled_models[arch], split, stage_cache, prompts) == 1 + 2 + 3 + 3 * (DECODE_STEPS - 8) + 2 * 8
 
 
+@pytest.mark.slow
 def test_trimmed_sequence_reused_identical(smollm: Path, stage_cache: StageCache) -> None:
     """A follow-up turn: a sequence's cache trimmed to a shared prefix, then only the new tokens fed."""
     info = describe_model(smollm)

@@ -15,6 +15,8 @@ import pytest
 from kafila.model.embedded import gemma3_model_path
 from tests.conftest import run_kafila
 
+pytestmark = pytest.mark.slow
+
 MAX_TOKENS = 16
 CONTEXT = 2048
 WORDS = ("the river carried small boats past old mills while farmers counted grain and children "

@@ -9,6 +9,8 @@ import pytest
 from tests.conftest import run_kafila
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 MAX_TOKENS = 24
 
@@ -29,6 +31,7 @@ def llama_cpp_completions(smollm: Path) -> dict[str, str]:
         model.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["", "15", "10,20", "1,2,29"])
 def test_generate_matches_llama_cpp(llama_cpp_completions: dict[str, str], split: str, tmp_path: Path) -> None:
     for prompt in PROMPTS:

@@ -17,6 +17,8 @@ from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import WorkStopped
 from kafila.session.stoppable import Progress, run_stoppable
 
+pytestmark = pytest.mark.fast
+
 CONFIG = ContextConfig(n_ctx_per_seq=64, n_seq_max=1, n_batch=8, n_threads=1)
 
 

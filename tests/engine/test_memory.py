@@ -14,6 +14,8 @@ import pytest
 from kafila.engine import memory
 from kafila.errors import EngineError
 
+pytestmark = pytest.mark.fast
+
 
 def meminfo_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():

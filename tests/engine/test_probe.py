@@ -27,6 +27,8 @@ from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
 from tests.shared_probe import shared_probe_model
 
+pytestmark = pytest.mark.fast
+
 WIDE = Shape("probe-test", "llama", 512, 8, 2, 1536)  # large-block stand-in for the test: 0.9 MB blocks, not 123 MB
 
 
@@ -181,6 +183,7 @@ def probe_retrying_noise(model: Path, cache: StageCache) -> ProbeResult:
     pytest.fail(f"four probes in a row found the machine too noisy: {noise}")
 
 
+@pytest.mark.slow
 def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     result = probe_retrying_noise(smollm, stage_cache)
     blocks, unembed = gguf_sizes(smollm)
@@ -281,6 +284,7 @@ def attention_width(model: Path) -> int:
     return heads * 2 * (embd // heads)  # SmolLM2: keys and values as wide as a head
 
 
+@pytest.mark.slow
 def test_time_attention_leaves_the_sequence_as_it_found_it(smollm: Path, tmp_path: Path) -> None:
     """Timed at position `at` over a filled cache, then freed: a call after it equals one on a fresh context."""
     from kafila.engine.stage import ContextConfig, Rows, StageEngine
@@ -301,6 +305,7 @@ def test_time_attention_leaves_the_sequence_as_it_found_it(smollm: Path, tmp_pat
         used.close()
 
 
+@pytest.mark.slow
 def test_probe_cli_json(tmp_path: Path) -> None:
     shared_probe_model(tmp_path)
     out = run_kafila("probe", "--json", "--calls", "3", env={"KAFILA_CACHE_DIR": str(tmp_path)})
@@ -311,6 +316,7 @@ def test_probe_cli_json(tmp_path: Path) -> None:
     assert len(doc["prefill_samples"]) == len(doc["prefill_sample_blocks"]) == 4  # 1 and 4 small blocks, 1 and 2 large
 
 
+@pytest.mark.slow
 def test_bench_engine_report(tmp_path: Path) -> None:
     shared_probe_model(tmp_path)
     report_path = tmp_path / "engine.json"

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafila.engine.request import Request
+
+pytestmark = pytest.mark.fast
 
 ALPHABET = "abc "  # few letters, so stop strings occur and split across pieces often
 
@@ -35,6 +38,7 @@ def request(stops: list[str]) -> Request:
     return Request(0, [1], 1000, 2000, none, none, stop=tuple(stops))
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None)
 @given(st.lists(st.text(ALPHABET, max_size=4), max_size=8),
        st.lists(st.text(ALPHABET, min_size=1, max_size=3), max_size=4))

@@ -10,6 +10,8 @@ from hypothesis.extra.numpy import arrays
 
 from kafila.engine.sampler import Sampler, SamplingParams
 
+pytestmark = pytest.mark.fast
+
 logits_st = arrays(np.float32, st.integers(2, 64), elements=st.floats(-20, 20, width=32))
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from kafila.engine.variant import env_for, is_built, variant_dir
+
+pytestmark = pytest.mark.fast
 
 
 def test_the_place_is_keyed_by_version_and_flags(tmp_path: Path) -> None:

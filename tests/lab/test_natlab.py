@@ -12,7 +12,7 @@ import pytest
 from kafila.lab import natlab
 from tests.conftest import missing_tool
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _require_lab() -> None:

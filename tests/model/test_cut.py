@@ -14,6 +14,8 @@ from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 
 def test_body_stage_contents(synthetic_models: dict[str, Path], tmp_path: Path) -> None:
     src = GGUFFile(synthetic_models["qwen2"])

@@ -14,6 +14,8 @@ from kafila.model.gguf_file import GGUFFile
 from tests.conftest import run_kafila
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 
 def test_embedded_model(smollm: Path) -> None:
     info = describe_model(smollm)

@@ -14,6 +14,8 @@ from kafila.model.embedded import default_model_path, gemma3_model_path, resolve
 from kafila.model.stage_cache import StageCache
 from kafila.model.stores import StoreRoots
 
+pytestmark = pytest.mark.fast
+
 
 def test_names_and_paths(smollm: Path, tmp_path: Path) -> None:
     assert resolve_model(None) == resolve_model("smollm2") == default_model_path()

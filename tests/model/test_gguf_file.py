@@ -19,6 +19,8 @@ from kafila.model.describe import describe_model
 from kafila.model.gguf_file import GGUFFile
 from tests.conftest import run_kafila
 
+pytestmark = pytest.mark.fast
+
 
 def test_matches_reference_reader(synthetic_models: dict[str, Path]) -> None:
     path = synthetic_models["qwen3"]

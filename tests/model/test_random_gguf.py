@@ -15,6 +15,8 @@ from kafila.errors import ModelError
 from kafila.model.embedded import default_model_path
 from kafila.model.random_gguf import SHAPES, cached_random_gguf, shape_named, write_random_gguf
 
+pytestmark = pytest.mark.fast
+
 
 def shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(int(n) for n in t.shape) for t in gguf.GGUFReader(path).tensors}

@@ -18,6 +18,8 @@ from kafila.model.cut import StageSpec, write_stage
 from kafila.model.describe import describe_model
 from tests.conftest import run_kafila
 
+pytestmark = pytest.mark.fast
+
 SSM = {"ssm.conv_kernel": 4, "ssm.inner_size": 32, "ssm.state_size": 16, "ssm.time_step_rank": 4}
 RWKV = {"wkv.head_size": 8, "time_mix_extra_dim": 4, "time_decay_extra_dim": 4, "rescale_every_n_layers": 6}
 # architecture -> (its metadata keys after "<arch>.", tensor names of block 0, the reason's words)

@@ -21,6 +21,8 @@ from kafila.model.gguf_set import GGUFSet
 from kafila.model.stage_cache import StageCache, sha256_file
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 
 def copy_gguf(src: Path, dest: Path, split_max_tensors: int = 0, kv: dict[str, int] | None = None) -> list[Path]:
     """Rewrite `src` with gguf's writer, as gguf-split does when `split_max_tensors` is set; `kv` changes

@@ -21,6 +21,8 @@ from tests.model.test_refused import KINDS, write_kind
 from tests.model.test_split_files import copy_gguf
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 # Every store variable unset, so a test's stores are only the ones it lays out.
 NO_OVERRIDES = {k: "" for k in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME",
                                 "XDG_CACHE_HOME")}

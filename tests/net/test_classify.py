@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kafila.net import nat, stun
 from kafila.planner.reachability import NatClass
+
+pytestmark = pytest.mark.fast
 
 M = ("100.64.0.11", 4000)
 

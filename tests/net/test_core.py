@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aioquic.quic.connection import QuicConnection
 
 from kafila.net import events as ev
@@ -19,6 +20,8 @@ from kafila.net.quic import Identity, PinnedQuicConnection, configuration
 from kafila.net.trust import JoinCode, VerifiedMember
 from kafila.planner.reachability import NatClass
 from rendezvous.core import RendezvousCore
+
+pytestmark = pytest.mark.fast
 
 Addr = tuple[str, int]
 RELAY: Addr = ("10.9.9.9", 3478)  # the rendezvous: probe responder, session registry and relay

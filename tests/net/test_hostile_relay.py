@@ -23,7 +23,7 @@ from kafila.net.endpoint import PeerEndpoint
 from rendezvous.core import Addr, Limits, Out, RendezvousCore
 from tests.net.test_loopback import inprocess_rendezvous, other, two_members
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(120)]
 
 Route = tuple[bytes, bytes, bytes]  # (payload, labelled as from member, delivered to member)
 Tamper = Callable[[bytes, bytes, bytes], list[Route]]  # (sender, target, payload) -> what goes out instead

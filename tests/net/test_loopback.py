@@ -19,7 +19,7 @@ from rendezvous.core import Limits, RendezvousCore
 from rendezvous.server import RendezvousServer
 from tests.rendezvous.inprocess import start_on_free_pair
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(90)]
 Addr = tuple[str, int]
 
 
@@ -40,6 +40,7 @@ def other(ep: PeerEndpoint, member_id: bytes) -> trust.VerifiedMember:
     return ep.peers[member_id]
 
 
+@pytest.mark.slow
 async def test_two_members_direct_link_carries_multi_megabyte_messages(rendezvous_proc) -> None:
     rdv, _ = rendezvous_proc
     async with two_members(rdv) as (a, b):
@@ -64,6 +65,7 @@ async def test_two_members_direct_link_carries_multi_megabyte_messages(rendezvou
             await incoming.recv(5)
 
 
+@pytest.mark.slow
 async def test_wrong_join_code_is_refused(rendezvous_proc) -> None:
     rdv, _ = rendezvous_proc
     async with PeerEndpoint(bind=("127.0.0.1", 0)) as a, PeerEndpoint(bind=("127.0.0.1", 0)) as b:
@@ -201,6 +203,7 @@ async def test_pinning_refuses_a_peer_with_another_certificate() -> None:
                 await a.connect(a.peers[b.member_id], timeout_s=5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_load_50_sessions_of_5_members(rendezvous_proc) -> None:
     """250 members in 50 sessions at once, while probes go on: every member sees its 5, every probe is answered.

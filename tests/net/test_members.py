@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kafila.net.members import fetch_members
 from kafila.net.rdvclient import RendezvousClient
 from kafila.net.trust import Announcement, JoinCode, now_wall
+
+pytestmark = pytest.mark.fast
 
 
 class ListingClient(RendezvousClient):

@@ -16,6 +16,8 @@ from kafila.errors import ProtocolError, SessionError
 from kafila.net import stun, wire
 from kafila.net.trust import JoinCode, open_announcement
 
+pytestmark = pytest.mark.fast
+
 FUZZ = settings(max_examples=500, deadline=None)
 
 

@@ -12,6 +12,8 @@ from kafila.net.pmtu import BASE, DEFAULT_CEILING, LIMIT, PmtuConfig, PmtuSearch
 from kafila.net.quic import PinnedQuicConnection
 from tests.net.test_core import RELAY, Member, Net, open_link, pair, transfer
 
+pytestmark = pytest.mark.fast
+
 
 def settle(search: PmtuSearch, carries: int, now: float = 0.0) -> list[int]:
     """Run a search against a path that carries datagrams up to `carries` bytes; the sizes it probed."""

@@ -17,7 +17,7 @@ from tests.conftest import missing_tool
 from tests.net.pmtu_link import measure
 from tests.session.cluster import REPO
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(180)]
 LO_MTU = 1308  # IPv4 (20) and UDP (8) headers leave 1,280 bytes of datagram
 
 

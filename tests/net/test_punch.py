@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from kafila.net import wire
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.trust import punch_mac
+
+pytestmark = pytest.mark.fast
 
 KEY = b"k" * 32
 A_ID, B_ID = b"A" * 8, b"B" * 8

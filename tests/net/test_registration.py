@@ -25,6 +25,8 @@ from kafila.errors import (
 from kafila.net import registration, wire
 from rendezvous.core import RendezvousCore
 
+pytestmark = pytest.mark.fast
+
 A = ("100.64.0.2", 3478)
 
 

@@ -19,6 +19,8 @@ from kafila.net.trust import JoinCode
 from rendezvous.core import RendezvousCore
 from tests.net.test_core import RELAY, Net, open_link, transfer
 
+pytestmark = pytest.mark.fast
+
 RELAY_NAME = f"{RELAY[0]}:{RELAY[1]}"
 
 

@@ -16,6 +16,8 @@ from kafila.errors import ProtocolError, SessionError
 from kafila.net import trust
 from kafila.net.trust import MAX_ANNOUNCEMENT_AGE_S, Announcement, JoinCode, now_wall, open_announcement
 
+pytestmark = pytest.mark.fast
+
 T0 = 1_764_500_000.0  # a fixed "now" for the tests of age
 
 

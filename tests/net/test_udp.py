@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
+
 from kafila.net.udp import MAX_BATCH, UdpSocket
+
+pytestmark = pytest.mark.fast
 
 
 async def test_datagrams_waiting_together_arrive_as_one_batch() -> None:

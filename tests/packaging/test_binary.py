@@ -29,7 +29,7 @@ from tests.packaging.conftest import BUILD_TIMEOUT_S, REPO, REPORT, Binary, clea
 from tests.shared_probe import shared_probe_model
 
 # The build happens in the first test's setup: allow for it on a busy two-core machine.
-pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + 600)]
 
 STARTUP_RUNS = 5  # timed for the report only: how fast it starts belongs in benchmarks, not in a pass/fail
 PORT_TRIES = 5

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kafila.planner import Member, ModelSpec, NatClass, Workload, make_plan
 from kafila.planner.admission import QUANT_BPW
+
+pytestmark = pytest.mark.fast
 
 GB = 10**9
 # Eight 1 GB blocks with 10 kB of KV per token each; the head keeps 1 GB of embedding and unembedding.

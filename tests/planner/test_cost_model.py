@@ -17,6 +17,8 @@ from kafila.planner.cost import expected_experts, read_bytes
 from tests.planner.brute import best_plan, cut_ok, need, stage_time
 from tests.planner.strategies import instances
 
+pytestmark = pytest.mark.fast
+
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -29,6 +31,7 @@ def tolerance(members: tuple[Member, ...], model: ModelSpec) -> float:
     return (moe + unembed) / slowest + 1e-9
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances(extended=True))
 def test_extended_model_same_optimum_as_brute_force(case) -> None:  # type: ignore[no-untyped-def]
@@ -50,6 +53,7 @@ def test_extended_model_same_optimum_as_brute_force(case) -> None:  # type: igno
         assert plan.kafila.stage_seconds[name] == pytest.approx(float(exact), rel=1e-12, abs=tol)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(extended=True, min_members=4, min_blocks=10))
 def test_extended_model_largest_shapes(case) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,8 @@ from kafila.planner.order import heuristic_cycle, ring_cost
 from tests.planner.brute import best_plan, cheapest_cycle_cost, need, stage_time
 from tests.planner.strategies import instances
 
+pytestmark = pytest.mark.fast
+
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -48,6 +50,7 @@ def ms_exact(ring_cost_ms: float) -> Fraction:
     return Fraction(round(ring_cost_ms * 1e6), 10**6)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances())
 def test_same_feasibility_bottleneck_and_ring_cost_as_brute_force(case) -> None:  # type: ignore[no-untyped-def]
@@ -66,6 +69,7 @@ def test_same_feasibility_bottleneck_and_ring_cost_as_brute_force(case) -> None:
     _check_valid(plan, members, model, workload)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(min_members=4, min_blocks=10))
 def test_largest_shapes_against_brute_force(case) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,8 @@ import pytest
 from kafila.planner.reachability import DIRECT, RELAY, NatClass, all_direct_ring_exists, predict_all, predict_edge
 from tests.planner.brute import all_direct_exists
 
+pytestmark = pytest.mark.fast
+
 P, OR, R, U = NatClass.PERMISSIVE, NatClass.ORDINARY, NatClass.RESTRICTIVE, NatClass.UNKNOWN
 
 

@@ -20,6 +20,8 @@ from kafila.planner import Member, ModelSpec, NatClass, Workload, make_plan
 from kafila.planner.schema import model_to_json, parse_fleet, parse_model
 from kafila.planner.ttft import PrefillStage, TtftModel, predicted_ttft
 
+pytestmark = pytest.mark.fast
+
 
 def simulate(model: TtftModel, prompt_tokens: int) -> float:
     """Seconds until the head samples the first token, by stepping through every event."""

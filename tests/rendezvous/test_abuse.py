@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from kafila.net import registration, stun, wire
 from rendezvous.core import Limits, RendezvousCore
 from rendezvous.limits import ip_key
+
+pytestmark = pytest.mark.fast
 
 A = ("100.64.0.2", 3478)
 TOKEN = bytes(range(16))

@@ -6,12 +6,15 @@ import base64
 import hashlib
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafila.errors import RENDEZVOUS_CODES, ProtocolError
 from kafila.net import stun, wire
 from rendezvous.core import Limits, RendezvousCore, Session
+
+pytestmark = pytest.mark.fast
 
 A, A2, B, B2 = ("100.64.0.2", 3478), ("100.64.0.2", 3479), ("100.64.0.3", 3478), ("100.64.0.3", 3479)
 TOKEN = bytes(range(16))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from kafila.net import registration, wire
 from rendezvous.core import Limits, RendezvousCore
+
+pytestmark = pytest.mark.fast
 
 A = ("100.64.0.2", 3478)
 TOKEN = bytes(range(16))

@@ -14,7 +14,7 @@ from rendezvous.core import Addr, RendezvousCore
 from rendezvous.server import RendezvousServer
 from tests.rendezvous.inprocess import start_on_free_pair
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 
 class Watched:

@@ -10,6 +10,8 @@ import pytest
 from kafila.errors import WorkStopped
 from kafila.session.stoppable import Progress, run_stoppable
 
+pytestmark = pytest.mark.fast
+
 
 async def test_a_cancelled_await_stops_the_work_at_its_next_progress_call() -> None:
     started, go_on, ended = threading.Event(), threading.Event(), threading.Event()

@@ -18,6 +18,8 @@ from kafila.session.api.client import (
 from kafila.session.state import MemberView, SessionState
 from tests.tui.scripted_api import Script, refusing_port
 
+pytestmark = pytest.mark.fast
+
 
 async def collect(client: ApiClient, text: str = "hi") -> tuple[str, list[ReplyStats]]:
     pieces, stats = [], []

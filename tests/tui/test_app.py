@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, TabbedContent
 
@@ -20,6 +21,8 @@ from kafila.tui.widgets.chat import ChatPane, MessageView
 from tests.tui import states
 from tests.tui.screen_text import screen_text
 from tests.tui.scripted_api import Script
+
+pytestmark = pytest.mark.fast
 
 SMALL = (80, 24)
 
@@ -326,6 +329,7 @@ def hidden_at_80x24(state: SessionState, key: str, lines: list[str]) -> list[str
     return [f"{text!r} not whole in:\n" + "\n".join(where) for text, where in expect if not shown(text, where)]
 
 
+@pytest.mark.slow
 async def test_every_tab_shows_its_labels_and_values_whole_at_80x24() -> None:
     problems = []
     for name, make in states.ALL.items():

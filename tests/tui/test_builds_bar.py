@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 from textual.pilot import Pilot
 
 from kafila.tui.app import KafilaApp
@@ -15,6 +16,8 @@ from kafila.tui.flows import flow_for
 from tests.tui import states
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
+
+pytestmark = pytest.mark.fast
 
 HANG_S = 60  # a bound on a hang only
 

@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 from tests.tui.scripted_api import Script, refusing_port, serve_in_thread
+
+pytestmark = pytest.mark.fast
 
 
 def run_kafila(*args: str, input: str, env: dict[str, str] | None = None,

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.widgets import DataTable
 
 from kafila.bench.proc_mem import children
@@ -28,6 +29,8 @@ from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
 from tests.tui.demo_cache import assert_demo_ran_in, probe_files
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
+
+pytestmark = pytest.mark.slow
 
 DEMO_PROCESSES = ("rendezvous", "ada", "bo", "cy")  # the demo's children, as proc_mem labels them
 

@@ -10,6 +10,8 @@ from kafila.tui.app import KafilaApp
 from tests.tui.screen_text import screen_text
 from tests.tui.test_app import until
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("size", [(120, 30), (80, 24)])
 async def test_serving_is_not_truncated(size: tuple[int, int]) -> None:

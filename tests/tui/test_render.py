@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +14,8 @@ from kafila.tui.widgets.admission import progress_text, split_rejection
 from kafila.tui.widgets.plan import bottleneck_member, total_blocks, ttft_text
 from kafila.tui.widgets.reachability import matrix_cell, ring_edges
 from tests.tui import states
+
+pytestmark = pytest.mark.fast
 
 
 @given(st.integers(1, 200), st.integers(1, 120), st.data())

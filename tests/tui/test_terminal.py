@@ -15,6 +15,8 @@ from tests.session.cluster import REPLY_TIMEOUT_S
 from tests.tui.demo_cache import assert_demo_ran_in, probe_files
 from tests.tui.tmux import Tmux
 
+pytestmark = pytest.mark.slow
+
 KAFILA = f"{sys.executable} kafila.py"
 RECORDED = REPO / "tests" / "tui" / "data" / "demo-admitted.json"  # `kafila tui --demo --record` on a real run
 

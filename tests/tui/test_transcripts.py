@@ -10,6 +10,8 @@ import pytest
 from kafila.session.terminal import transcripts
 from kafila.session.terminal.transcripts import Conversation, chats_dir
 
+pytestmark = pytest.mark.fast
+
 
 def test_data_dir_override(data_dir: Path) -> None:
     assert chats_dir() == data_dir / "chats"

@@ -15,6 +15,8 @@ from kafila.session.options import HostOptions, MemberOptions
 from kafila.tui.flows import flow_for
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.fast
+
 
 def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["tui", *argv])

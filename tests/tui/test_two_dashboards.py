@@ -25,7 +25,7 @@ from tests.tui.tmux import Tmux
 KAFILA = f"{sys.executable} kafila.py"
 PROMPTS = {"host": "What is the capital of France?", "join": "What is the capital of Italy?"}
 MAX_TOKENS = 10
-pytestmark = pytest.mark.timeout(1200)  # a whole session of processes on a loaded machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a whole session of processes on a loaded machine
 CODE_ON_SCREEN = re.compile(r"code ([a-z0-9]{8}-?[a-z0-9-]{16,})")
 
 

@@ -21,6 +21,8 @@ from kafila.session.api.server import ApiServer
 from kafila.session.ring.chat_request import MAX_CONTENT_CHARS
 from tests.session.api_fixtures import MODEL, REPLY, ScriptedRing, server_in_thread
 
+pytestmark = pytest.mark.fast
+
 PROMPT = "The capital of France is"
 TOO_LONG = {"error": "the prompt is 900 tokens but the context holds 512 per request; shorten it", "status": 400,
             "param": "prompt", "code": "context_length_exceeded"}

@@ -30,6 +30,8 @@ from kafila.session.ring.chat_request import (
 )
 from tests.session.api_fixtures import ScriptedRing, server_in_thread
 
+pytestmark = pytest.mark.fast
+
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 any_json = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -57,6 +59,7 @@ mutated = st.builds(lambda base, changes: {**base, **changes}, valid,
 bodies = valid | mutated | st.fixed_dictionaries({}, optional=fields) | any_json
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(bodies)
 def test_the_validator_accepts_or_names_the_bad_field(body: Any) -> None:

@@ -21,6 +21,8 @@ from kafila.session.api.server import ApiServer
 from kafila.session.api.token import read_token, token_path
 from tests.session.api_fixtures import CODE, ScriptedRing, start_server
 
+pytestmark = pytest.mark.fast
+
 CHAT = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
 
 

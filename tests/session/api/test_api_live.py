@@ -19,6 +19,8 @@ import pytest
 
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 16
 

@@ -15,6 +15,8 @@ import pytest
 from kafila.session.api.server import ApiServer
 from tests.session.api_fixtures import MODEL, ScriptedRing, server_in_thread
 
+pytestmark = pytest.mark.fast
+
 HI: Any = [{"role": "user", "content": "hi"}]
 
 

@@ -10,8 +10,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from kafila.session.api.server import ApiServer, api
 from kafila.session.state import SessionState
+
+pytestmark = pytest.mark.fast
 
 
 async def collect(server: ApiServer, body: dict[str, Any]) -> list[dict[str, Any]]:

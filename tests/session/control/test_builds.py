@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kafila.engine.build import BuildIdentity
 from kafila.session.coordinator.builds import RingBuilds, build_differences, build_tag, judge_member, wire_protocol
+
+pytestmark = pytest.mark.fast
 
 HOST = build_tag(BuildIdentity("0.3.36", "aaaaaaaaaaaaaaaa", "CPU : SSE3 = 1 | AVX2 = 1"))
 NATIVE = build_tag(BuildIdentity("0.3.36", "bbbbbbbbbbbbbbbb", "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1"))

@@ -15,6 +15,8 @@ from kafila.session.state import SessionState
 from tests.conftest import processes_marked
 from tests.shared_probe import shared_probe
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -9,9 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kafila.session.launch.demo import DemoOptions
 from tests.conftest import processes_marked
 from tests.shared_probe import shared_probe
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 

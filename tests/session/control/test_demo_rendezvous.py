@@ -12,6 +12,8 @@ import pytest
 from kafila.errors import SessionError
 from kafila.session.launch.demo import RENDEZVOUS_READY, _start_rendezvous, _stop
 
+pytestmark = pytest.mark.fast
+
 
 async def test_ready_once_the_log_says_so_and_only_this_runs_lines_count(tmp_path: Path) -> None:
     log = tmp_path / "rendezvous.log"

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import llama_cpp_reply
 from tests.session.cluster import Cluster
+
+pytestmark = pytest.mark.slow
 
 SERVE_DELAY_S = 4.0
 PROMPT = "What is the capital of France?"

@@ -18,6 +18,8 @@ import pytest
 from kafila.session.api.token import read_token
 from tests.session.cluster import HOST_MEMBER, Cluster, Proc
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 8
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.session.cluster import Cluster
+
+pytestmark = pytest.mark.slow
 
 STALL_LIMIT_S = 5
 CHUNK_PAUSE_S = 0.5  # bo's link takes this long per 1 MiB chunk: its stage takes well over the stall limit

@@ -19,7 +19,7 @@ import pytest
 from tests.session.cluster import STOPPED_STATUSES, Cluster
 from tests.synthetic import write_synthetic
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 FILLER_MB = 100  # per block: a 400 MB model, a stage of hundreds of MB to cut
 
 

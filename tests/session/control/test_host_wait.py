@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import llama_cpp_reply
 from tests.session.cluster import Cluster
+
+pytestmark = pytest.mark.slow
 
 
 def test_wait_expiring_plans_over_the_members_that_came(tmp_path: Path, smollm: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 from kafila.model.random_gguf import SHAPES, write_random_gguf
 from tests.session.cluster import STOPPED_STATUSES, Cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BLOCKS = 4  # Llama-3-8B-shaped Q4_0 blocks, 123 MB each: a load of seconds, the cut not much longer
 LOADING_RE = re.compile(r"load_tensors: loading model tensors")
 LOADED = "constructing llama_context"  # llama.cpp's log once the model is loaded, as it makes the context

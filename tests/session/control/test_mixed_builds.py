@@ -16,7 +16,7 @@ from kafila.engine.variant import build, is_built, variant_dir
 from tests.conftest import in_ci, run_kafila
 from tests.shared_probe import shared_probe_model
 
-pytestmark = pytest.mark.timeout(3000)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 
 
 @pytest.fixture(scope="module")

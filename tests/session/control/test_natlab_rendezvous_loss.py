@@ -23,7 +23,8 @@ from tests.shared_probe import shared_probe
 PROMPT = "What is the capital of France?"
 NATS = {1: NatClass.ORDINARY, 2: NatClass.ORDINARY, 3: NatClass.RESTRICTIVE, 4: NatClass.RESTRICTIVE}
 API_PORT = 8711  # inside the host's own namespace
-pytestmark = pytest.mark.timeout(1200)  # stage delivery over the relay is slow on a loaded 2-core machine
+pytestmark = [pytest.mark.slow,
+              pytest.mark.timeout(1200)]  # stage delivery over the relay is slow on a loaded 2-core machine
 RELAY = f"the rendezvous at {RDV_IP}:{RDV_PORT}, is lost"  # how a link through the lost relay ends
 
 

@@ -19,6 +19,8 @@ from tests.conftest import missing_tool
 from tests.session.cluster import CODE_RE, REPO, Proc, lab_env
 from tests.shared_probe import shared_probe
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "What is the capital of France?"
 NATS = {1: NatClass.ORDINARY, 2: NatClass.ORDINARY, 3: NatClass.RESTRICTIVE, 4: NatClass.RESTRICTIVE}
 API_PORT = 8711  # inside the host's own namespace

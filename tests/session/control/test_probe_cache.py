@@ -17,6 +17,8 @@ from kafila.model.random_gguf import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
 from kafila.session.member.measure import cached_probe
 
+pytestmark = pytest.mark.slow
+
 DAY_S = 24 * 3600  # README: "measures itself (cached for a day)"
 
 

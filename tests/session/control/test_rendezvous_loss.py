@@ -15,7 +15,7 @@ from tests.session.cluster import LISTENING_RE, Cluster, Proc
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 8
-pytestmark = pytest.mark.timeout(1200)  # a whole session of processes on a loaded machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a whole session of processes on a loaded machine
 MEMBERS = ("ada", "bo")
 
 

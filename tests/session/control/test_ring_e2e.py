@@ -21,7 +21,7 @@ from tests.conftest import REPO, run_kafila
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
 
 # the module's ring starts once, and replies are bounded only against a hang (see REPLY_TIMEOUT_S)
-pytestmark = pytest.mark.timeout(2 * REPLY_TIMEOUT_S)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Name three colours.",
            "How do bees make honey?"]

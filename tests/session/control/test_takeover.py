@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from kafila.session.member.takeover import successor, survivors
 from kafila.session.protocol.messages import Measured, Roster
+
+pytestmark = pytest.mark.fast
 
 MEASURED = Measured(1e9, 0.001, 1 << 30, 1e9, "open", None)
 

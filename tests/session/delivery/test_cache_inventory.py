@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kafila.session.delivery.cache_inventory import InUse, enforce_cap, in_use, inventory, prune
+
+pytestmark = pytest.mark.fast
 
 DAY = 24 * 3600
 

@@ -14,6 +14,8 @@ from kafila.errors import ProtocolError
 from kafila.session.delivery.stage_files import StageReceiver, manifest_for, read_chunk
 from kafila.session.protocol.manifest import CHUNK_SIZE, MAX_STAGE_BYTES, StageManifest
 
+pytestmark = pytest.mark.fast
+
 H = "ab" * 32  # a well-formed sha256
 
 

@@ -18,7 +18,7 @@ from kafila.session.delivery.transfer import receive_stage, send_stage
 from kafila.session.protocol.manifest import CHUNK_SIZE
 from tests.net.linked import linked
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(300)]
 
 
 @asynccontextmanager

@@ -18,6 +18,8 @@ from kafila.errors import ProtocolError, SessionError
 from kafila.session.delivery.stage_files import StageReceiver, manifest_for, read_chunk
 from kafila.session.protocol.manifest import StageManifest
 
+pytestmark = pytest.mark.fast
+
 CHUNK = 1024
 
 

@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import missing_tool
 from tests.session.cluster import REPO, Cluster
 
+pytestmark = pytest.mark.slow
+
 NO_SPACE = re.compile(r"no space left on (\S+): need ([\d.]+) MB, have ([\d.]+) MB")
 
 

@@ -12,6 +12,8 @@ from tests.session.cluster import Cluster
 from tests.shared_probe import shared_probe
 from tests.synthetic import write_synthetic
 
+pytestmark = pytest.mark.fast
+
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 16
 SENT = re.compile(r"stage delivered to (\w+): (\d+) bytes sent")
@@ -38,6 +40,7 @@ def llama_cpp_reply(model: Path) -> str:
         m.close()
 
 
+@pytest.mark.slow
 def test_a_member_with_the_model_gets_no_stage_bytes_and_the_reply_is_exact(tmp_path: Path, smollm: Path) -> None:
     cache = own_cache(tmp_path)
     with Cluster(tmp_path, [("ada", ["--model", str(smollm)]), ("bo", [])],
@@ -56,6 +59,7 @@ def test_a_member_with_the_model_gets_no_stage_bytes_and_the_reply_is_exact(tmp_
     assert sha256_file(smollm) in (cache / "hashes.json").read_text()
 
 
+@pytest.mark.slow
 def test_a_member_whose_model_differs_is_refused_with_both_hashes(tmp_path: Path, smollm: Path) -> None:
     other = write_synthetic(tmp_path / "other.gguf", "llama")
     mine, theirs = sha256_file(smollm), sha256_file(other)

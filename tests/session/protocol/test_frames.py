@@ -12,6 +12,8 @@ from kafila.errors import ProtocolError
 from kafila.session.protocol import frames
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
 
+pytestmark = pytest.mark.fast
+
 FUZZ = settings(max_examples=500, deadline=None)
 
 

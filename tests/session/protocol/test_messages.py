@@ -14,6 +14,8 @@ from kafila.errors import ProtocolError
 from kafila.session.protocol import messages as m
 from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
 
+pytestmark = pytest.mark.fast
+
 FUZZ = settings(max_examples=400, deadline=None)
 names = st.text(min_size=1, max_size=12)
 texts = st.text(max_size=40)

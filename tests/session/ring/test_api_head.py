@@ -21,6 +21,8 @@ from kafila.session.ring import head as head_module
 from kafila.session.ring.head import Head
 from tests.session.solo_head import solo_head
 
+pytestmark = pytest.mark.fast
+
 N_CTX = 512
 PROMPT = "What is the capital of France?"
 HI = [{"role": "user", "content": PROMPT}]

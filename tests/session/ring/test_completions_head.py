@@ -20,6 +20,8 @@ from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE
 from kafila.session.ring.head import Head
 from tests.session.solo_head import solo_head
 
+pytestmark = pytest.mark.fast
+
 N_CTX = 512
 PROMPT = "Once upon a time, in a small village by the sea,"
 LONG = 32

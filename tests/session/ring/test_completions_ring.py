@@ -24,6 +24,8 @@ from kafila.session.api.client import RAW_TEXT_NOTICE
 from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE
 from tests.session.cluster import REPLY_TIMEOUT_S, REPO, Cluster
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "The capital of France is"
 MAX_TOKENS = 16
 

@@ -7,7 +7,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from kafila.session.ring.compute_turn import ComputeTurn
+
+pytestmark = pytest.mark.fast
 
 HOLD = """
 import sys, time

@@ -31,7 +31,7 @@ SHORT = "Count from 1 to 100, separated by commas."  # a long greedy reply
 MAX_TOKENS = 6
 # the module's ring starts (deliveries included) inside the first test's time; a shared, busy
 # machine makes that slow, so the bound is generous (no test asserts on time)
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")

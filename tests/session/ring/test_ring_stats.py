@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kafila.session.ring.ring_stats import STATS_WINDOW, RingStats
+
+pytestmark = pytest.mark.fast
 
 
 def test_a_stray_slow_call_does_not_move_the_figure_and_old_calls_are_forgotten() -> None:

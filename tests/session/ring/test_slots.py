@@ -8,6 +8,8 @@ import pytest
 
 from kafila.session.ring.slots import Slots, common_prefix
 
+pytestmark = pytest.mark.fast
+
 
 def brute_choice(idle: dict[int, tuple[int, ...]], used: dict[int, int], prompt: list[int]) -> int:
     def lcp(a: tuple[int, ...]) -> int:

@@ -6,7 +6,11 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from kafila.session.terminal.transcripts import Conversation
+
+pytestmark = pytest.mark.fast
 
 
 def mode(path: Path) -> int:
