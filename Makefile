@@ -7,7 +7,10 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 # Portable llama.cpp build: -march=native binaries crash on older CPUs.
 # A GPU build: CMAKE_ARGS=-DGGML_CUDA=on make setup (or -DGGML_METAL=on, -DGGML_VULKAN=on, -DGGML_HIP=on).
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+# Whatever the flags, only the libraries llama_cpp loads are built: no libmtmd (multimodal) and no
+# llama.cpp `common` (kafila/engine/llama_lean.cmake); a third of the compile time of the whole build.
+export CMAKE_ARGS := $(CMAKE_ARGS) -DLLAVA_BUILD=OFF '-DCMAKE_PROJECT_INCLUDE=$(CURDIR)/kafila/engine/llama_lean.cmake'
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: setup sysdeps demo test test-slow test-all lint dist clean llama-variant
@@ -48,7 +51,7 @@ demo: setup
 	$(VPY) kafila.py demo
 
 # A second llama-cpp-python build (this CPU's own kernels) in the user cache, for mixed-build rings
-# (tests/session/control/test_mixed_builds.py, `kafila bench mixed`); built once, ~10 minutes on 2 cores.
+# (tests/session/control/test_mixed_builds.py, `kafila bench mixed`); built once, lean (as above).
 VARIANT_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 llama-variant: setup
 	$(VPY) -m kafila.engine.variant --cmake-args="$(VARIANT_CMAKE_ARGS)"

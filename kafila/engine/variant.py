@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,13 @@ DEFAULT_VERSION = "0.3.36"
 # This CPU's own kernels (AVX-512 where it has them): a build whose identity differs from the
 # portable GGML_NATIVE=OFF build that `make setup` makes.
 DEFAULT_CMAKE_ARGS = "-DGGML_NATIVE=ON"
+# Added to every build's flags, outside the cache key: only the libraries llama_cpp loads are built,
+# not libmtmd (multimodal) nor llama.cpp's `common` (see llama_lean.cmake). The Makefile's setup adds them too.
+LEAN_CMAKE = Path(__file__).with_name("llama_lean.cmake")
+
+
+def lean_cmake_args() -> str:
+    return f"-DLLAVA_BUILD=OFF {shlex.quote(f'-DCMAKE_PROJECT_INCLUDE={LEAN_CMAKE}')}"
 
 
 def variant_dir(version: str = DEFAULT_VERSION, cmake_args: str = DEFAULT_CMAKE_ARGS,
@@ -44,7 +52,7 @@ def build(path: Path, version: str = DEFAULT_VERSION, cmake_args: str = DEFAULT_
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + f".building-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    env = dict(os.environ, CMAKE_ARGS=cmake_args, CMAKE_BUILD_PARALLEL_LEVEL=str(jobs))
+    env = dict(os.environ, CMAKE_ARGS=f"{cmake_args} {lean_cmake_args()}", CMAKE_BUILD_PARALLEL_LEVEL=str(jobs))
     # --no-deps: numpy, jinja2 and the rest come from the running venv; only llama_cpp differs.
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir",
            "--no-binary", "llama-cpp-python", "--target", str(staging),
@@ -68,15 +76,17 @@ def env_for(path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kafila.engine.variant [--cmake-args ARGS] [--version V]``: build, print the path."""
+    """``python -m kafila.engine.variant [--cmake-args ARGS] [--version V] [--root DIR]``: build, print the path."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m kafila.engine.variant", description=__doc__)
     ap.add_argument("--version", default=DEFAULT_VERSION)
     ap.add_argument("--cmake-args", default=DEFAULT_CMAKE_ARGS)
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")))
+    ap.add_argument("--root", type=Path, help="build under this folder, not the user cache (e.g. to time a build)")
     args = ap.parse_args(argv)
-    print(build(variant_dir(args.version, args.cmake_args), args.version, args.cmake_args, args.jobs))
+    path = variant_dir(args.version, args.cmake_args, args.root)
+    print(build(path, args.version, args.cmake_args, args.jobs))
     return 0
 
 
