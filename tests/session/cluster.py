@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kafila.net.ports import free_udp_pair
+from kafila.session.options import HostOptions, MemberOptions
 from tests.shared_probe import shared_probe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +31,18 @@ STOPPED_STATUSES = (0, 130)  # ended by itself, or stopped cleanly by SIGTERM ("
 # machine shared by several test runs (load 20 on 2 cores) one 24-token reply through a three-member
 # ring took 255 s and four concurrent ones 890 s (the ring advancing all the while); alone, seconds.
 REPLY_TIMEOUT_S = 1800
+
+
+# A process killed with kill -9 says nothing: its neighbours notice it by the QUIC link's idle timeout
+# (kafila.session.options, 5 s), whose timer runs from the last packet heard from it, so from at most the
+# kill. A test bounds the time from the kill to the loss's notice reaching its client by that timeout and
+# LOSS_MARGIN_TIMEOUTS more of it, the margin a loaded machine needs: aioquic stretches the idle timeout
+# to three probe timeouts when round trips grow, and the report then crosses two or three busy processes
+# (the member's report, the host's or the head's API, the HTTP stream, the client's reader thread). A loss
+# noticed by anything slower than its timeout (a timer that did not fire, a later request) misses it.
+LINK_IDLE_TIMEOUT_S = max(MemberOptions.link_idle_timeout_s, HostOptions.link_idle_timeout_s)
+LOSS_MARGIN_TIMEOUTS = 3
+LOSS_NOTICED_WITHIN_S = (1 + LOSS_MARGIN_TIMEOUTS) * LINK_IDLE_TIMEOUT_S
 
 
 def lab_env(tmp: Path) -> dict[str, str]:

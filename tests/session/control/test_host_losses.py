@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kafila.session.api.token import read_token
-from tests.session.cluster import HOST_MEMBER, Cluster, Proc
+from tests.session.cluster import HOST_MEMBER, LOSS_NOTICED_WITHIN_S, Cluster, Proc
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +132,12 @@ def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path
 
 
 def test_serving_host_killed_with_no_member_holding_the_model_ends_every_client_clearly(tmp_path: Path) -> None:
+    """The serving host killed mid-reply, no member holding the model: the client's reply ends in one error.
+
+    Its one timing check: the error reaches the client within LOSS_NOTICED_WITHIN_S of the kill (the link
+    idle timeout and the margin a loaded machine needs, tests/session/cluster.py): the loss was noticed by
+    the idle timeout, not by something slower. The kill waits on the reply's first text.
+    """
     with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo")], serve_host=True) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
         assert HOST_MEMBER in plan["order"]
@@ -148,7 +154,7 @@ def test_serving_host_killed_with_no_member_holding_the_model_ends_every_client_
         errors = [(t, c["error"]["message"]) for t, c in chunks if isinstance(c, dict) and "error" in c]
         assert len(errors) == 1, chunks[-3:]
         errored_at, message = errors[0]
-        assert errored_at - killed_at < 10, (errored_at - killed_at, message)
+        assert errored_at - killed_at < LOSS_NOTICED_WITHIN_S, (errored_at - killed_at, message)
         assert f"{HOST_MEMBER} lost" in message and "left the session" in message and REMEDY in message, message
         for name in ("ada", "bo"):  # nothing hangs: every member ends, saying why
             member = cluster.members[name]
@@ -179,6 +185,12 @@ HEIR = "bo"  # started with --model: the one survivor that can cut stages, so th
 
 def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_resumes(
         tmp_path: Path, smollm: Path, capital: str, story: str) -> None:
+    """The serving host killed mid-reply: the member holding the model takes over, and the reply resumes.
+
+    Its one timing check: the notice of the loss reaches the client within LOSS_NOTICED_WITHIN_S of the
+    kill (the link idle timeout and the margin a loaded machine needs, tests/session/cluster.py): the loss
+    was noticed by the idle timeout, not by something slower. The kill waits on the reply's first text.
+    """
     members = [("ada", ["--api-port", "0"]), (HEIR, ["--api-port", "0", "--model", str(smollm)])]
     with Cluster(tmp_path, members, serve_host=True) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
@@ -199,7 +211,7 @@ def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_re
         notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
         assert len(notices) == 1, notices
         noticed_at, notice = notices[0]
-        assert noticed_at - killed_at < 10, (notice, noticed_at - killed_at)
+        assert noticed_at - killed_at < LOSS_NOTICED_WITHIN_S, (notice, noticed_at - killed_at)
         pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
         before = "".join(p for t, p in pieces if t < noticed_at)
         after = "".join(p for t, p in pieces if t > noticed_at)

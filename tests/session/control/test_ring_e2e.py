@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, run_kafila
-from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.session.cluster import LOSS_NOTICED_WITHIN_S, REPLY_TIMEOUT_S, Cluster
 
 # the module's ring starts once, and replies are bounded only against a hang (see REPLY_TIMEOUT_S)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
@@ -192,6 +192,12 @@ STORY = "Tell me a long story about a dragon."
 
 
 def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Path, smollm: Path) -> None:
+    """A member killed (kill -9) while a reply streams: the reply resumes on the ring re-planned without it.
+
+    Its one timing check: the loss's notice reaches the client within LOSS_NOTICED_WITHIN_S of the kill (the
+    link idle timeout and the margin a loaded machine needs, tests/session/cluster.py), so the loss was
+    noticed by the idle timeout, not by something slower; the kill itself waits on the reply's first text.
+    """
     from llama_cpp import Llama
 
     from kafila.engine.llama_lib import llama
@@ -222,7 +228,8 @@ def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Pa
         notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
         assert len(notices) == 1, notices
         noticed_at, notice = notices[0]
-        assert f"member {victim} was lost" in notice and noticed_at - killed_at < 10, (notice, noticed_at - killed_at)
+        assert f"member {victim} was lost" in notice, notice
+        assert noticed_at - killed_at < LOSS_NOTICED_WITHIN_S, (notice, noticed_at - killed_at)
         pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
         before = "".join(p for t, p in pieces if t < noticed_at)
         after = "".join(p for t, p in pieces if t > noticed_at)
