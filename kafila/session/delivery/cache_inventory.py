@@ -1,14 +1,15 @@
 """What the user cache directory holds (cut stages, delivered stages, probes, demo logs), and pruning it.
 
-A running host or member lists the files it uses in `<cache>/in-use/<pid>.json` (`InUse`), so
-pruning never removes a stage a running session needs; the lists of processes that are gone are
-ignored. Pruning and the size cap remove the least recently used files first (a session touches the
-stages it uses).
+A running host or member lists the files it uses in `<cache>/in-use/<pid>-<n>.json` (`InUse`: one list
+per session, as a process may run two, a host and its own member), so pruning never removes a stage a
+running session needs; the lists of processes that are gone are ignored. Pruning and the size cap remove
+the least recently used files first (a session touches the stages it uses).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 log = logging.getLogger("kafila.cache")
 PROBE_MAX_AGE_S = 24 * 3600  # kafila.session.member.measure measures an older probe again
 IN_USE = "in-use"
+_LISTS = itertools.count()  # this process's sessions' lists (InUse), each in a file of its own
 # kind -> the files of that kind, relative to the cache root
 KINDS: dict[str, tuple[str, ...]] = {
     "stage": ("stages/*/*.gguf",),
@@ -60,7 +62,7 @@ def in_use(root: Path) -> set[Path]:
     used: set[Path] = set()
     for record in (root / IN_USE).glob("*.json"):
         try:
-            pid = int(record.stem)
+            pid = int(record.stem.split("-")[0])
             paths = json.loads(record.read_text())
         except (OSError, ValueError):
             continue
@@ -123,10 +125,10 @@ def enforce_cap(root: Path, max_bytes: int) -> list[Entry]:
 
 
 class InUse:
-    """This process's list of the cache files it needs, kept while it runs (a context manager)."""
+    """A session's list of the cache files it needs, kept while it runs (a context manager)."""
 
     def __init__(self, root: Path) -> None:
-        self.record = root / IN_USE / f"{os.getpid()}.json"
+        self.record = root / IN_USE / f"{os.getpid()}-{next(_LISTS)}.json"
         self.paths: list[str] = []
 
     def add(self, path: Path) -> None:

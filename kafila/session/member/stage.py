@@ -133,6 +133,9 @@ class MemberStage(MemberCore):
         """The stage file, received and verified; raises Superseded when the host gives the epoch up meanwhile."""
         me = self.opts.name
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
+        if self.use is not None:  # from its first byte: a session starting meanwhile (its cache cap) leaves it
+            for path in (receiver.part, receiver.final):
+                self.use.add(path)
         missing = await asyncio.to_thread(receiver.missing)
         receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
         await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))

@@ -63,7 +63,7 @@ def test_prune_keeps_what_a_running_session_uses_and_fresh_probes(tmp_path: Path
         gone = {e.path for e in prune(tmp_path)}
         assert gone == {files["new_stage"], files["delivered"], files["part"], files["old_probe"], files["log"]}
         assert files["old_stage"].is_file() and files["fresh_probe"].is_file()
-    assert not (tmp_path / "in-use" / f"{os.getpid()}.json").exists()  # the list ends with the session
+    assert not use.record.exists() and not list((tmp_path / "in-use").iterdir())  # the list ends with the session
     assert {e.path for e in prune(tmp_path)} == {files["old_stage"]}
     assert not (tmp_path / "stages" / "abc").exists()  # the emptied model folder goes too
 
