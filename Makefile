@@ -51,7 +51,7 @@ demo: setup
 	$(VPY) kafila.py demo
 
 # A second llama-cpp-python build (this CPU's own kernels) in the user cache, for mixed-build rings
-# (tests/session/control/test_mixed_builds.py, `kafila bench mixed`); built once, lean (as above).
+# (tests/session/coordinator/test_mixed_builds.py, `kafila bench mixed`); built once, lean (as above).
 VARIANT_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 llama-variant: setup
 	$(VPY) -m kafila.engine.variant --cmake-args="$(VARIANT_CMAKE_ARGS)"

@@ -1,7 +1,7 @@
 """Run the same tests N times, one run after another, and count passes and failures per test.
 
     .venv/bin/python -m tests.loop -n 20 tests/net/test_hostile_relay.py
-    .venv/bin/python -m tests.loop -n 20 tests/session/control/test_ring_e2e.py::test_killed_member -- -x
+    .venv/bin/python -m tests.loop -n 20 tests/session/test_ring_e2e.py::test_killed_member -- -x
 
 Everything after the test ids (or after `--`) goes to pytest. Each run is a fresh pytest process
 (as `make test` runs it), its results read from pytest's own JUnit XML. The output of every failed

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from kafila.session.api.server import ApiServer, api
+from kafila.session.api import server as api_server
+from kafila.session.api.server import ApiServer
 from kafila.session.state import SessionState
 
 pytestmark = pytest.mark.fast
@@ -66,7 +67,7 @@ async def test_a_cut_reply_ends_with_the_reason_when_no_ring_follows() -> None:
 
 
 async def test_a_cut_reply_waits_only_so_long_for_a_ring(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(api, "RESUME_WAIT_S", 0.5)
+    monkeypatch.setattr(api_server, "RESUME_WAIT_S", 0.5)
     server = ApiServer(SessionState(phase="lost"))
 
     async def ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -25,7 +25,7 @@ import pytest
 
 from kafila.planner.ttft import TtftModel
 from tests.session.cluster import Cluster
-from tests.session.control.test_ring_e2e import replay_on_one_context
+from tests.session.test_ring_e2e import replay_on_one_context
 
 BATCH = 16
 LONG = ("Here are some numbers: " + ", ".join(str(i) for i in range(100, 260, 5))
