@@ -22,6 +22,7 @@ def shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(int(n) for n in t.shape) for t in gguf.GGUFReader(path).tensors}
 
 
+@pytest.mark.slow
 def test_smollm2_shape_matches_the_real_file(tmp_path: Path) -> None:
     real = shapes(default_model_path())
     made = shapes(write_random_gguf(tmp_path / "s.gguf", SHAPES["smollm2"], 2))
@@ -31,6 +32,7 @@ def test_smollm2_shape_matches_the_real_file(tmp_path: Path) -> None:
     assert made["output.weight"] == real["token_embd.weight"]  # untied: the output matrix written apart
 
 
+@pytest.mark.slow
 def test_qwen3_blocks_have_head_norms_and_128_wide_heads(tmp_path: Path) -> None:
     s = shape_named("qwen3-32b")
     assert s.key_dim == 128 and s.n_head * s.key_dim != s.n_embd  # why key_length is written
@@ -113,6 +115,7 @@ def test_unwritable_shapes_are_named() -> None:
         write_random_gguf(Path("unused.gguf"), type(dense)("x", "llama", 128, 4, 2, 100), 1)
 
 
+@pytest.mark.slow
 def test_gpt_oss_blocks_are_mxfp4_experts_and_q8_0_matrices_with_sinks_and_a_window(tmp_path: Path) -> None:
     from kafila.model.describe import describe_model
 
