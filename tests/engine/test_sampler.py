@@ -61,5 +61,7 @@ def test_bad_params_from_a_request_body(kwargs: dict[str, object]) -> None:
 
 @given(logits_st, st.floats(5e-324, 1e-3, allow_subnormal=True) | st.just(1e-310), st.integers(0, 2**31))
 def test_tiny_temperature_is_greedy_not_nan(logits: np.ndarray, temperature: float, seed: int) -> None:
+    """No NaN however small the temperature, and a token trailing the best by g has probability below
+    e^(-g/T): one trailing by 50·T or more (p < 2e-22) is never drawn. Only near-ties with the top remain."""
     token = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, seed=seed)).sample(logits)
-    assert logits[token] == logits.max()
+    assert float(logits.max()) - float(logits[token]) < 50 * temperature
