@@ -14,29 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
-from kafila.planner.reachability import NatClass
-from tests.conftest import llama_cpp_reply, missing_tool
+from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab
+from tests.conftest import llama_cpp_reply
 from tests.session.cluster import CODE_RE, REPO, Proc, lab_env
 from tests.shared_probe import shared_probe
 
 PROMPT = "What is the capital of France?"
-NATS = {1: NatClass.ORDINARY, 2: NatClass.ORDINARY, 3: NatClass.RESTRICTIVE, 4: NatClass.RESTRICTIVE}
 API_PORT = 8711  # inside the host's own namespace
+# `lab` (tests/session/conftest.py): hosts 1 and 2 behind ordinary NATs, 3 and 4 behind restrictive ones
 pytestmark = [pytest.mark.slow,
               pytest.mark.timeout(1200)]  # stage delivery over the relay is slow on a loaded 2-core machine
 RELAY = f"the rendezvous at {RDV_IP}:{RDV_PORT}, is lost"  # how a link through the lost relay ends
-
-
-@pytest.fixture(scope="module")
-def lab():
-    why = available()
-    if why:
-        missing_tool(why)
-    with NatLab(nats=len(NATS)) as lab:
-        for i, cls in NATS.items():
-            lab.set_nat(i, cls)
-        yield lab
 
 
 def chat(lab: NatLab, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

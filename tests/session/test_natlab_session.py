@@ -13,28 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab, available
-from kafila.planner.reachability import NatClass
-from tests.conftest import missing_tool
+from kafila.lab.natlab import RDV_ALT_IP, RDV_IP, RDV_PORT, NatLab
 from tests.session.cluster import CODE_RE, REPO, Proc, lab_env
 from tests.shared_probe import shared_probe
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "What is the capital of France?"
-NATS = {1: NatClass.ORDINARY, 2: NatClass.ORDINARY, 3: NatClass.RESTRICTIVE, 4: NatClass.RESTRICTIVE}
 API_PORT = 8711  # inside the host's own namespace
-
-
-@pytest.fixture(scope="module")
-def lab():
-    why = available()
-    if why:
-        missing_tool(why)
-    with NatLab(nats=len(NATS)) as lab:
-        for i, cls in NATS.items():
-            lab.set_nat(i, cls)
-        yield lab
+# `lab` (tests/session/conftest.py): hosts 1 and 2 behind ordinary NATs, 3 and 4 behind restrictive ones
 
 
 def test_session_across_nats_with_a_relayed_edge(lab: NatLab, tmp_path: Path, smollm: Path) -> None:
