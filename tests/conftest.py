@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -76,19 +79,26 @@ def stage_cache(tmp_path_factory: pytest.TempPathFactory) -> StageCache:
     return StageCache(tmp_path_factory.mktemp("stage-cache"))
 
 
-def llama_cpp_reply(model: Path, prompt: str, max_tokens: int, n_ctx: int = 512) -> str:
-    """Ground truth for a greedy chat reply: llama-cpp-python's own completion on the whole file."""
+@contextlib.contextmanager
+def reference_llama(model: Path, n_ctx: int = 512, **options: Any) -> Iterator[Any]:
+    """llama-cpp-python's own `Llama` on the whole file, the tests' ground truth; closed on leaving."""
     from llama_cpp import Llama
 
     from kafila.engine.llama_lib import llama
 
-    llama()  # the same llama.cpp build Kafila loads
-    ref = Llama(str(model), n_ctx=n_ctx, verbose=False)
+    llama()  # the same llama.cpp build Kafila loads (and its log routed before Llama() would print it)
+    ref = Llama(str(model), n_ctx=n_ctx, verbose=False, **options)
     try:
-        out = ref.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0)
-        return str(out["choices"][0]["message"]["content"])
+        yield ref
     finally:
         ref.close()
+
+
+def llama_cpp_reply(model: Path, prompt: str, max_tokens: int, n_ctx: int = 512) -> str:
+    """Ground truth for a greedy chat reply: llama-cpp-python's own completion on the whole file."""
+    with reference_llama(model, n_ctx) as ref:
+        out = ref.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0)
+        return str(out["choices"][0]["message"]["content"])
 
 
 def in_ci() -> bool:

@@ -16,6 +16,8 @@ from kafila.model.stage_cache import StageCache
 from kafila.session.ring.head import Head
 from kafila.session.ring.stage_runtime import StageWorker
 
+N_CTX = 512  # the head tests' context per request (tests/session/ring/conftest.py's `head`)
+
 
 @contextlib.asynccontextmanager
 async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 30) -> AsyncIterator[Head]:

@@ -8,22 +8,20 @@ gives llama-cpp-python's own text.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kafila.engine.sampler import Sampler
-from kafila.model.stage_cache import StageCache
 from kafila.session.protocol import messages
 from kafila.session.ring import head as head_module
 from kafila.session.ring.head import Head
-from tests.session.solo_head import solo_head
+from tests.conftest import llama_cpp_reply as reference_reply
+from tests.session.solo_head import N_CTX
 
 pytestmark = pytest.mark.fast
 
-N_CTX = 512
 PROMPT = "What is the capital of France?"
 HI = [{"role": "user", "content": PROMPT}]
 
@@ -31,23 +29,7 @@ HI = [{"role": "user", "content": PROMPT}]
 @pytest.fixture(scope="module")
 def llama_cpp_reply(smollm: Path) -> str:
     """Ground truth: llama-cpp-python's greedy chat completion on the whole file."""
-    from llama_cpp import Llama
-
-    from kafila.engine.llama_lib import llama
-
-    llama()
-    model = Llama(str(smollm), n_ctx=N_CTX, verbose=False)
-    try:
-        out = model.create_chat_completion(HI, max_tokens=16, temperature=0)  # type: ignore[arg-type]
-        return str(out["choices"][0]["message"]["content"])  # type: ignore[index]
-    finally:
-        model.close()
-
-
-@pytest.fixture
-async def head(smollm: Path, stage_cache: StageCache) -> AsyncIterator[Head]:
-    async with solo_head(smollm, stage_cache, N_CTX) as h:
-        yield h
+    return reference_reply(smollm, PROMPT, 16, N_CTX)
 
 
 async def remote(h: Head, body: Any) -> list[dict[str, Any]]:

@@ -9,43 +9,27 @@ and completes text.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kafila.model.stage_cache import StageCache
 from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE
 from kafila.session.ring.head import Head
-from tests.session.solo_head import solo_head
+from tests.conftest import reference_llama
+from tests.session.solo_head import N_CTX
 
 pytestmark = pytest.mark.fast
 
-N_CTX = 512
 PROMPT = "Once upon a time, in a small village by the sea,"
 LONG = 32
 
 
 def llama_cpp_completion(model: Path, prompt: str, max_tokens: int, stop: list[str] | None = None) -> dict[str, Any]:
     """Ground truth: llama-cpp-python's greedy completion of the raw prompt on the whole file (its choice)."""
-    from llama_cpp import Llama
-
-    from kafila.engine.llama_lib import llama
-
-    llama()  # route llama.cpp's log before Llama() would print it
-    m = Llama(str(model), n_ctx=N_CTX, verbose=False)
-    try:
+    with reference_llama(model, N_CTX) as m:
         out = m.create_completion(prompt, max_tokens=max_tokens, temperature=0, stop=stop)
-        return dict(out["choices"][0])  # type: ignore[index]
-    finally:
-        m.close()
-
-
-@pytest.fixture
-async def head(smollm: Path, stage_cache: StageCache) -> AsyncIterator[Head]:
-    async with solo_head(smollm, stage_cache, N_CTX) as h:
-        yield h
+        return dict(out["choices"][0])
 
 
 async def events(h: Head, body: Any) -> list[dict[str, Any]]:
