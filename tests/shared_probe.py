@@ -16,6 +16,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kafila.engine.probe import ProbeResult
 
 LOCK_NAME = ".lock"  # in the shared directory: held while a run reads or writes it
 
@@ -88,3 +92,16 @@ def shared_probe_model(cache_root: Path) -> None:
             os.link(made, here)
         except OSError:  # another file system
             shutil.copyfile(made, here)
+
+
+def sample_probe() -> ProbeResult:
+    """A made-up probe result with every field set (not a measurement): prefill costs 0.15 s a block plus
+    bytes / 6e7 B/s."""
+    from kafila.engine.probe import ProbeResult
+
+    return ProbeResult(2e10, 1e-4, 10**9, 2 * 10**9, 10**8, ((10**6, 1e-4), (10**7, 5e-4)), 0.01, 2e-4, 1e10,
+                       block_s=1e-4, sample_blocks=(1, 4), prefill_rows=128, prefill_bandwidth_bytes_per_s=6e7,
+                       prefill_dispatch_s=0.0, prefill_block_s=0.15, prefill_samples=((10**6, 0.2), (10**7, 0.7)),
+                       prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4), unembed_s=3e-4,
+                       unembed_samples=((3 * 10**7, 2e-3), (3 * 10**8, 2e-2)), prefill_attn_s=3e-12,
+                       attention_samples=(0.02, 0.05))

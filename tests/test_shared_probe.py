@@ -12,16 +12,11 @@ import pytest
 
 import tests.shared_probe as shared_probe_module
 from kafila.engine.probe import ProbeResult
-from tests.shared_probe import LOCK_NAME, shared_probe
+from tests.shared_probe import LOCK_NAME, sample_probe, shared_probe
 
 pytestmark = pytest.mark.fast
 
-RESULT = ProbeResult(2e10, 1e-4, 10**9, 2 * 10**9, 10**8, ((10**6, 1e-4), (10**7, 5e-4)), 0.01, 2e-4, 1e10,
-                     block_s=1e-4, sample_blocks=(1, 4), prefill_rows=128, prefill_bandwidth_bytes_per_s=6e7,
-                     prefill_dispatch_s=0.0, prefill_block_s=0.15, prefill_samples=((10**6, 0.2), (10**7, 0.7)),
-                     prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4), unembed_s=3e-4,
-                     unembed_samples=((3 * 10**7, 2e-3), (3 * 10**8, 2e-2)), prefill_attn_s=3e-12,
-                     attention_samples=(0.02, 0.05))
+RESULT = sample_probe()
 HANG_S = 120  # a bound on a hang only: every wait below ends on an event
 
 

@@ -25,7 +25,7 @@ from kafila.errors import EngineError
 from kafila.model.random_gguf import Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
-from tests.shared_probe import shared_probe_model
+from tests.shared_probe import sample_probe, shared_probe_model
 
 pytestmark = pytest.mark.fast
 
@@ -86,12 +86,7 @@ def test_prefill_fit_predicts_both_block_families() -> None:
 
 
 def test_probe_result_round_trips_through_its_dict() -> None:
-    result = ProbeResult(2e10, 1e-4, 10**9, 2 * 10**9, 10**8, ((10**6, 1e-4), (10**7, 5e-4)), 0.01, 2e-4, 1e10,
-                         block_s=1e-4, sample_blocks=(1, 4), prefill_rows=128, prefill_bandwidth_bytes_per_s=6e7,
-                         prefill_dispatch_s=0.0, prefill_block_s=0.15, prefill_samples=((10**6, 0.2), (10**7, 0.7)),
-                         prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4), unembed_s=3e-4,
-                         unembed_samples=((3 * 10**7, 2e-3), (3 * 10**8, 2e-2)), prefill_attn_s=3e-12,
-                         attention_samples=(0.02, 0.05))
+    result = sample_probe()
     assert ProbeResult.from_dict(json.loads(json.dumps(result.as_dict()))) == result
     assert result.predict_prefill(4, 10**7) == pytest.approx(4 * 0.15 + 10**7 / 6e7)
 
