@@ -66,12 +66,17 @@ def members_state(phase: str = "measuring", count: int | None = None) -> Session
     return st
 
 
+def planned_state(phase: str, workload: Workload) -> SessionState:
+    """All five members measured, and the real planner's plan (or rejection) for `workload` on them."""
+    st = members_state(phase)
+    st.plan = make_plan(fleet(), load_model(str(MODEL)), workload).to_json("kafila")
+    return st
+
+
 def admitted_state() -> SessionState:
     """An admitted session: plan, predictions, verified edges (one wrong), stage timings, chat API."""
-    st = members_state("admitted")
+    st = planned_state("admitted", Workload(concurrency=1, context=4096))
     fleet_ = fleet()
-    plan = make_plan(fleet_, load_model(str(MODEL)), Workload(concurrency=1, context=4096))
-    st.plan = plan.to_json("kafila")
     names = [m.name for m in fleet_]
     classes = {m.name: NatClass(m.nat) for m in fleet_}
     st.predicted = {a: {b: predict_edge(classes[a], classes[b]) for b in names if b != a} for a in names}
@@ -126,10 +131,7 @@ def delivering_state() -> SessionState:
 
 def rejected_state() -> SessionState:
     """64 requests of 32768 tokens: the fleet cannot hold the KV cache, and the reasons say what would fit."""
-    st = members_state("rejected")
-    fleet_ = fleet()
-    plan = make_plan(fleet_, load_model(str(MODEL)), Workload(concurrency=64, context=32768))
-    st.plan = plan.to_json("kafila")
+    st = planned_state("rejected", Workload(concurrency=64, context=32768))
     st.rejection = st.plan["reason"]
     st.events.append((T0 + 10, "rejected: does not fit in memory"))
     return st
