@@ -305,6 +305,28 @@ class Cluster:
             raise AssertionError("unclean stop:\n" + "\n".join(problems))
 
 
+def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, reference: str, context: Any) -> str:
+    """Check a streamed reply (Cluster.stream_chat's chunks) that a loss at `killed_at` cut and the ring resumed.
+
+    It ends whole (no error), holds one notice of the loss, which reached the client within
+    LOSS_NOTICED_WITHIN_S of the kill; up to the notice it is exactly `reference`'s start, and after it the
+    reply goes on. `context` joins the first check's message (the processes' output). Returns the notice.
+    """
+    assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), (chunks[-3:], context)
+    notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
+    assert len(notices) == 1, notices
+    noticed_at, notice = notices[0]
+    assert noticed_at - killed_at < LOSS_NOTICED_WITHIN_S, (notice, noticed_at - killed_at)
+    pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
+    before = "".join(p for t, p in pieces if t < noticed_at)
+    after = "".join(p for t, p in pieces if t > noticed_at)
+    # up to the cut the ring is exact; after it the reply goes on (the resumed prefill of prompt and reply so far
+    # batches rows differently from one-at-a-time decoding, so the continuation need not equal the reference)
+    assert before and reference.startswith(before), (before, reference)
+    assert after.strip(), chunks[-3:]
+    return str(notice)
+
+
 def _free_tcp_port() -> int:
     import socket
 
