@@ -15,9 +15,12 @@ import statistics
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafila.errors import EngineError
+
+if TYPE_CHECKING:
+    from kafila.engine.stage import ContextConfig
 
 
 def _chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
@@ -66,30 +69,33 @@ def _chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) 
             "reply": text_bytes.decode("utf-8", errors="ignore")}
 
 
-def _decode(model: str, n_ctx: int, n_batch: int, tokens: int) -> float:
-    """Median seconds per greedy decode step of one context from position 0 (as the ring's and the pipes'
-    decode figures are taken: after a short prompt)."""
+def decode_step_s(model: Path, config: ContextConfig, tokens: int) -> float:
+    """Median seconds per greedy decode step of one llama.cpp context (ReferenceContext) on the whole file, from
+    position 0 for `tokens` steps (as the ring's and the pipes' decode figures are taken: after a short prompt)."""
     import numpy as np
 
     from kafila.engine.reference import ReferenceContext
-    from kafila.engine.stage import ContextConfig, Rows
+    from kafila.engine.stage import Rows
 
-    ref = ReferenceContext(Path(model), ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=1, n_batch=n_batch))
+    ref = ReferenceContext(model, config)
     try:
         times, token = [], 1
         for pos in range(tokens):
             rows = Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool))
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()
             token = int(np.argmax(ref.run(np.array([token], np.int32), rows)[0]))
-            times.append(time.perf_counter() - t1)
+            times.append(time.perf_counter() - t0)
     finally:
         ref.close()
     return statistics.median(times)
 
 
 def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, tokens: int, reply_tokens: int) -> dict[str, Any]:
+    from kafila.engine.stage import ContextConfig
+
     result = _chat(model, prompt, n_ctx, n_batch, reply_tokens)
-    result["decode_ms_per_token"] = _decode(model, n_ctx, n_batch, tokens) * 1e3
+    config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=1, n_batch=n_batch)
+    result["decode_ms_per_token"] = decode_step_s(Path(model), config, tokens) * 1e3
     result["n_batch"] = n_batch
     return result
 

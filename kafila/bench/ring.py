@@ -58,23 +58,12 @@ def _session(members: tuple, strategy: str, fresh: bool, threads: int | None = N
 
 def _local_ms_per_token(tokens: int) -> float:
     """Median ms per decode step of one llama.cpp context on the whole file (same settings as a stage)."""
-    import numpy as np
-
-    from kafila.engine.reference import ReferenceContext
-    from kafila.engine.stage import ContextConfig, Rows
+    from kafila.bench.local_context import decode_step_s
+    from kafila.engine.stage import ContextConfig
     from kafila.model.embedded import default_model_path
 
-    ref = ReferenceContext(default_model_path(), ContextConfig(n_ctx_per_seq=1024, n_seq_max=4, n_batch=128))
-    try:
-        times, token = [], 1
-        for pos in range(tokens):
-            rows = Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool))
-            t0 = time.perf_counter()
-            token = int(np.argmax(ref.run(np.array([token], np.int32), rows)[0]))
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e3
-    finally:
-        ref.close()
+    config = ContextConfig(n_ctx_per_seq=1024, n_seq_max=4, n_batch=128)
+    return decode_step_s(default_model_path(), config, tokens) * 1e3
 
 
 def _pipe_floor(plan: dict[str, Any], tokens: int) -> dict[str, Any]:
