@@ -6,7 +6,6 @@ stopped, so a member told to stop while llama.cpp loaded a big stage waited for 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from pathlib import Path
 
@@ -15,7 +14,8 @@ import pytest
 
 from kafila.engine.stage import ContextConfig, Rows, StageEngine
 from kafila.errors import WorkStopped
-from kafila.session.stoppable import Progress, run_stoppable
+from kafila.session.stoppable import Progress
+from tests.session.cancel_inside import cancel_inside
 
 pytestmark = pytest.mark.fast
 
@@ -85,12 +85,6 @@ async def test_a_cancelled_load_through_run_stoppable_ends_its_thread(synthetic_
         outcome.append(engine)
         return engine
 
-    task = asyncio.ensure_future(run_stoppable(work))
-    assert await asyncio.to_thread(inside.wait, 60)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    go_on.set()
-    assert await asyncio.to_thread(ended.wait, 60)
+    await cancel_inside(work, inside, go_on, ended)
     assert len(outcome) == 1 and isinstance(outcome[0], WorkStopped), outcome
     assert len(calls) == 2, f"llama.cpp's load went on for {len(calls) - 2} more tensors after the stop"

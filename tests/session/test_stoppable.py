@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import pytest
 
 from kafila.errors import WorkStopped
 from kafila.session.stoppable import Progress, run_stoppable
+from tests.session.cancel_inside import cancel_inside
 
 pytestmark = pytest.mark.fast
 
@@ -32,13 +32,7 @@ async def test_a_cancelled_await_stops_the_work_at_its_next_progress_call() -> N
         finally:
             ended.set()
 
-    task = asyncio.ensure_future(run_stoppable(work))
-    assert await asyncio.to_thread(started.wait, 60)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    go_on.set()
-    assert await asyncio.to_thread(ended.wait, 60)
+    await cancel_inside(work, started, go_on, ended)
     assert pieces == [] and len(outcome) == 1 and isinstance(outcome[0], WorkStopped)
     assert "the session is ending" in str(outcome[0])
 
