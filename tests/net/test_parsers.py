@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kafila.errors import ProtocolError, SessionError
 from kafila.net import stun, wire
 from kafila.net.trust import JoinCode, open_announcement
+from tests.fuzzing import refused_or_checked
 
 pytestmark = pytest.mark.fast
 
@@ -146,11 +147,7 @@ def damaged(good: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
 @FUZZ
 @given(st.one_of(st.binary(max_size=700), damaged(stun_datagrams().map(lambda d: d[0]))))
 def test_fuzz_stun(data: bytes) -> None:
-    try:
-        msg = stun.decode(data)
-    except ProtocolError:
-        return
-    check_accepted_stun(data, msg)
+    refused_or_checked(data, stun.decode, check_accepted_stun)
 
 
 @FUZZ
@@ -158,11 +155,7 @@ def test_fuzz_stun(data: bytes) -> None:
 def test_fuzz_stun_with_valid_header(tail: bytes) -> None:
     body = tail[: len(tail) - len(tail) % 4]
     data = (0x0101).to_bytes(2, "big") + len(body).to_bytes(2, "big") + stun.MAGIC.to_bytes(4, "big") + b"t" * 12 + body
-    try:
-        msg = stun.decode(data)
-    except ProtocolError:
-        return
-    check_accepted_stun(data, msg)
+    refused_or_checked(data, stun.decode, check_accepted_stun)
 
 
 @FUZZ
@@ -191,11 +184,7 @@ CONTROL_BODIES = st.dictionaries(st.text(max_size=6), st.integers() | st.text(ma
         lambda t: bytes([t[0]]) + t[1]),
 ))))
 def test_fuzz_wire(data: bytes) -> None:
-    try:
-        frame = wire.decode(data)
-    except ProtocolError:
-        return
-    check_accepted_frame(data, frame)
+    refused_or_checked(data, wire.decode, check_accepted_frame)
 
 
 @FUZZ
@@ -204,11 +193,7 @@ def test_fuzz_wire(data: bytes) -> None:
            lambda t: t[0] + t[1])))
 def test_fuzz_wire_known_types(kind: int, rest: bytes) -> None:
     data = bytes([kind]) + rest
-    try:
-        frame = wire.decode(data)
-    except ProtocolError:
-        return
-    check_accepted_frame(data, frame)
+    refused_or_checked(data, wire.decode, check_accepted_frame)
 
 
 @st.composite

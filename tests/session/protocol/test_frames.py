@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kafila.errors import ProtocolError
 from kafila.session.protocol import frames
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
+from tests.fuzzing import refused_or_checked
 
 pytestmark = pytest.mark.fast
 
@@ -71,11 +72,7 @@ def check_accepted(buf: bytes, frame: Frame) -> None:
 @FUZZ
 @given(st.one_of(st.binary(max_size=400), st.binary(max_size=400).map(lambda b: b"KFA1\x02" + b)))
 def test_fuzz_activation(data: bytes) -> None:
-    try:
-        frame = frames.decode(data)
-    except ProtocolError:
-        return
-    check_accepted(data, frame)
+    refused_or_checked(data, frames.decode, check_accepted)
 
 
 @FUZZ
