@@ -4,8 +4,10 @@ server with a scripted ring (tests/tui/scripted_api.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,17 @@ async def started(app: KafilaApp, pilot: Pilot[int]) -> None:
     """Wait for the first render: it picks the tab (chat when admitted), so keys pressed before it are lost."""
     await until(lambda: app.rendered)
     await pilot.pause()
+
+
+@contextlib.asynccontextmanager
+async def chat_app(api: str) -> AsyncIterator[tuple[KafilaApp, Pilot[int], ChatPane]]:
+    """The dashboard of an admitted session whose chat API serves at `api`, rendered: the app, its pilot, its chat."""
+    state = states.admitted_state()
+    state.api_url = api
+    app = KafilaApp(state)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(app, pilot)
+        yield app, pilot, app.dashboard.query_one(ChatPane)
 
 
 def active_tab(app: KafilaApp) -> str:
@@ -136,14 +149,9 @@ async def test_rejection_shows_reasons_and_what_would_admit() -> None:
 
 
 async def test_chat_streams_a_reply_and_saves_it(api: str, script: Script, data_dir: Path) -> None:
-    state = states.admitted_state()
-    state.api_url = api
     script.delay_s = 0.05
-    app = KafilaApp(state)
-    async with app.run_test(size=SMALL) as pilot:
-        await started(app, pilot)
+    async with chat_app(api) as (app, pilot, chat):
         assert active_tab(app) == "chat"  # admission opens the chat
-        chat = app.dashboard.query_one(ChatPane)
         prompt = app.dashboard.query_one("#prompt", Input)
         assert app.focused is prompt
         await pilot.press(*"what is 1+2?")  # digits go to the prompt, not to the tab keys
@@ -176,13 +184,8 @@ async def test_chat_streams_a_reply_and_saves_it(api: str, script: Script, data_
 
 
 async def test_chat_error_is_shown_and_recorded(api: str, script: Script) -> None:
-    state = states.admitted_state()
-    state.api_url = api
     script.refuse("the ring is reloading")
-    app = KafilaApp(state)
-    async with app.run_test(size=SMALL) as pilot:
-        await started(app, pilot)
-        chat = app.dashboard.query_one(ChatPane)
+    async with chat_app(api) as (app, pilot, chat):
         await pilot.press(*"hi", "enter")
         path = chat.conversations[0].path
         await until(lambda: not chat.streaming and path.exists() and '"end"' in path.read_text())
@@ -195,13 +198,8 @@ async def test_chat_error_is_shown_and_recorded(api: str, script: Script) -> Non
 
 async def test_chat_shows_a_notice_and_keeps_the_reply_whole(api: str, script: Script) -> None:
     """A notice mid-reply (a member lost, the reply resumed) is shown to the reader, not mixed into the text."""
-    state = states.admitted_state()
-    state.api_url = api
     script.notices = {2: "member beta was lost"}
-    app = KafilaApp(state)
-    async with app.run_test(size=SMALL) as pilot:
-        await started(app, pilot)
-        chat = app.dashboard.query_one(ChatPane)
+    async with chat_app(api) as (app, pilot, chat):
         await pilot.press(*"hi", "enter")
         await until(lambda: len(script.requests) == 1 and not chat.streaming)
         await pilot.pause()
@@ -213,13 +211,8 @@ async def test_chat_shows_a_notice_and_keeps_the_reply_whole(api: str, script: S
 
 async def test_a_base_model_completes_raw_text_and_says_so_once(api: str, script: Script) -> None:
     """A model without a chat template: each line is completed as raw text; one notification says so."""
-    state = states.admitted_state()
-    state.api_url = api
     script.chat_template, script.echo = False, True
-    app = KafilaApp(state)
-    async with app.run_test(size=SMALL) as pilot:
-        await started(app, pilot)
-        chat = app.dashboard.query_one(ChatPane)
+    async with chat_app(api) as (app, pilot, chat):
         await pilot.press(*"Once upon", "enter")
         await until(lambda: len(script.requests) == 2 and not chat.streaming)
         await pilot.press(*"The end", "enter")
@@ -371,13 +364,8 @@ async def test_state_recorded_from_a_real_demo_run() -> None:
 
 
 async def test_escape_stops_a_reply_and_keeps_what_arrived(api: str, script: Script) -> None:
-    state = states.admitted_state()
-    state.api_url = api
     script.pieces, script.delay_s = [f"w{i} " for i in range(100)], 0.05
-    app = KafilaApp(state)
-    async with app.run_test(size=SMALL) as pilot:
-        await started(app, pilot)
-        chat = app.dashboard.query_one(ChatPane)
+    async with chat_app(api) as (app, pilot, chat):
         await pilot.press(*"long one", "enter")
         conv = chat.conversations[0]
         await until(lambda: '"delta"' in conv.path.read_text())
