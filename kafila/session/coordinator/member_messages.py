@@ -7,12 +7,12 @@ loaded and its edges ready, and the head sends the ring's statistics and chat re
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
 
 from kafila.errors import NetworkError
 from kafila.session.coordinator.core import CoordinatorCore, Joined, log
 from kafila.session.delivery.transfer import send_stage
 from kafila.session.protocol import messages
+from kafila.session.ring.ring_stats import show_stats
 
 
 class MemberMessages(CoordinatorCore):
@@ -40,12 +40,7 @@ class MemberMessages(CoordinatorCore):
             self.state.update_member(j.peer.name, status="ready")
 
     def _on_stats(self, j: Joined, msg: messages.Stats) -> None:
-        for stage, s in msg.stages.items():
-            if stage in self.state.stages:
-                self.state.stages[stage].measured_s = s.measured_s
-        self.state.network_share, self.state.tokens_per_s = msg.network_share, msg.tokens_per_s
-        self.state.ttft = None if msg.ttft is None else asdict(msg.ttft)
-        self.state.changed()
+        show_stats(self.state, msg)
 
     def _on_chat_evt(self, j: Joined, msg: messages.ChatEvt) -> None:
         if self.forwarder is not None:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from kafila.engine.embedding import Embedder
@@ -21,6 +20,7 @@ from kafila.session.api.server import Forwarder
 from kafila.session.member.core import MemberCore, log
 from kafila.session.protocol import frames, messages
 from kafila.session.ring.head import Head
+from kafila.session.ring.ring_stats import show_stats
 
 
 def _first(group: BaseException) -> BaseException:
@@ -151,12 +151,7 @@ class Serving(MemberCore):
         while True:
             await asyncio.sleep(1.0)
             stats = self.head.stats.message()
-            for name, s in stats.stages.items():
-                if name in self.state.stages:
-                    self.state.stages[name].measured_s = s.measured_s
-            self.state.network_share, self.state.tokens_per_s = stats.network_share, stats.tokens_per_s
-            self.state.ttft = None if stats.ttft is None else asdict(stats.ttft)
-            self.state.changed()
+            show_stats(self.state, stats)
             # the coordinator may be gone: the ring serves on without it (see run), and reports to its successor
             with contextlib.suppress(NetworkError):
                 await self.send_host(stats)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kafila.session.protocol import messages
+from kafila.session.state import SessionState
 
 # The running figures are medians of the last STATS_WINDOW decode calls: a shared machine's stray slow
 # call moved a running average by a fifth (the prediction is the probe's median too), and a window this
@@ -66,3 +67,14 @@ class RingStats:
         measured = self.measured
         return messages.Stats({n: messages.StageTime(p, measured.get(n)) for n, p in self.predicted.items()},
                               self.network_share, self.tokens_per_s, self.ttft)
+
+
+def show_stats(state: SessionState, stats: messages.Stats) -> None:
+    """The head's figures (its `stats` message) on a session's state for the dashboard: each planned stage's
+    measured time, the network's share, tokens/s and the latest TTFT; listeners are told."""
+    for name, s in stats.stages.items():
+        if name in state.stages:
+            state.stages[name].measured_s = s.measured_s
+    state.network_share, state.tokens_per_s = stats.network_share, stats.tokens_per_s
+    state.ttft = None if stats.ttft is None else asdict(stats.ttft)
+    state.changed()

@@ -1,10 +1,12 @@
-"""The head's running stage-time figures: medians of the last STATS_WINDOW decode calls."""
+"""The head's running stage-time figures: medians of the last STATS_WINDOW decode calls; shown on a session's state."""
 
 from __future__ import annotations
 
 import pytest
 
-from kafila.session.ring.ring_stats import STATS_WINDOW, RingStats
+from kafila.session.protocol import messages
+from kafila.session.ring.ring_stats import STATS_WINDOW, RingStats, show_stats
+from kafila.session.state import SessionState, StageStats
 
 pytestmark = pytest.mark.fast
 
@@ -24,3 +26,17 @@ def test_a_stray_slow_call_does_not_move_the_figure_and_old_calls_are_forgotten(
     sent = stats.message()
     assert sent.stages["ada"].measured_s == 0.045 and sent.stages["ada"].predicted_s == 0.030
     assert stats.as_dict()["stages"]["bo"] == {"predicted_s": 0.020, "measured_s": 0.020}
+
+
+def test_the_heads_figures_are_shown_on_the_state_for_the_planned_stages_and_listeners_are_told() -> None:
+    state = SessionState(stages={"ada": StageStats(0.030)})
+    told: list[SessionState] = []
+    state.subscribe(told.append)
+    stats = messages.Stats({"ada": messages.StageTime(0.030, 0.045), "gone": messages.StageTime(0.02, 0.02)},
+                           0.25, 12.5, messages.TtftTime(40, 0.5, 0.4))
+    show_stats(state, stats)
+    assert state.stages == {"ada": StageStats(0.030, 0.045)}  # a stage the plan no longer has is not added
+    assert (state.network_share, state.tokens_per_s) == (0.25, 12.5)
+    assert state.ttft == {"prompt_tokens": 40, "measured_s": 0.5, "predicted_s": 0.4} and told == [state]
+    show_stats(state, messages.Stats({}, None, None))
+    assert state.ttft is None and state.network_share is None and len(told) == 2
