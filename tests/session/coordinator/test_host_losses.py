@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kafila.session.api.token import read_token
+from tests.conftest import llama_cpp_reply
 from tests.session.cluster import HOST_MEMBER, LOSS_NOTICED_WITHIN_S, Cluster, Proc, check_resumed_reply
 
 pytestmark = pytest.mark.slow
@@ -39,17 +40,7 @@ sys.exit(main(sys.argv[1:]))
 @pytest.fixture(scope="module")
 def capital(smollm: Path) -> str:
     """Ground truth: llama-cpp-python's own greedy reply on the whole file."""
-    from llama_cpp import Llama
-
-    from kafila.engine.llama_lib import llama
-
-    llama()
-    model = Llama(str(smollm), n_ctx=512, verbose=False)
-    try:
-        return str(model.create_chat_completion([{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS,
-                                                temperature=0)["choices"][0]["message"]["content"])
-    finally:
-        model.close()
+    return llama_cpp_reply(smollm, PROMPT, MAX_TOKENS)
 
 
 def test_member_killed_between_planning_and_admission_is_an_ordinary_loss(tmp_path: Path, capital: str) -> None:
@@ -166,17 +157,7 @@ def test_serving_host_killed_with_no_member_holding_the_model_ends_every_client_
 @pytest.fixture(scope="module")
 def story(smollm: Path) -> str:
     """Ground truth for a reply cut by the host's loss: llama-cpp-python's own greedy reply, up to the cut."""
-    from llama_cpp import Llama
-
-    from kafila.engine.llama_lib import llama
-
-    llama()
-    model = Llama(str(smollm), n_ctx=512, verbose=False)
-    try:
-        return str(model.create_chat_completion([{"role": "user", "content": STORY}], max_tokens=STORY_TOKENS,
-                                                temperature=0)["choices"][0]["message"]["content"])
-    finally:
-        model.close()
+    return llama_cpp_reply(smollm, STORY, STORY_TOKENS)
 
 
 STORY_TOKENS = 48  # few: the machine running the tests may be slow, and the ring stops at the kill

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kafila.model.stage_cache import sha256_file
+from tests.conftest import llama_cpp_reply
 from tests.session.cluster import Cluster
 from tests.shared_probe import shared_probe
 from tests.synthetic import write_synthetic
@@ -26,20 +27,6 @@ def own_cache(tmp: Path) -> Path:
     return cache
 
 
-def llama_cpp_reply(model: Path) -> str:
-    from llama_cpp import Llama
-
-    from kafila.engine.llama_lib import llama
-
-    llama()
-    m = Llama(str(model), n_ctx=512, verbose=False)
-    try:
-        return str(m.create_chat_completion([{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS,
-                                            temperature=0)["choices"][0]["message"]["content"])
-    finally:
-        m.close()
-
-
 @pytest.mark.slow
 def test_a_member_with_the_model_gets_no_stage_bytes_and_the_reply_is_exact(tmp_path: Path, smollm: Path) -> None:
     cache = own_cache(tmp_path)
@@ -49,7 +36,7 @@ def test_a_member_with_the_model_gets_no_stage_bytes_and_the_reply_is_exact(tmp_
         reply = ring.chat(PROMPT, MAX_TOKENS)
         sent = {m.group(1): int(m.group(2)) for line in ring.host.lines if (m := SENT.search(line))}
         host_log, ada_log = ring.host.output, ring.members["ada"].output
-    assert reply["choices"][0]["message"]["content"] == llama_cpp_reply(smollm)
+    assert reply["choices"][0]["message"]["content"] == llama_cpp_reply(smollm, PROMPT, MAX_TOKENS)
     assert sent["ada"] == 0 and sent["bo"] > 0  # bo received its stage over the network, ada nothing
     assert "ada holds the model (same sha256): it cuts its stage itself" in host_log
     assert "cut locally and verified" in ada_log
