@@ -241,9 +241,7 @@ class ApiClient:
 
         Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
         """
-        payload = {"model": model, "messages": messages, "stream": True,
-                   "max_tokens": max_tokens, "temperature": temperature}
-        async for item in self._stream("/v1/chat/completions", payload):
+        async for item in self._stream("/v1/chat/completions", {"messages": messages}, model, max_tokens, temperature):
             yield item
 
     async def stream_completion(
@@ -255,9 +253,7 @@ class ApiClient:
         temperature: float = 0.7,
     ) -> AsyncIterator[Item]:
         """Complete raw text (no chat template), yielding as `stream_chat` does."""
-        payload = {"model": model, "prompt": prompt, "stream": True,
-                   "max_tokens": max_tokens, "temperature": temperature}
-        async for item in self._stream("/v1/completions", payload):
+        async for item in self._stream("/v1/completions", {"prompt": prompt}, model, max_tokens, temperature):
             yield item
 
     async def stream_reply(
@@ -287,7 +283,10 @@ class ApiClient:
         async for item in self.stream_completion(prompt, **options):
             yield item
 
-    async def _stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[Item]:
+    async def _stream(self, path: str, request: dict[str, Any], model: str, max_tokens: int,
+                      temperature: float) -> AsyncIterator[Item]:
+        """POST `request` (the messages or the prompt) with the model and sampling options, streamed; its items."""
+        payload = {"model": model, **request, "stream": True, "max_tokens": max_tokens, "temperature": temperature}
         with self._errors_named():
             async with self._http().post(self.url + path, json=payload, headers=self._headers()) as resp:
                 if resp.status >= 400:
