@@ -1,6 +1,6 @@
 """What the user cache directory holds (cut stages, delivered stages, probes, demo logs), and pruning it.
 
-A running host or member lists the files it uses in `<cache>/in-use/<pid>-<n>.json` (`InUse`: one list
+A running host or member lists the files it uses in `<cache>/in-use/<pid>-<token>.json` (`InUse`: one list
 per session, as a process may run two, a host and its own member), so pruning never removes a stage a
 running session needs; the lists of processes that are gone are ignored. Pruning and the size cap remove
 the least recently used files first (a session touches the stages it uses).
@@ -9,10 +9,10 @@ the least recently used files first (a session touches the stages it uses).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,6 @@ from pathlib import Path
 log = logging.getLogger("kafila.cache")
 PROBE_MAX_AGE_S = 24 * 3600  # kafila.session.member.measure measures an older probe again
 IN_USE = "in-use"
-_LISTS = itertools.count()  # this process's sessions' lists (InUse), each in a file of its own
 # kind -> the files of that kind, relative to the cache root
 KINDS: dict[str, tuple[str, ...]] = {
     "stage": ("stages/*/*.gguf",),
@@ -128,14 +127,18 @@ class InUse:
     """A session's list of the cache files it needs, kept while it runs (a context manager)."""
 
     def __init__(self, root: Path) -> None:
-        self.record = root / IN_USE / f"{os.getpid()}-{next(_LISTS)}.json"
+        # a random token, not a counter kept in the module: each session of a process has a file of its own
+        self.record = root / IN_USE / f"{os.getpid()}-{secrets.token_hex(4)}.json"
         self.paths: list[str] = []
 
     def add(self, path: Path) -> None:
         """Mark `path` as needed, and as just used (pruning goes least recently used first)."""
         with contextlib.suppress(OSError):
             os.utime(path)
-        self.paths.append(str(Path(path).resolve()))
+        resolved = str(Path(path).resolve())
+        if resolved in self.paths:  # marked as just used above; the list is unchanged
+            return
+        self.paths.append(resolved)
         self.record.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.record.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.paths))
