@@ -9,25 +9,20 @@ from typing import Any
 
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
-from rendezvous.server import RendezvousServer
-from tests.rendezvous.inprocess import start_on_free_pair
+from tests.rendezvous.inprocess import loopback_rendezvous
 
 
 @asynccontextmanager
 async def linked(allow_direct: bool = True, announce: dict[str, Any] | None = None
                  ) -> AsyncIterator[tuple[PeerEndpoint, PeerEndpoint, Link, Link]]:
     """(host endpoint, member endpoint, the host's link to the member, the member's end of it)."""
-    server = await start_on_free_pair(lambda port: RendezvousServer("127.0.0.1", port))
-    rdv = ("127.0.0.1", server.port)
-    try:
-        async with PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as a, \
-                PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as b:
-            await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
-            code = await a.create_session(rdv)
-            await b.join_session(rdv, str(code))
-            await asyncio.gather(a.announce(announce or {}), b.announce(announce or {}))
-            await asyncio.gather(a.wait_for_members(2, 10), b.wait_for_members(2, 10))
-            link = await a.connect(a.peers[b.member_id])
-            yield a, b, link, await b.accept(10)
-    finally:
-        server.close()
+    async with loopback_rendezvous() as rdv, \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as a, \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as b:
+        await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
+        code = await a.create_session(rdv)
+        await b.join_session(rdv, str(code))
+        await asyncio.gather(a.announce(announce or {}), b.announce(announce or {}))
+        await asyncio.gather(a.wait_for_members(2, 10), b.wait_for_members(2, 10))
+        link = await a.connect(a.peers[b.member_id])
+        yield a, b, link, await b.accept(10)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from kafila.errors import NetworkError
 from kafila.net.ports import free_udp_pair
@@ -22,3 +23,13 @@ async def start_on_free_pair(make: Callable[[int], RendezvousServer]) -> Rendezv
             if attempt == PORT_TRIES - 1:
                 raise
     raise AssertionError("PORT_TRIES is positive")
+
+
+@asynccontextmanager
+async def loopback_rendezvous() -> AsyncIterator[tuple[str, int]]:
+    """A real rendezvous on 127.0.0.1 (a free port pair) while the block runs; yields its address."""
+    server = await start_on_free_pair(lambda port: RendezvousServer("127.0.0.1", port))
+    try:
+        yield ("127.0.0.1", server.port)
+    finally:
+        server.close()

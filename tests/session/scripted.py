@@ -40,8 +40,7 @@ from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.protocol import messages
 from kafila.session.protocol.manifest import StageManifest
 from kafila.session.state import SessionState
-from rendezvous.server import RendezvousServer
-from tests.rendezvous.inprocess import start_on_free_pair
+from tests.rendezvous.inprocess import loopback_rendezvous
 
 LOOPBACK = ("127.0.0.1", 0)
 WAIT_S = 60.0  # a bound on a hang, not a speed check: every wait here is on an event
@@ -52,15 +51,6 @@ def member_measurements() -> dict[str, Any]:
     """A member's announcement as `kafila join` makes it, with fixed numbers in place of a probe's."""
     return {"role": "member", "bw": 1e10, "ubw": 1e10, "disp": 1e-4, "mem": 8 << 30,
             "build": build_tag(build_identity()), "proto": wire_protocol()}
-
-
-@asynccontextmanager
-async def rendezvous() -> AsyncIterator[tuple[str, int]]:
-    server = await start_on_free_pair(lambda port: RendezvousServer("127.0.0.1", port))
-    try:
-        yield ("127.0.0.1", server.port)
-    finally:
-        server.close()
 
 
 async def endpoint(stack: AsyncExitStack, rdv: tuple[str, int], name: str, code: str | None,
@@ -192,7 +182,7 @@ class Coordinated:
 async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float = 120.0,
                       on_connect: dict[str, OnConnect] | None = None) -> AsyncIterator[Coordinated]:
     """The real coordinator of a session of scripted members `names` (coordinate-only: it holds no stage)."""
-    async with rendezvous() as rdv, AsyncExitStack() as stack:
+    async with loopback_rendezvous() as rdv, AsyncExitStack() as stack:
         opts = HostOptions(model=model, rendezvous=rdv, members=len(names), coordinate_only=True, wait_s=WAIT_S,
                            concurrency=1, context=64, batch=32, api_port=None, bind=LOOPBACK,
                            cache_dir=tmp / "host-cache", stall_s=stall_s, name="host")
@@ -251,7 +241,7 @@ class MemberUnderTest:
 async def member(tmp: Path, name: str, others: list[str], use: InUse | None = None,
                  cache_dir: Path | None = None) -> AsyncIterator[MemberUnderTest]:
     """A real member `name` connected to the test as its coordinator, beside endpoints `others` that joined too."""
-    async with rendezvous() as rdv, AsyncExitStack() as stack:
+    async with loopback_rendezvous() as rdv, AsyncExitStack() as stack:
         host_ep, code = await endpoint(stack, rdv, "host", None, coordinator_announcement())
         ep, _ = await endpoint(stack, rdv, name, code, member_measurements())
         peers = {n: (await endpoint(stack, rdv, n, code, member_measurements()))[0] for n in others}
