@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from kafila.engine.llama_lib import llama
-from kafila.engine.stage import ContextConfig, Rows, load_model, make_context_params
+from kafila.engine.stage import ContextConfig, Rows, load_model, logits_out, make_context_params
+from kafila.engine.ubatch import in_batch_order, ubatches
 
 
 class ReferenceContext:
@@ -22,6 +23,12 @@ class ReferenceContext:
         self._batch = lc.llama_batch_init(config.n_batch, 0, 1)
 
     def run(self, tokens: np.ndarray, rows: Rows) -> np.ndarray:
+        """Logits of the wanted rows, the batch cut into calls as the stages cut theirs (ubatch.py)."""
+        calls = ubatches(rows.seq)
+        parts = [self._call(tokens[i], Rows(rows.seq[i], rows.pos[i], rows.want[i])) for i in calls]
+        return in_batch_order(calls, rows.want, parts)
+
+    def _call(self, tokens: np.ndarray, rows: Rows) -> np.ndarray:
         lc = llama()
         b = self._batch
         b.n_tokens = len(rows)
@@ -32,8 +39,7 @@ class ReferenceContext:
             b.seq_id[i][0] = int(rows.seq[i])
             b.logits[i] = int(rows.want[i])
         assert lc.llama_decode(self._ctx, b) == 0
-        n_out = int(rows.want.sum())
-        return np.ctypeslib.as_array(lc.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab)).copy()
+        return logits_out(self._ctx, int(rows.want.sum()), self.n_vocab)
 
     def free(self, seq_id: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it), as a stage does."""

@@ -22,6 +22,7 @@ import numpy as np
 from kafila.engine.capture import TensorCapture
 from kafila.engine.devices import plan_offload
 from kafila.engine.llama_lib import llama
+from kafila.engine.ubatch import in_batch_order, ubatches
 from kafila.errors import EngineError
 from kafila.model.arch import RESTORE_INPUT_KEY
 from kafila.model.gguf_file import GGUFFile
@@ -69,11 +70,19 @@ def make_context_params(config: ContextConfig) -> Any:
     params.n_seq_max = config.n_seq_max
     params.n_threads = config.threads
     params.n_threads_batch = config.threads
-    # One KV stream for all sequences: llama.cpp then splits batches in order ("split_simple").
-    params.kv_unified = True
+    # One KV stream per sequence: a request's numbers do not depend on its slot or on what the others hold
+    # (DESIGN §2d). llama.cpp then computes only "equal" ubatches; run() makes its calls such (ubatch.py).
+    params.kv_unified = False
     params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
     params.no_perf = True
     return params
+
+
+def logits_out(ctx: Any, n_out: int, n_vocab: int) -> np.ndarray:
+    """A copy of the logits of the last call's `n_out` output rows."""
+    if n_out == 0:
+        return np.empty((0, n_vocab), np.float32)
+    return np.ctypeslib.as_array(llama().llama_get_logits(ctx), shape=(n_out, n_vocab)).copy()
 
 
 def load_model(path: Path, n_gpu_layers: int = 0, progress: LoadProgress | None = None) -> Any:
@@ -158,21 +167,28 @@ class StageEngine:
 
     def run(self, embd: np.ndarray, rows: Rows) -> np.ndarray:
         """Run the stage on `embd` (n, n_embd); hidden states (n, n_embd), or logits (wanted rows, n_vocab)."""
-        lc = llama()
         n = len(rows)
         if embd.shape != (n, self.n_embd) or embd.dtype != np.float32:
             raise EngineError(f"stage expects float32 rows of width {self.n_embd}, got {embd.dtype} {embd.shape}")
         if not 0 < n <= self.config.n_batch:
             raise EngineError(f"a stage call carries 1..{self.config.n_batch} rows, got {n}")
+        want = rows.want if self.final else np.ones(n, bool)
+        calls = ubatches(rows.seq)
+        parts = [self._call(embd[i], Rows(rows.seq[i], rows.pos[i], want[i])) for i in calls]
+        return in_batch_order(calls, want, parts)
+
+    def _call(self, embd: np.ndarray, rows: Rows) -> np.ndarray:
+        """One llama_decode over rows llama.cpp keeps as one ubatch (ubatch.py)."""
+        lc = llama()
+        n = len(rows)
         b = self._batch
         b.n_tokens = n
         ctypes.memmove(b.embd, np.ascontiguousarray(embd).ctypes.data, embd.nbytes)
-        want = rows.want if self.final else np.ones(n, bool)
         for i in range(n):
             b.pos[i] = int(rows.pos[i])
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = int(rows.seq[i])
-            b.logits[i] = int(want[i])
+            b.logits[i] = int(rows.want[i])
         if self._capture is not None:
             self._capture.reset()
             if self._restore:
@@ -185,9 +201,7 @@ class StageEngine:
         if rc != 0:
             raise EngineError(f"llama_decode failed with status {rc} on {self.path.name} ({n} rows)")
         if self.final:
-            n_out = int(want.sum())
-            ptr = lc.llama_get_logits(self._ctx)
-            return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+            return logits_out(self._ctx, int(rows.want.sum()), self.n_vocab)
         assert self._capture is not None
         return self._capture.rows(n)
 
