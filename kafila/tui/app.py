@@ -19,7 +19,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
-from kafila.errors import KafilaError
+from kafila.errors import KafilaError, first_kafila_error
 from kafila.session.state import SessionState
 from kafila.stopping import STOP_DEADLINE_S
 from kafila.tui.screens.dashboard import TABS, DashboardScreen
@@ -136,11 +136,15 @@ class KafilaApp(App[int]):
         state = self.state
         try:
             self.status = await flow(state)
-        except KafilaError as exc:
-            state.lost = str(exc)
-            state.set_phase("lost", f"session ended: {exc}")
-            return
-        except Exception as exc:  # any bug in the session must still leave a readable screen
+        except Exception as exc:
+            # a TaskGroup wraps the session's own end (SessionError …) in a group: its reason is still the reason
+            reason = exc if isinstance(exc, KafilaError) else (
+                first_kafila_error(exc) if isinstance(exc, BaseExceptionGroup) else None)
+            if reason is not None:
+                state.lost = str(reason)
+                state.set_phase("lost", f"session ended: {reason}")
+                return
+            # any bug in the session must still leave a readable screen
             log.exception("session flow failed")
             state.lost = f"internal error: {exc!r} (details in the log)"
             state.set_phase("lost", state.lost)

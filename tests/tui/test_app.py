@@ -271,16 +271,22 @@ async def test_flow_runs_as_a_worker_and_drives_the_screens(api: str) -> None:
         assert "◀" in screen_text(app)
 
 
-async def test_flow_failure_becomes_the_lost_state() -> None:
+@pytest.mark.parametrize("grouped", [False, True], ids=["raised", "in-a-task-group"])
+async def test_flow_failure_becomes_the_lost_state(grouped: bool) -> None:
+    """The session's end reads as its reason, also when a TaskGroup wrapped it (never "internal error")."""
     async def flow(state: SessionState) -> int:
         state.set_phase("waiting")
-        raise SessionError("the rendezvous at 10.0.0.1:3478 does not answer")
+        error = SessionError("the rendezvous at 10.0.0.1:3478 does not answer")
+        if grouped:
+            raise ExceptionGroup("unhandled errors in a TaskGroup", [ExceptionGroup("inner", [error])])
+        raise error
 
     app = KafilaApp(flow=flow, tick_s=0.05)
     async with app.run_test(size=SMALL) as pilot:
         await until(lambda: isinstance(app.screen, LostScreen))
         await pilot.pause()
         assert "the rendezvous at 10.0.0.1:3478 does not answer" in screen_text(app)
+        assert "internal error" not in screen_text(app) and app.state.phase == "lost"
 
 
 async def test_attach_follows_a_running_session(api: str, script: Script) -> None:
