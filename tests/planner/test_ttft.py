@@ -130,10 +130,11 @@ def test_exact_for_machines_of_their_own_and_an_open_window(case: tuple[TtftMode
 @given(models(shared=True, throttled=True, depth=0))
 def test_close_to_the_simulation_with_shared_machines_and_the_heads_window(case: tuple[TtftModel, int]) -> None:
     # with stages sharing machines the formula is a lower bound; how far below it falls depends on how
-    # the stages' calls interleave (20,000 random rings: at worst 0.74 of the simulation)
+    # the stages' calls interleave (20,000 random rings: at worst 0.74 of the simulation; Hypothesis later
+    # found 0.69: three stages on one machine, one throttled 4x, a 9-token prompt in chunks of 4)
     model, prompt = case
     predicted, simulated = model.predict(prompt), simulate(model, prompt)
-    assert simulated * 0.7 <= predicted <= simulated * (1 + 1e-9)
+    assert simulated * 0.65 <= predicted <= simulated * (1 + 1e-9)
 
 
 @settings(max_examples=200, deadline=None)
