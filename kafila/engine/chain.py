@@ -75,10 +75,12 @@ def take_batch(requests: Iterable[Request], budget: int) -> Batch | None:
     """The next chunk of every ready request, `budget` rows at most in all; None when none is ready.
 
     Decode steps go first and prompts fill what is left (chunked prefill): a long prompt then
-    never holds back the other requests' next tokens.
+    never holds back the other requests' next tokens. Only a reply being rebuilt after a loss goes
+    before them: its recorded chunks must fit whole, and it holds its own tokens back meanwhile.
     """
     taken: list[tuple[Request, Chunk]] = []
-    for r in sorted(requests, key=lambda r: r.prefilling):  # stable: decoding first, then prefilling
+    # stable: replaying, then decoding, then prefilling
+    for r in sorted(requests, key=lambda r: 0 if r.replaying else 1 + r.prefilling):
         chunk = r.take(budget)
         if chunk is not None:
             taken.append((r, chunk))

@@ -48,6 +48,10 @@ class Request:
     finish_reason: str | None = None  # "stop" (end token or stop string), "length" (max tokens or context)
     stop: tuple[str, ...] = ()  # the text ends before the first of these strings (which is not returned)
     reuse_cache: bool = True  # False: no earlier request's KV cache is reused (llama-server's cache_prompt)
+    # Chunk lengths the first prompt rows must go in: a reply cut by a lost member is rebuilt in the
+    # chunks it was computed in (its prompt's, then one row per token), so its numbers come out the same.
+    replay: list[int] = field(default_factory=list)
+    cuts: list[int] = field(default_factory=list)  # the lengths of the prompt chunks handed out so far
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.vocab)
@@ -70,7 +74,13 @@ class Request:
             return None
         start = self.sent
         if start < len(self.prompt):
-            tokens = self.prompt[start : start + budget]
+            n = budget
+            if self.replay:
+                if self.replay[0] > budget:
+                    return None  # the next frame with room takes it (take_batch serves replays first)
+                n = self.replay.pop(0)
+            tokens = self.prompt[start : start + n]
+            self.cuts.append(len(tokens))
             last = start + len(tokens) == len(self.prompt)
         elif self.pending or not self.generated:
             return None  # the next token is being computed
@@ -80,6 +90,11 @@ class Request:
         self.sent += len(tokens)
         self.pending += 1
         return Chunk(self.seq, tokens, start, last)
+
+    @property
+    def replaying(self) -> bool:
+        """Rows of a cut reply are still to be rebuilt in their recorded chunks."""
+        return bool(self.replay) and not self.done
 
     @property
     def prefilling(self) -> bool:

@@ -124,10 +124,13 @@ class ApiServer:
     async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring.
 
-        A request is never sent again when the member lost was the head serving it: the request
-        itself may be what brought the head down, and re-sending it would take down each next head.
+        A request goes on after the loss of the head serving it once (the head is a member like any
+        other, and its machine may just have gone to sleep), never twice: a request that took two heads
+        down may be why, and re-sending it would take down each next head.
         """
         tokens: list[int] = []
+        cuts: list[int] = []  # the chunks the prompt first went round in: a resumed reply is rebuilt in them
+        heads_lost = 0
         max_tokens = body.get("max_tokens")
         max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else messages.DEFAULT_MAX_TOKENS
         while True:
@@ -139,15 +142,20 @@ class ApiServer:
                 return
             head = (self.state.plan or {}).get("head")
             resumed = len(tokens)
-            again = {**body, "resume": list(tokens), "max_tokens": max_tokens - len(tokens)} if tokens else body
+            again = ({**body, "resume": list(tokens), "resume_cuts": cuts, "max_tokens": max_tokens - len(tokens)}
+                     if tokens else body)
             cut = None
             async for evt in chat(again):
                 if "delta" in evt:
                     tokens += evt.get("tokens") or []
-                elif "error" in evt and evt.get("resumable") and head is not None and evt.get("lost") == head:
-                    evt = {"error": f"{evt['error']}; the request is not sent again: the head itself was lost "
+                    first = evt.pop("prompt_cuts", None)  # only for this server, not for the client
+                    cuts = cuts or list(first or [])
+                elif "error" in evt and evt.get("resumable") and head is not None and evt.get("lost") == head \
+                        and heads_lost:
+                    evt = {"error": f"{evt['error']}; the request is not sent again: a second head was lost "
                                     "while serving it, and the request may be why"}
                 elif "error" in evt and evt.get("resumable"):
+                    heads_lost += head is not None and evt.get("lost") == head
                     cut = str(evt["error"])
                     continue  # the chat ends after an error; let it end (and clean up) by itself
                 elif "done" in evt and tokens:

@@ -151,6 +151,8 @@ def chat_event(v: Any, where: str) -> dict[str, Any]:
     if "delta" in obj:
         string(MAX_CONTROL)(obj["delta"], f"{where}.delta")
         list_of(integer(0, MAX_INDEX))(obj.get("tokens"), f"{where}.tokens")
+        if "prompt_cuts" in obj:
+            list_of(integer(1, MAX_INDEX))(obj["prompt_cuts"], f"{where}.prompt_cuts")
     elif "done" in obj:
         json_object(obj["done"], f"{where}.done")
     elif "error" in obj or "notice" in obj:

@@ -36,8 +36,10 @@ that may be null; fields this build does not know are ignored):
                               reuses the rest; travels the ring back to the head, ahead of the frames
                               that rely on it)
     chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
-                              an earlier ring generated), forwarded to the head
-    chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids]} | {"done": {...stats}} |
+                              an earlier ring generated and "resume_cuts": [its prompt's chunks]),
+                              forwarded to the head
+    chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids], "prompt_cuts"?: [n]} (the
+                              chunks the prompt went round in, with the first token) | {"done": {...stats}} |
                               {"error": str, "resumable": bool} | {"notice": str} |
                               {"progress": {"prefilled": n, "prompt_tokens": n}}
     roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}},

@@ -9,8 +9,8 @@ The body is hostile input (DESIGN §5: any web page or local user can send one),
 ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
 head, and a bad one becomes a `BadRequest` naming the field, which the API answers as a 400 in
 OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` is an extension, and
-`resume` (token ids an earlier ring generated, see api.ApiServer.events) is only ever set by the
-API itself: a client's `resume` is dropped, not trusted.
+`resume` (token ids an earlier ring generated, see api.ApiServer.events) and `resume_cuts` (the chunks
+its prompt went round in) are only ever set by the API itself: a client's are dropped, not trusted.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     resume: tuple[int, ...] = ()
+    resume_cuts: tuple[int, ...] = ()  # the chunks the cut reply's prompt was computed in (Request.replay)
     cache_prompt: bool = True  # llama-server's field: false computes the whole prompt afresh (a reply as exact
     # as one context's, never reusing a cache an earlier request's batches computed)
 
@@ -95,6 +96,8 @@ class ChatRequest:
             out["stop"] = list(self.stop)
         if self.resume:
             out["resume"] = list(self.resume)
+        if self.resume_cuts:
+            out["resume_cuts"] = list(self.resume_cuts)
         if not self.cache_prompt:
             out["cache_prompt"] = False
         return out
@@ -153,7 +156,8 @@ def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[An
         "seed": None if seed is None else seed % (1 << 64),  # numpy's generators take non-negative seeds
         "stream": stream,
         "include_usage": bool(stream and options and options.get("include_usage")),
-        "resume": _resume(body.get("resume")) if internal else (),
+        "resume": _resume(body, "resume") if internal else (),
+        "resume_cuts": _resume(body, "resume_cuts") if internal else (),
         "cache_prompt": _optional(body, "cache_prompt", bool, True),
     }
 
@@ -263,13 +267,15 @@ def _content(value: Any, where: str) -> str:
                      "invalid_type")
 
 
-def _resume(value: Any) -> tuple[int, ...]:
+def _resume(body: dict[str, Any], name: str) -> tuple[int, ...]:
+    """`resume` (token ids) or `resume_cuts` (chunk lengths): a list of integers >= 0, or nothing."""
+    value = body.get(name)
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > MAX_TOKENS_LIMIT or not all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
     ):
-        raise BadRequest("'resume' must be a list of token ids", "resume")
+        raise BadRequest(f"'{name}' must be a list of integers >= 0", name)
     return tuple(value)
 
 

@@ -146,11 +146,23 @@ class Head:
             raise BadRequest(f"the prompt is {len(prompt) + len(chat.resume)} tokens but the context holds {n_ctx} "
                              "per request; shorten it (or the host raises --context)", field_name,
                              "context_length_exceeded")
+        replay = self._replay(chat, len(prompt))
+        # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
-                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt)
+                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay)
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
+
+    def _replay(self, chat: ChatRequest, prompt_tokens: int) -> list[int]:
+        """The chunks a resumed reply is rebuilt in: its prompt's as first computed, then a row per token.
+
+        Nothing (a plain prefill, whose continuation may differ) when the recorded chunks do not cover this
+        prompt, as when the first run reused a cached prefix."""
+        cuts = list(chat.resume_cuts)
+        if not chat.resume or sum(cuts) != prompt_tokens or not all(0 < c <= self.config.n_batch for c in cuts):
+            return []
+        return cuts + [1] * len(chat.resume)
 
     def _prompt_tokens(self, chat: ChatRequest) -> list[int]:
         """A completion's text as llama.cpp's completion tokenises it (BOS if the model adds one); a chat's
@@ -277,7 +289,10 @@ class Head:
                 self.stats.count_token()
                 job.token_times.append(time.perf_counter())
             if piece or new:
-                job.events.put_nowait({"delta": piece, "tokens": new})
+                evt: dict[str, Any] = {"delta": piece, "tokens": new}
+                if new and before == 0 and not job.request.cached:  # what a resumed reply is rebuilt in
+                    evt["prompt_cuts"] = list(job.request.cuts)
+                job.events.put_nowait(evt)
             elif not chunk.wants_logits:  # a prompt chunk went round: the request shows its progress
                 job.events.put_nowait({"progress": {"prefilled": job.request.fed,
                                                     "prompt_tokens": len(job.request.prompt)}})

@@ -18,6 +18,7 @@ async def paced(events: asyncio.Queue[dict[str, Any]]) -> AsyncGenerator[dict[st
     STREAM_INTERVAL_S, and text held goes out before any other event."""
     pending, sent_at = "", -STREAM_INTERVAL_S
     tokens: list[int] = []
+    extra: dict[str, Any] = {}  # a delta's prompt_cuts (once a request) go out with the joined piece
     while True:
         wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending or tokens else None
         try:
@@ -28,11 +29,12 @@ async def paced(events: asyncio.Queue[dict[str, Any]]) -> AsyncGenerator[dict[st
         if "delta" in evt:
             pending += evt["delta"]
             tokens += evt["tokens"]
+            extra |= {k: v for k, v in evt.items() if k == "prompt_cuts"}
             if time.perf_counter() - sent_at < STREAM_INTERVAL_S:
                 continue
         if pending or tokens:
-            yield {"delta": pending, "tokens": tokens}
-            pending, tokens, sent_at = "", [], time.perf_counter()
+            yield {"delta": pending, "tokens": tokens, **extra}
+            pending, tokens, extra, sent_at = "", [], {}, time.perf_counter()
         if "progress" in evt:
             yield evt
         if "done" in evt or "error" in evt:

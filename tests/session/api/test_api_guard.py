@@ -247,15 +247,23 @@ async def test_unknown_paths_and_methods_answer_in_openai_shape(api: tuple[ApiSe
     assert_openai_error(answer)
 
 
-async def test_a_request_that_was_with_a_lost_head_is_not_sent_again(api: tuple[ApiServer, ScriptedRing]) -> None:
+async def test_a_request_that_was_with_two_lost_heads_is_not_sent_again(api: tuple[ApiServer, ScriptedRing]) -> None:
     server, ring = api
     server.state.plan = {"head": "ada"}
-    ring.script = [{"delta": "Once", "tokens": [5]},
-                   {"error": "member ada was lost: link closed", "resumable": True, "lost": "ada"}]
+    lost_head = [{"delta": "Once", "tokens": [5]},
+                 {"error": "member ada was lost: link closed", "resumable": True, "lost": "ada"}]
+
+    async def head(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        async for evt in ring(body):
+            yield evt
+        server.chat = head  # a ring re-planned at once, whose head ada is lost again
+
+    ring.script = lost_head
+    server.chat = head
     status, _, answer = await raw(server, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n"
                                           "Content-Type: application/json", CHAT)
-    assert status == 502 and "not sent again" in answer["error"]["message"]
-    assert len(ring.bodies) == 1
+    assert status == 502 and "a second head was lost" in answer["error"]["message"]
+    assert len(ring.bodies) == 2 and ring.bodies[1]["resume"] == [5]
 
 
 async def test_kafilas_own_client_reads_the_token_file(api: tuple[ApiServer, ScriptedRing],

@@ -29,7 +29,7 @@ async def test_a_cut_reply_resumes_with_its_tokens_on_the_next_ring() -> None:
 
     async def first_ring(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         seen.append(body)
-        yield {"delta": "Once", "tokens": [11, 12]}
+        yield {"delta": "Once", "tokens": [11, 12], "prompt_cuts": [64, 9]}
         yield {"delta": "", "tokens": [13]}  # a token whose text is still held back
         yield {"error": "member bo was lost: link closed", "resumable": True}
         server.chat = None  # the host takes the ring down ...
@@ -48,6 +48,8 @@ async def test_a_cut_reply_resumes_with_its_tokens_on_the_next_ring() -> None:
     assert notice.startswith("member bo was lost: link closed") and "continues" in notice
     assert events[-1] == {"done": {"finish_reason": "length", "completion_tokens": 4}}
     assert "resume" not in seen[0] and seen[1]["resume"] == [11, 12, 13] and seen[1]["max_tokens"] == 1
+    # the reply is rebuilt in the chunks its prompt first went in; the client never sees them
+    assert seen[1]["resume_cuts"] == [64, 9] and not any("prompt_cuts" in e for e in events)
 
 
 async def test_a_cut_reply_ends_with_the_reason_when_no_ring_follows() -> None:
