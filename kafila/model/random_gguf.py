@@ -77,8 +77,9 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     # 128 experts of width 768, 8 per token: 350 MB per block at Q4_0, 31 MB of it read per token
     Shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 768, 151936, 48, 3, head_dim=128, rope_base=1000000.0,
           experts=128, experts_used=8),
-    # 32 experts of width 2880, 4 per token, MXFP4, attention Q8_0: 453 MB per block, 82 MB read per token
-    Shape("gpt-oss-20b", "gpt-oss", 2880, 64, 8, 2880, 201088, 24, 3, head_dim=64, rope_base=150000.0,
+    # 32 experts of width 2880, 4 per token, MXFP4, attention Q8_0: 453 MB per block, 82 MB read per token;
+    # 6 blocks by default: every stage of bench scale's 3-member ring must hold one of its 3 window layers
+    Shape("gpt-oss-20b", "gpt-oss", 2880, 64, 8, 2880, 201088, 24, 6, head_dim=64, rope_base=150000.0,
           experts=32, experts_used=4, window=128, matrix_type="Q8_0", expert_type="MXFP4"),
     Shape("smollm2", "llama", 576, 9, 3, 1536, 49152, 30, 30),
     # not a real model: the smallest file that exercises everything, for tests

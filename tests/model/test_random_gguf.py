@@ -140,3 +140,15 @@ def test_gpt_oss_blocks_are_mxfp4_experts_and_q8_0_matrices_with_sinks_and_a_win
         assert np.isfinite(logits).all() and logits.std() > 0
     finally:
         ref.close()
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_shapes_default_can_be_planned_on_bench_scales_three_member_ring(name: str) -> None:
+    """`bench scale --shape NAME` without :BLOCKS must run: with a window, every stage of the 3-member
+    ring needs one of its window layers (gpt-oss-20b's default of 3 blocks had 2)."""
+    from kafila.model.arch import SUPPORTED, swa_pattern
+
+    shape = SHAPES[name]
+    assert shape.default_blocks >= 3
+    flags = swa_pattern(SUPPORTED[shape.arch], shape.default_blocks) if shape.window else None
+    assert flags is None or sum(flags) >= 3, flags
