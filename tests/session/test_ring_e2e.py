@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_kafila
+from tests.conftest import REPO, llama_cpp_reply, run_kafila
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster, check_resumed_reply
 
 # the module's ring starts once, and replies are bounded only against a hang (see REPLY_TIMEOUT_S)
@@ -65,9 +65,16 @@ def test_admitted_plan_uses_every_member(ring: Cluster) -> None:
 
 
 def test_greedy_reply_identical_to_llama_cpp(ring: Cluster, llama_cpp_replies: dict[str, str]) -> None:
-    reply = ring.chat(PROMPTS[0], MAX_TOKENS)
-    assert reply["choices"][0]["message"]["content"] == llama_cpp_replies[PROMPTS[0]]
-    stats = reply["kafila"]
+    """Whatever slot a solo request lands in and whatever the others hold (issue: 4 of 6 differed by slot)."""
+    def solo() -> list[str]:
+        return [ring.chat(PROMPTS[0], MAX_TOKENS)["choices"][0]["message"]["content"] for _ in range(6)]
+
+    first = solo()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # four slots then hold four other conversations
+        assert all("choices" in r for r in pool.map(lambda p: ring.chat(p, MAX_TOKENS), PROMPTS[::-1]))
+    replies = first + solo()
+    assert [i for i, text in enumerate(replies) if text != llama_cpp_replies[PROMPTS[0]]] == [], replies
+    stats = ring.chat(PROMPTS[0], MAX_TOKENS)["kafila"]
     assert set(stats["stages"]) == {"ada", "bo", "cy"}
     assert all(s["measured_s"] > 0 for s in stats["stages"].values())
 
@@ -189,52 +196,59 @@ def test_a_member_of_another_llama_cpp_build_is_refused(ring: Cluster) -> None:
 
 
 STORY = "Tell me a long story about a dragon."
+STORY_TOKENS = 150
+CUT_AFTER_CHARS = 120  # about 30 tokens of the reply have arrived when the member goes
 
 
-def test_member_killed_mid_generation_resumes_on_the_replanned_ring(tmp_path: Path, smollm: Path) -> None:
-    """A member killed (kill -9) while a reply streams: the reply resumes on the ring re-planned without it.
+@pytest.fixture(scope="module")
+def story_and_capital(smollm: Path) -> tuple[str, str]:
+    """Ground truth for the cut reply and for the re-planned ring: llama-cpp-python on the whole file, greedy."""
+    return llama_cpp_reply(smollm, STORY, STORY_TOKENS, 1024), llama_cpp_reply(smollm, PROMPTS[0], 8, 1024)
+
+
+@pytest.mark.parametrize("how", ["kill -9 a member", "kill -9 the head", "SIGTERM a member"])
+def test_member_lost_mid_reply_the_reply_goes_on_with_the_same_tokens(
+        tmp_path: Path, story_and_capital: tuple[str, str], how: str) -> None:
+    """A member lost while a reply streams (killed, or leaving politely): after one notice the reply goes on
+    on the ring re-planned without it, with exactly llama.cpp's tokens (rebuilt in its recorded chunks).
 
     Its one timing check: the loss's notice reaches the client within LOSS_NOTICED_WITHIN_S of the kill (the
     link idle timeout and the margin a loaded machine needs, tests/session/cluster.py), so the loss was
-    noticed by the idle timeout, not by something slower; the kill itself waits on the reply's first text.
+    noticed by the idle timeout, not by something slower; the kill itself waits on the reply's text. A
+    member asked to stop must be gone within STOPPED_WITHIN_S.
     """
-    from llama_cpp import Llama
-
-    from kafila.engine.llama_lib import llama
-
-    llama()
-    model = Llama(str(smollm), n_ctx=1024, verbose=False)
-    try:  # ground truth for the reply up to the cut, and for the re-planned ring: one context, greedy
-        reference = model.create_chat_completion([{"role": "user", "content": STORY}], max_tokens=300,
-                                                 temperature=0)["choices"][0]["message"]["content"]
-        capital = model.create_chat_completion([{"role": "user", "content": PROMPTS[0]}], max_tokens=8,
-                                               temperature=0)["choices"][0]["message"]["content"]
-    finally:
-        model.close()
-    with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", ["--throttle", "4"])]) as cluster:
-        state = cluster.wait_phase({"admitted"})
-        victim = next(n for n in state["plan"]["order"] if n != state["plan"]["head"])
+    reference, capital = story_and_capital
+    names = ["ada", "bo", "cy", "dee"]
+    with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", ["--throttle", "4"]), ("dee", [])]) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        victim = plan["head"] if how.endswith("the head") else next(n for n in plan["order"] if n != plan["head"])
         streaming = threading.Event()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(cluster.stream_chat, STORY, 300, REPLY_TIMEOUT_S, streaming)
-            while not streaming.wait(0.1):  # the first piece of text, or the request's own failure
+            pending = pool.submit(cluster.stream_chat, STORY, STORY_TOKENS, REPLY_TIMEOUT_S, streaming,
+                                  streaming_after=CUT_AFTER_CHARS)
+            while not streaming.wait(0.1):  # ~30 tokens of text, or the request's own failure
                 if pending.done():
                     raise AssertionError(f"the reply ended before the kill: {pending.result()}")
             killed_at = time.monotonic()
-            cluster.members[victim].popen.kill()
+            proc = cluster.members[victim].popen
+            if how.startswith("SIGTERM"):
+                proc.terminate()
+                proc.wait(STOPPED_WITHIN_S)  # TimeoutExpired: it was not gone within 10 s
+            else:
+                proc.kill()
             chunks = pending.result(timeout=REPLY_TIMEOUT_S)
         notice = check_resumed_reply(chunks, killed_at, reference, cluster.host.output[-4000:])
-        assert f"member {victim} was lost" in notice, notice
+        assert victim in notice, notice
         done = chunks[-2][1]
         assert done["choices"][0]["finish_reason"] in ("length", "stop")
-        if done["choices"][0]["finish_reason"] == "length":
-            assert done["kafila"]["completion_tokens"] == 300
-        assert f"member {victim} was lost" in cluster.host.output
         state = cluster.wait_phase({"admitted"}, 120)
-        assert sorted(state["plan"]["order"]) == sorted(n for n in ("ada", "bo", "cy") if n != victim), \
+        assert sorted(state["plan"]["order"]) == sorted(n for n in names if n != victim), \
             (cluster.host.output[-6000:], {n: m.output[-3000:] for n, m in cluster.members.items()})
         again = cluster.chat(PROMPTS[0], 8)
         assert again["choices"][0]["message"]["content"] == capital, again
+
+
+STOPPED_WITHIN_S = 10  # a laptop about to sleep: its member tells the ring and is gone within this
 
 
 MEMORY_GB = {"ada": 0.05, "bo": 0.06}  # together short of the model, so the rejection names remedies

@@ -175,7 +175,7 @@ def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_re
     members = [("ada", ["--api-port", "0"]), (HEIR, ["--api-port", "0", "--model", str(smollm)])]
     with Cluster(tmp_path, members, serve_host=True) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
-        # a reply is never sent again when the head itself was lost (api.py): the host's machine must not be it
+        # the loss here is the coordinator's and a stage's, not the head's: the host's machine must not be the head
         assert HOST_MEMBER in plan["order"] and plan["head"] != HOST_MEMBER, plan
         urls = {n: cluster.member_url(n) for n, _ in members}
         streaming = threading.Event()
@@ -222,7 +222,7 @@ def test_coordinate_only_host_killed_then_a_member_a_holder_takes_over_and_re_pl
             assert state["phase"] == "admitted" and state["plan"]["order"] == plan["order"], (name, state)
         heir = cluster.members[HEIR]
         heir.wait_for(re.compile("took the serving ring over"), 120)
-        # a later loss: a member holding no model, and not the head (a head's replies are not sent again)
+        # a later loss: a member holding no model, and not the head
         victim = next(n for n in plan["order"] if n not in (HEIR, plan["head"]))
         left = [n for n in plan["order"] if n != victim]
         streaming = threading.Event()
