@@ -28,6 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="this machine's copy of the host's model (GGUF path or name): the stage is cut here "
                         "instead of sent, after the host checks the file's sha256 against its own")
     p.add_argument("--throttle", type=float, default=1.0, help="EMULATION: run this many times slower")
+    p.add_argument("--throttle-schedule", default=None, metavar="S:F,...",
+                   help="EMULATION: from S seconds after first serving on, run F times slower (e.g. 0:1,60:4)")
     p.add_argument("--memory", type=float, default=None, metavar="GB", help="EMULATION: report at most this memory")
 
 
@@ -67,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     code = read_join_code(args.code)
     if args.throttle < 1.0:
         raise SessionError(f"--throttle must be at least 1 (it emulates a slower machine), got {args.throttle}")
+    from kafila.session.member.throttle import parse_schedule
+
+    schedule = parse_schedule(args.throttle_schedule) if args.throttle_schedule else ()
     from kafila.session.member.join import run_member
     from kafila.session.options import MemberOptions, parse_addr
     from kafila.session.terminal.printer import run_printing
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     trace = os.environ.get("KAFILA_TRACE")  # tests: where the head records its batches
     opts = MemberOptions(
         code=str(code), rendezvous=parse_addr(args.rendezvous), name=args.name,
-        api_port=None if args.api_port < 0 else args.api_port, throttle=args.throttle, memory_gb=args.memory,
+        api_port=None if args.api_port < 0 else args.api_port, memory_gb=args.memory,
+        throttle=schedule[0][1] if schedule else args.throttle, throttle_schedule=schedule,
         threads=args.threads, model=Path(args.model) if args.model else None,
         trace_path=Path(trace) if trace else None,
     )

@@ -31,6 +31,8 @@ class MemberOptions:
     bind: tuple[str, int] = ("0.0.0.0", 0)
     api_port: int | None = DEFAULT_API_PORT  # None: no local chat endpoint
     throttle: float = 1.0  # emulated slow-down (1 = none)
+    # emulated slow-down changing while serving: (seconds since first serving, factor), from (0, throttle)
+    throttle_schedule: tuple[tuple[float, float], ...] = ()
     memory_gb: float | None = None  # emulated memory cap
     cache_dir: Path | None = None
     join_timeout_s: float = 60.0

@@ -15,6 +15,7 @@ from kafila.net.endpoint import PeerEndpoint, RingEdges
 from kafila.net.quic import Link
 from kafila.session.api.server import ApiServer, Forwarder
 from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.member.throttle import Throttle
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
 from kafila.session.ring.head import Head
@@ -34,6 +35,7 @@ class MemberCore:
         self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
         self.use = use  # the delivered stage this member serves: `kafila cache --prune` leaves it
         self.worker: StageWorker | None = None
+        self.throttle = Throttle(opts.throttle_schedule or ((0.0, opts.throttle),))  # EMULATION
         self.head: Head | None = None
         self.forwarder: Forwarder | None = None
         self.edges: RingEdges | None = None

@@ -40,6 +40,7 @@ class MemberRuntime(MemberStage, Takeover):
             messages.Reject: self._on_reject,
             messages.Refused: self._on_reject,
             messages.Lost: self._on_lost,
+            messages.Replan: self._on_replan,
             messages.Chat: self._on_chat,
             messages.Bye: self._on_bye,
             messages.Roster: self._on_roster,
@@ -79,6 +80,7 @@ class MemberRuntime(MemberStage, Takeover):
         await self._connect()
 
     async def _on_admit(self, msg: messages.Admit) -> None:
+        self.throttle.start()
         self._ring_up.clear()
         self._serving = self._tg.create_task(self._serve())
         self.state.lost = None  # an earlier loss is behind us: this ring serves
@@ -91,6 +93,9 @@ class MemberRuntime(MemberStage, Takeover):
 
     async def _on_lost(self, msg: messages.Lost) -> None:
         await self._stop_serving(f"member {msg.who} was lost: {msg.reason}")
+
+    async def _on_replan(self, msg: messages.Replan) -> None:
+        await self._stop_serving(f"the ring is planned again: {msg.reason}")
 
     async def _on_chat(self, msg: messages.Chat) -> None:
         # The host sends its first chat as soon as it has admitted the ring: it can be read in the same

@@ -66,7 +66,7 @@ class MemberStage(MemberCore):
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(me, reason, msg.epoch))
             raise SessionError(f"{me} left the session: {reason}") from None
-        self.worker = StageWorker(engine, self.opts.throttle, ComputeTurn(self.cache.root))
+        self.worker = StageWorker(engine, self.throttle, ComputeTurn(self.cache.root))
         await self.send_host(messages.Loaded(msg.epoch))
         self.state.update_member(me, status="loaded")
 
@@ -147,7 +147,7 @@ class MemberStage(MemberCore):
         def aside(raw: bytes) -> None:
             msg = messages.decode(raw)
             self._pending.append(msg)  # handled after the transfer, or at once: the host gave this epoch up
-            if isinstance(msg, messages.Lost | messages.Assign | messages.Reject | messages.Bye):
+            if isinstance(msg, messages.Lost | messages.Replan | messages.Assign | messages.Reject | messages.Bye):
                 raise Superseded(type(msg).__name__)
 
         seen = len(receiver.have)

@@ -27,6 +27,8 @@ that may be null; fields this build does not know are ignored):
     reject    host → member   reason (the planner's text)
     refused   host → member   reason (this member cannot take part, e.g. a different llama.cpp build)
     lost      any → host/all  who, reason, epoch
+    replan    host → all      reason, epoch (this epoch ends though nobody was lost: a member slowed or
+                              joined; stop serving, fail requests in flight as resumable, await `assign`)
     stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
                               tokens_per_s|null, ttft {prompt_tokens, measured_s, predicted_s|null}|null
                               (the latest request's time to first token, and the plan's for as many
@@ -227,6 +229,13 @@ class Lost(Control):
 
 
 @dataclass(frozen=True)
+class Replan(Control):
+    T = "replan"
+    reason: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class Stats(Control):
     T = "stats"
     stages: dict[str, StageTime]
@@ -316,6 +325,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "reject": (Reject, {"reason": TEXT}),
     "refused": (Refused, {"reason": TEXT}),
     "lost": (Lost, {"who": NAME, "reason": TEXT, "epoch": EPOCH}),
+    "replan": (Replan, {"reason": TEXT, "epoch": EPOCH}),
     "stats": (Stats, {"stages": map_of(_STAGE_TIME), "network_share": null_or(number(0.0, 1.0)),
                       "tokens_per_s": null_or(number(0.0, 1e9)), "ttft": null_or(_TTFT)}),
     "free": (Free, {"seq": integer(0, 0xFFFF)}),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -22,12 +23,14 @@ from kafila.session.ring.compute_turn import ComputeTurn
 
 
 class StageWorker:
-    """One stage engine, run in its own thread; `throttle` > 1 emulates a slower machine.
+    """One stage engine, run in its own thread; `throttle` > 1 emulates a slower machine (a callable: one
+    whose slow-down changes, read at each call).
 
     `turn`: the machine's compute turn, shared with the other stages on it (None: computes at will).
     """
 
-    def __init__(self, engine: StageEngine, throttle: float = 1.0, turn: ComputeTurn | None = None) -> None:
+    def __init__(self, engine: StageEngine, throttle: float | Callable[[], float] = 1.0,
+                 turn: ComputeTurn | None = None) -> None:
         self.engine = engine
         self.throttle = throttle
         self.turn = turn
@@ -39,9 +42,10 @@ class StageWorker:
         rows = Rows(np.asarray(h.seqs, np.int32), np.asarray(h.positions, np.int32),
                     want if want is not None else np.zeros(h.rows, bool))
         out, spent = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed, frame.rows, rows)
-        if self.throttle > 1.0:  # emulated slower machine: wait as long as the extra compute would take
+        throttle = self.throttle() if callable(self.throttle) else self.throttle
+        if throttle > 1.0:  # emulated slower machine: wait as long as the extra compute would take
             t0 = time.perf_counter_ns()
-            await asyncio.sleep(spent * (self.throttle - 1.0) / 1e9)
+            await asyncio.sleep(spent * (throttle - 1.0) / 1e9)
             spent += time.perf_counter_ns() - t0
         return out, spent
 

@@ -60,7 +60,7 @@ controls = st.one_of(
     st.builds(m.Working, epochs, names),
     st.builds(m.Ready, epochs, edges),
     st.builds(m.Reject, texts), st.builds(m.Refused, texts), st.builds(m.Bye, texts),
-    st.builds(m.Lost, names, texts, epochs),
+    st.builds(m.Lost, names, texts, epochs), st.builds(m.Replan, texts, epochs),
     st.builds(m.Stats, st.dictionaries(names, st.builds(m.StageTime, seconds, st.none() | seconds), max_size=4),
               st.none() | st.floats(0, 1), st.none() | seconds,
               st.none() | st.builds(m.TtftTime, st.integers(0, 2**31 - 1), seconds, st.none() | seconds)),
