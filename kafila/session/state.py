@@ -112,6 +112,9 @@ class SessionState:
     coordinator: str | None = None  # who coordinates the session: the host, or the head once the host left
     coordinator_left: str | None = None  # the host left the session: when and why, for a person
     rendezvous_unreachable: str | None = None  # why the rendezvous is unreachable (None: reachable, or not yet asked)
+    # each time the ring was planned again because a member ran slower or faster than planned: member,
+    # predicted_s, measured_s (its stage's call), was_bottleneck_s, bottleneck_s (the new plan's)
+    replans: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False, compare=False)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kafila.session.state import EdgeView, SessionState
 from kafila.tui.format import range_bar, sparkline, value_bar
 from kafila.tui.widgets.admission import progress_text, split_rejection
-from kafila.tui.widgets.plan import bottleneck_member, total_blocks, ttft_text
+from kafila.tui.widgets.plan import bottleneck_member, replans_text, total_blocks, ttft_text
 from kafila.tui.widgets.reachability import matrix_cell, ring_edges
 from tests.tui import states
 
@@ -111,3 +111,13 @@ def test_ttft_line_shows_the_prediction_and_the_measured_request() -> None:
     assert ttft_text(placement, seen).plain.endswith("· last request 3.21 s measured vs 2.90 s predicted "
                                                      "for its 512 tokens")
     assert "not predicted" in ttft_text({"ttft": None}).plain
+
+
+def test_a_new_plan_around_a_drifting_member_says_who_and_by_how_much() -> None:
+    text = replans_text([{"member": "cy", "predicted_s": 0.004, "measured_s": 0.016, "was_bottleneck_s": 0.016,
+                          "bottleneck_s": 0.007},
+                         {"member": "bo", "predicted_s": 0.010, "measured_s": 0.004, "was_bottleneck_s": 0.011}]).plain
+    lines = text.splitlines()
+    assert lines[0] == ("planned again: cy ran 4.0× slower than planned (16.00 ms a call, predicted 4.00 ms); "
+                        "slowest stage 16.00 ms → 7.00 ms predicted")
+    assert lines[1].startswith("planned again: bo ran 2.5× faster than planned") and "→" not in lines[1]

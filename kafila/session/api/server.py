@@ -166,7 +166,7 @@ class ApiServer:
                 yield evt
             if cut is None:
                 return
-            yield {"notice": f"{cut}; the reply continues once the host has planned a ring without it"}
+            yield {"notice": f"{cut}; the reply continues once the ring is planned again"}
             why = await self._next_ring(epoch)
             if why is not None:
                 yield {"error": f"{cut}; {why}"}

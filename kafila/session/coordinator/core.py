@@ -23,6 +23,7 @@ from kafila.net.trust import VerifiedMember
 from kafila.planner import Plan
 from kafila.session.api.server import ApiServer, Forwarder
 from kafila.session.coordinator.builds import RingBuilds, build_tag
+from kafila.session.coordinator.drift import Drift, DriftWatch
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.options import HostOptions
 from kafila.session.protocol import messages
@@ -65,6 +66,9 @@ class CoordinatorCore:
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.drift = DriftWatch()  # members running slower (or faster) than the plan says
+        self.drifted: asyncio.Queue[Drift] = asyncio.Queue()
+        self.speed: dict[str, float] = {}  # member → its stage time over its probe's, as measured serving
         self.forwarder: Forwarder | None = None
         self.epoch = 0
         self.plan: Plan | None = None

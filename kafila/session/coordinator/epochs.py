@@ -21,6 +21,7 @@ from kafila.net.trust import VerifiedMember
 from kafila.planner import Member, ModelSpec, Workload, make_plan, predict_edge
 from kafila.planner.placement import Placement
 from kafila.session.api.server import Forwarder
+from kafila.session.coordinator.drift import Drift
 from kafila.session.coordinator.losses import LossHandling
 from kafila.session.delivery.local_model import claimed_hash
 from kafila.session.delivery.stage_files import manifest_for
@@ -30,6 +31,7 @@ from kafila.session.state import EdgeView, StageStats
 from kafila.session.stoppable import run_stoppable
 
 EXIT_REJECTED = 3
+GAIN = 0.1  # a drifting member is planned around when that cuts the slowest stage by this much
 
 
 def model_label(model: Path) -> str:
@@ -43,19 +45,22 @@ def model_label(model: Path) -> str:
     return model.stem
 
 
-def planner_member(vm: VerifiedMember) -> Member:
-    """The planner's view of a member's verified announcement."""
+def planner_member(vm: VerifiedMember, slower: float = 1.0) -> Member:
+    """The planner's view of a member's verified announcement; `slower`: its calls take that many times
+    what its probe measured (seen while serving, drift.py): every time scaled up, every rate down."""
     m = vm.measurements
     try:
         emu = m.get("emu") or {}
-        return Member(vm.name, float(m["bw"]), float(m["disp"]), int(m["mem"]), float(vm.rtt_ms or 0.0),
-                      vm.nat_class, float(m["ubw"]), unembed_s=float(m.get("uo", 0.0)),
-                      block_s=float(m.get("blk", 0.0)),
+        return Member(vm.name, float(m["bw"]) / slower, float(m["disp"]) * slower, int(m["mem"]),
+                      float(vm.rtt_ms or 0.0), vm.nat_class, float(m["ubw"]) / slower,
+                      unembed_s=float(m.get("uo", 0.0)) * slower, block_s=float(m.get("blk", 0.0)) * slower,
                       # prefill and the machine: absent from an older member's announcement (no TTFT then)
-                      prefill_bandwidth=float(m.get("pbw", 0.0)), prefill_dispatch_s=float(m.get("pdisp", 0.0)),
-                      prefill_block_s=float(m.get("pblk", 0.0)), prefill_rows=int(m.get("prow", 0)),
-                      prefill_attn_s=float(m.get("patt", 0.0)),
-                      machine=str(m.get("mach", "")), throttle=float(emu.get("throttle", 1.0)))
+                      prefill_bandwidth=float(m.get("pbw", 0.0)) / slower,
+                      prefill_dispatch_s=float(m.get("pdisp", 0.0)) * slower,
+                      prefill_block_s=float(m.get("pblk", 0.0)) * slower, prefill_rows=int(m.get("prow", 0)),
+                      prefill_attn_s=float(m.get("patt", 0.0)) * slower,
+                      # the time it lost is not compute: a throttle, for the planner's machines shared by stages
+                      machine=str(m.get("mach", "")), throttle=max(float(emu.get("throttle", 1.0)) * slower, 1.0))
     except (KeyError, TypeError, ValueError):
         raise SessionError(f"member {vm.name} announced no usable measurements") from None
 
@@ -69,10 +74,14 @@ class Epochs(LossHandling):
         self._replanning = False
         names = sorted(self.joined)
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
-        members = [planner_member(self.joined[n].peer) for n in names]
+        members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
         workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
         plan = make_plan(members, ModelSpec.described(self.info), workload)
         placement = plan.placement(self.opts.strategy)
+        if self.state.replans and "bottleneck_s" not in self.state.replans[-1]:  # the plan a drift called for
+            now = self.state.replans[-1]["bottleneck_s"] = placement.bottleneck_seconds or 0.0
+            self.state.log(f"planned again: slowest stage {now * 1e3:.1f} ms predicted "
+                           f"(measured {self.state.replans[-1]['was_bottleneck_s'] * 1e3:.1f} ms before)")
         self.plan = plan
         self.state.plan = plan.to_json(self.opts.strategy)
         self.state.plan["builds"] = self.state.builds = self.builds.for_members(names)
@@ -114,8 +123,7 @@ class Epochs(LossHandling):
             await self._tell(n, roster)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
-        who, reason = await self._next_loss()
-        return await self._on_lost(who, reason)
+        return await self._until_change()
 
     async def _adopt(self, assign: messages.Assign) -> int | None:
         """Coordinate the ring of `assign`, which serves on without its coordinator; None to plan again.
@@ -140,8 +148,60 @@ class Epochs(LossHandling):
         for n in order:
             await self._tell(n, roster)
         self.state.set_phase("admitted", f"took the serving ring over: {len(order)} members, head {assign.head}")
-        who, reason = await self._next_loss()
-        return await self._on_lost(who, reason)
+        return await self._until_change()
+
+    async def _until_change(self) -> int | None:
+        """Serve until a member is lost, or drifts from its plan so far that a new plan is worth it; that ends
+        the epoch (None: plan again)."""
+        while True:
+            loss = asyncio.ensure_future(self._next_loss())
+            drift = asyncio.ensure_future(self.drifted.get())
+            try:
+                await asyncio.wait({loss, drift}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for f in (loss, drift):
+                    f.cancel()
+            if loss.done() and not loss.cancelled():  # a loss first: the plan must do without the member anyway
+                return await self._on_lost(*loss.result())
+            if self._worth_planning_again(drift.result()):
+                return await self._on_drift(drift.result())
+
+    def _worth_planning_again(self, drift: Drift) -> bool:
+        """Whether a plan with the drifting member at its measured speed cuts the slowest stage by GAIN or more
+        (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
+        speed = {**self.speed, drift.member: self.speed.get(drift.member, 1.0) * drift.factor}
+        members = [planner_member(self.joined[n].peer, speed.get(n, 1.0)) for n in self.order if n in self.joined]
+        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
+        new = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
+        planned = (self.state.plan or {}).get("stage_seconds", {})
+        now = max((float(t) * (drift.factor if n == drift.member else 1.0) for n, t in planned.items()), default=0.0)
+        if new.feasible and new.bottleneck_seconds is not None and new.bottleneck_seconds <= (1 - GAIN) * now:
+            return True
+        self.drift.dismiss(drift.member, asyncio.get_running_loop().time())
+        self.state.log(f"{drift.text()}; a new plan would not help (slowest stage {now * 1e3:.1f} ms now, "
+                       f"{(new.bottleneck_seconds or 0.0) * 1e3:.1f} ms planned again)")
+        return False
+
+    async def _on_drift(self, drift: Drift) -> int | None:
+        """End this epoch to plan again with the drifting member at the speed it shows (None: plan again).
+
+        Requests in flight end as after a loss, resumable: the API servers send them to the new ring, which
+        rebuilds them token for token."""
+        self._replanning = True
+        reason = drift.text()
+        self.speed[drift.member] = self.speed.get(drift.member, 1.0) * drift.factor
+        self.drift.planned_again(drift.member, asyncio.get_running_loop().time())
+        was = max((s.measured_s or s.predicted_s for s in self.state.stages.values()), default=0.0)
+        self.state.replans.append({"member": drift.member, "predicted_s": drift.predicted_s,
+                                   "measured_s": drift.measured_s, "was_bottleneck_s": was})
+        self.state.set_phase("planning", f"planning again: {reason}")
+        if self.forwarder is not None:
+            self.forwarder.fail_all(f"the ring is planned again: {reason}")
+        if self.api is not None:
+            self.api.chat = None
+        for name in list(self.joined):
+            await self._tell(name, messages.Replan(reason, self.epoch))
+        return None
 
     def _roster(self, order: list[str]) -> messages.Roster:
         """Who serves and what each measured, as the planner saw them (replicated to every member)."""

@@ -41,6 +41,12 @@ class MemberMessages(CoordinatorCore):
 
     def _on_stats(self, j: Joined, msg: messages.Stats) -> None:
         show_stats(self.state, msg)
+        if self.state.phase != "admitted" or self._replanning or not self.opts.replan:
+            return
+        drift = self.drift.observe(asyncio.get_running_loop().time(),
+                                   {n: (s.predicted_s, s.measured_s) for n, s in msg.stages.items()})
+        if drift is not None and self.drifted.empty():
+            self.drifted.put_nowait(drift)
 
     def _on_chat_evt(self, j: Joined, msg: messages.ChatEvt) -> None:
         if self.forwarder is not None:

@@ -112,6 +112,22 @@ def ttft_text(placement: dict[str, Any], seen: dict[str, Any] | None = None) -> 
     return t
 
 
+def replans_text(replans: list[dict[str, Any]]) -> Text:
+    """Each time the ring was planned again around a member that ran slower (or faster) than planned."""
+    t = Text()
+    for r in replans:
+        factor = r["measured_s"] / r["predicted_s"] if r.get("predicted_s") else 0.0
+        way = f"{factor:.1f}× slower" if factor >= 1 else f"{1 / factor:.1f}× faster" if factor else "off its plan"
+        t.append("planned again: ", style="bold yellow")
+        t.append(f"{r['member']} ran {way} than planned ({ms(r['measured_s'])} ms a call, "
+                 f"predicted {ms(r['predicted_s'])} ms); slowest stage {ms(r.get('was_bottleneck_s'))} ms")
+        if r.get("bottleneck_s") is not None:
+            t.append(f" → {ms(r['bottleneck_s'])} ms predicted")
+        t.append("\n")
+    t.rstrip()
+    return t
+
+
 def comparison_table(plan: dict[str, Any]) -> Table:
     """Kafila against the two baselines: fits?, bottleneck, how many times slower, utilisation, why not."""
     ours = plan.get("bottleneck_seconds") if plan.get("feasible") else None
@@ -175,6 +191,8 @@ class PlanPane(VerticalScroll):
             block = placement_block(title, plan, width, measured, state.ttft)
             if measured:
                 block = Group(block, Text("stage ms: predicted (measured); ⌂ = head; ◀ = bottleneck", style="dim"))
+            if state.replans:
+                block = Group(block, replans_text(state.replans))
             main.update(block)
         else:
             main.update(placement_block("Kafila plan", plan, width))
