@@ -16,8 +16,9 @@ HOLD_S = 30.0
 SETTLE_S = 300.0
 SPEEDUP = 2.0
 # A stage's median that has not moved for this long is the last one measured, not news: the ring is idle,
-# and an idle ring's old figures must not add up to a drift.
-IDLE_S = 5.0
+# and an idle ring's old figures must not add up to a drift. Shorter than HOLD_S, so stale figures alone never
+# make one; not much shorter: on a busy machine a decoding ring's median was seen to stand still for 12 s.
+IDLE_S = 20.0
 
 
 @dataclass(frozen=True)
