@@ -47,7 +47,10 @@ def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm
         worker = threading.Thread(target=decode)
         worker.start()
         try:
-            state = cluster.wait_state(cluster.url, lambda s: bool(s["replans"]), SLOW_AT + HOLD_S + 120)
+            # another member may be planned around first: a probe that predicted its stage far off (seen once:
+            # the head 1.9x faster than predicted) is a drift too
+            state = cluster.wait_state(cluster.url, lambda s: any(r["member"] == "cy" for r in s["replans"]),
+                                       SLOW_AT + 2 * HOLD_S + 120)
             after = cluster.wait_phase({"admitted"}, 240)
             n_after, deadline = len(replies), time.monotonic() + 240
             while len(replies) < n_after + 2 and worker.is_alive():  # replies served on after it
@@ -56,9 +59,8 @@ def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm
         finally:
             stop.set()
             worker.join(REPLY_TIMEOUT_S)
-        replan = state["replans"][0]
-        assert replan["member"] == "cy", (replan, cluster.host.output[-3000:])
-        assert replan["measured_s"] >= 1.5 * replan["predicted_s"]
+        replan = next(r for r in state["replans"] if r["member"] == "cy")
+        assert replan["measured_s"] >= 1.5 * replan["predicted_s"], (replan, cluster.host.output[-3000:])
         blocks = {p: {n: r[1] - r[0] for n, r in plan["ranges"].items()} for p, plan in
                   (("before", before), ("after", after["plan"]))}
         assert blocks["after"]["cy"] < blocks["before"]["cy"], blocks
