@@ -104,4 +104,5 @@ def sample_probe() -> ProbeResult:
                        prefill_dispatch_s=0.0, prefill_block_s=0.15, prefill_samples=((10**6, 0.2), (10**7, 0.7)),
                        prefill_fit_residual=0.02, prefill_sample_blocks=(1, 4), unembed_s=3e-4,
                        unembed_samples=((3 * 10**7, 2e-3), (3 * 10**8, 2e-2)), prefill_attn_s=3e-12,
-                       attention_samples=(0.02, 0.05))
+                       attention_samples=(0.02, 0.05), expert_rates=(("Q4_0", 4e7), ("MXFP4", 3e7)),
+                       expert_samples=(("Q4_0", 2 * 10**7, 10**7, 0.75), ("MXFP4", 4 * 10**7, 2 * 10**7, 1.75)))

@@ -62,4 +62,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"  attention to earlier positions: {result.prefill_attn_s * 1e12:.2f} ps per row, position and "
                   f"unit of attention width ({result.prefill_attn_s * 1000 * 32 * 256 * 1e6:.1f} µs per row of "
                   "a 32-head, 128-wide block over 1,000 positions)")
+        for (kind, routed, dense, seconds), (_, rate) in zip(result.expert_samples, result.expert_rates, strict=True):
+            out.print(f"  routed {kind} experts: {routed / 1e6:.1f} MB of experts × used per row beside "
+                      f"{dense / 1e6:.1f} MB dense took {seconds * 1e3:.1f} ms per call: "
+                      + (f"{rate / 1e9:.3f} GB/s" if rate else "no slower than dense (the dense rate applies)"))
     return 0

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,12 +36,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from kafila.engine.call_timing import time_attention, time_decode_calls, time_prefill_calls
 from kafila.engine.devices import DEVICE_MARGIN, Offload
 from kafila.engine.memory import available_memory, resident_memory
-from kafila.engine.stage import ContextConfig, Rows, StageEngine
+from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.errors import EngineError
 from kafila.model.cut import StageSpec, write_stage
-from kafila.model.describe import describe_model
+from kafila.model.describe import ModelInfo, describe_model
 from kafila.model.random_gguf import SHAPES, Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 
@@ -53,16 +53,23 @@ LARGE_SHAPE = SHAPES["llama3-8b"]  # the large-block file's shape (kafila.model.
 LARGE_SIZES = (1, 2)  # blocks per cut of the large-block file
 MODELS_FOLDER = "probe-models"  # in the cache root: the large-block file, written once
 SAFETY_MARGIN = 0.10  # of available memory, left for the OS and other programs
-EVICT_BYTES = 128 << 20  # more than any CPU's last-level cache
-IDLE_S = 0.02  # a ring member idles while the other stages compute; calls after idling run slower
 SCRATCH_PREFIX = "probe-stages-"  # the probe's cuts, in a folder of the cache root removed after it
 DECODE_ATTEMPTS = 3  # decode timings that fit nothing (a busy machine) are measured again, this many in all
 PREFILL_ROWS = 128  # rows of the probe's prefill calls: the host's default --batch
-PREFILL_CALLS = 1  # timed prefill calls per cut: each is long (0.1–5 s here), so one is steady enough
+PREFILL_CALLS = 2  # timed prefill calls per cut, the fastest counts (0.1–1 s each here; one was not steady enough)
 PREFILL_SMALL = (1, 4)  # the small-block cuts whose prefill is timed (with every large-block cut): a
 # 128-row call of the embedded model's 20-block cut took 3.5 s here, most of the probe's time for little
 ATTENTION_AT = 1024  # a prefill chunk timed at this position against position 0: its rows' attention to it
 ATTENTION_CALLS = 3  # the fastest of this many at each position (a call of one small block: ~20–60 ms)
+# One block per expert weight type with every expert used by every row: its prefill beyond the dense part's
+# prediction is the routed experts' compute. A prefill row computes only its k experts, and on one Qwen3-30B-
+# A3B block k patched to 1…128 of 128 took 72 ms + 17.6 ms per k for 128 rows, within 3 % of a line whether
+# each expert saw 8 rows or all 128: the rate per expert byte does not depend on how the rows spread, but
+# it is 1.5× (Q4_0) and 1.7× (MXFP4, gpt-oss-20b's 32 experts: 95–111 ms per k) slower than a dense
+# matrix's (mul_mat_id, and MXFP4's own kernels). Qwen3-30B-A3B's widths with 8 of 8 experts (33 MB) and
+# gpt-oss-20b's with 4 of 4 (82 MB).
+EXPERT_SHAPES = (replace(SHAPES["qwen3-30b-a3b"], name="qwen3-30b-a3b-8of8", experts=8, experts_used=8),
+                 replace(SHAPES["gpt-oss-20b"], name="gpt-oss-20b-4of4", experts=4, experts_used=4))
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,11 @@ class ProbeResult:
     unembed_samples: tuple[tuple[int, float], ...] = ()  # (output matrix bytes, its seconds in a head call)
     prefill_attn_s: float = 0.0  # seconds per prefill row, earlier position and unit of attention width
     attention_samples: tuple[float, ...] = ()  # fastest seconds of one block's chunk at position 0 and ATTENTION_AT
+    # routed experts in prefill, per expert weight type: (type, expert bytes × used per row per second; 0: no
+    # slower than dense, the dense rate applies), and the MoE blocks' (type, expert bytes × used, dense bytes,
+    # fastest seconds) they come from (EXPERT_SHAPES)
+    expert_rates: tuple[tuple[str, float], ...] = ()
+    expert_samples: tuple[tuple[str, float, float, float], ...] = ()
 
     def predict(self, n_blocks: int, nbytes: int) -> float:
         """Seconds of one decode call of a stage of `n_blocks` blocks holding `nbytes`: o + n·p + bytes/b."""
@@ -111,12 +123,15 @@ class ProbeResult:
         d["prefill_sample_blocks"] = list(self.prefill_sample_blocks)
         d["unembed_samples"] = [list(s) for s in self.unembed_samples]
         d["attention_samples"] = list(self.attention_samples)
+        d["expert_rates"] = [list(s) for s in self.expert_rates]
+        d["expert_samples"] = [list(s) for s in self.expert_samples]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProbeResult:
         """The result back from `as_dict` (a cached probe)."""
-        lists = {k: tuple(tuple(s) for s in d.get(k, ())) for k in ("samples", "prefill_samples", "unembed_samples")}
+        lists = {k: tuple(tuple(s) for s in d.get(k, ())) for k in ("samples", "prefill_samples", "unembed_samples",
+                                                                   "expert_rates", "expert_samples")}
         counts = {k: tuple(d.get(k, ())) for k in ("sample_blocks", "prefill_sample_blocks", "attention_samples")}
         return cls(**{**d, **lists, **counts})
 
@@ -190,94 +205,6 @@ def retry_noisy(measure: Callable[[], T], attempts: int = DECODE_ATTEMPTS) -> T:
         raise EngineError(f"{exc} (measured {attempts} times)") from exc
 
 
-def time_decode_calls(engines: list[StageEngine], calls: int, warmup: int = 3,
-                      on_call: Callable[[int], None] | None = None) -> list[float]:
-    """Median seconds of a single-row decode call for each engine.
-
-    Calls go round-robin over the engines, so machine noise spreads over every size alike, and each
-    call starts as a ring member's does: with cold caches (small cuts would otherwise run from cache
-    and hide the fixed cost of a call) after an idle wait (calls right after one another ran up to a
-    third faster here than calls after 20 ms idle, which is how a member's calls come). The caches are
-    cold when the other engines read more than EVICT_BYTES since this engine's last call (the probe's
-    large-block cuts do, every round); only otherwise is a buffer read to evict them, which was a third
-    of the probe's time when done before every call.
-    """
-    rng = np.random.default_rng(0)
-    times: list[list[float]] = [[] for _ in engines]
-    evict = np.ones(EVICT_BYTES // 4, np.float32)
-    sizes = [engine.path.stat().st_size for engine in engines]  # about what a call reads
-    since = [0] * len(engines)  # bytes read by other calls since each engine's last call
-    for i in range(warmup + calls):
-        for k, engine in enumerate(engines):
-            x = rng.standard_normal((1, engine.n_embd)).astype(np.float32)
-            rows = Rows(np.zeros(1, np.int32), np.array([i], np.int32), np.ones(1, bool))
-            if since[k] < EVICT_BYTES:  # read past the caches, as a member's weights are after its neighbours ran
-                evict.max()
-                since = [n + evict.nbytes for n in since]
-            time.sleep(IDLE_S)
-            t0 = time.perf_counter()
-            engine.run(x, rows)
-            if i >= warmup:
-                times[k].append(time.perf_counter() - t0)
-            since = [n + sizes[k] for n in since]
-            since[k] = 0
-        if on_call:
-            on_call(i + 1)
-    for engine in engines:
-        engine.free(0)
-    return [statistics.median(t) for t in times]
-
-
-def time_prefill_calls(engines: list[StageEngine], rows: int, calls: int,
-                       on_call: Callable[[int], None] | None = None) -> list[float]:
-    """Fastest seconds of a `rows`-row prefill call (positions 0..rows−1 of a fresh sequence) for each engine.
-
-    Round-robin like `time_decode_calls`; no cache eviction or idle wait: a call this long is compute,
-    which neither changes. The fastest of `calls` is what the machine does when nothing else runs.
-    """
-    rng = np.random.default_rng(1)
-    best = [float("inf")] * len(engines)
-    r = Rows(np.zeros(rows, np.int32), np.arange(rows, dtype=np.int32), np.zeros(rows, bool))
-    for i in range(calls):
-        for k, engine in enumerate(engines):
-            x = rng.standard_normal((rows, engine.n_embd)).astype(np.float32)
-            t0 = time.perf_counter()
-            engine.run(x, r)
-            best[k] = min(best[k], time.perf_counter() - t0)
-            engine.free(0)
-        if on_call:
-            on_call(i + 1)
-    return best
-
-
-def time_attention(engine: StageEngine, rows: int, at: int, calls: int) -> tuple[float, float]:
-    """Fastest seconds of a `rows`-row prefill call at position 0 and at position `at` (multiple of `rows`).
-
-    The positions before `at` are filled once, untimed; between timed calls the cache is trimmed back to them.
-    """
-    rng = np.random.default_rng(2)
-
-    def call(start: int) -> float:
-        x = rng.standard_normal((rows, engine.n_embd)).astype(np.float32)
-        r = Rows(np.zeros(rows, np.int32), np.arange(start, start + rows, dtype=np.int32), np.zeros(rows, bool))
-        t0 = time.perf_counter()
-        engine.run(x, r)
-        return time.perf_counter() - t0
-
-    first = float("inf")
-    for _ in range(calls):
-        first = min(first, call(0))
-        engine.free(0)
-    for start in range(0, at, rows):
-        call(start)
-    later = float("inf")
-    for _ in range(calls):
-        later = min(later, call(at))
-        engine.free(0, at)
-    engine.free(0)
-    return first, later
-
-
 def probe(
     model: Path,
     cache: StageCache,
@@ -290,10 +217,12 @@ def probe(
     large_shape: Shape = LARGE_SHAPE,
     prefill_rows: int = PREFILL_ROWS,
     prefill_calls: int = PREFILL_CALLS,
+    expert_shapes: tuple[Shape, ...] = EXPERT_SHAPES,
 ) -> ProbeResult:
     """Measure this machine with cuts of `model` of the given block counts and, unless `large` is empty,
-    cuts of those block counts of a random-weight file with large (Llama-3.1-8B-shaped) blocks, on
-    `threads` threads (0: all)."""
+    cuts of those block counts of a random-weight file with large (Llama-3.1-8B-shaped) blocks and one
+    block of each of `expert_shapes` (all its experts used: the routed experts' prefill rate of its expert
+    type), on `threads` threads (0: all)."""
     info = describe_model(model)
     sizes = tuple(sorted({min(s, info.n_blocks) for s in sizes}))
     if len(sizes) < 2:
@@ -351,9 +280,19 @@ def probe(
         timed = [i for i, (n, _) in enumerate(cuts) if i >= len(sizes) or n in PREFILL_SMALL]
         if len({cuts[i][0] for i in timed if i < len(sizes)}) < 2:  # a model of few blocks: its two smallest
             timed = sorted({*range(min(2, len(sizes))), *timed})
+        moe_infos: list[ModelInfo] = []
+        for shape in expert_shapes if large and prefill_rows else ():
+            if on_step:
+                on_step("loading mixture-of-experts blocks", len(moe_infos), len(expert_shapes))
+            moe = cached_random_gguf(shape, 1, cache.root / MODELS_FOLDER, tokenizer=False)
+            moe_infos.append(describe_model(moe))
+            engines.append(StageEngine(cut(moe, StageSpec(0, 1, head=False)), config, final=False))
+        # the MoE blocks in the same rounds as the dense cuts: their rate is a difference against the dense fit,
+        # which a machine that changed speed in between would bend (this one swings by a third within minutes)
         prefill_s = time_prefill_calls(
-            [engines[i] for i in timed], prefill_rows, prefill_calls,
+            [engines[i] for i in timed] + engines[len(engines) - len(moe_infos):], prefill_rows, prefill_calls,
             lambda done: on_step("timing prefill calls", done, prefill_calls) if on_step else None)
+        prefill_s, expert_s = prefill_s[:len(timed)], prefill_s[len(timed):]
         if on_step:
             on_step("timing attention over a long context", 0, 1)
         wide = replace(config, n_ctx_per_seq=ATTENTION_AT + prefill_rows)
@@ -382,10 +321,24 @@ def probe(
     # noise can make the later call the faster: then attention counts as free, as before it was measured
     attn = max(at_later - at_start, 0.0) / (prefill_rows * ATTENTION_AT * info.attention_width) \
         if prefill_rows and info.attention_width else 0.0
+    # what each row multiplies in the experts, and the rest of the block
+    experts = tuple((m.expert_type, m.expert_bytes[0] * m.experts_used,
+                     m.blocks_bytes[0] - m.expert_bytes[0] * m.experts, s)
+                    for m, s in zip(moe_infos, expert_s, strict=True)) if prefill_rows else ()
     return ProbeResult(bandwidth, dispatch, usable, avail, overhead, tuple(samples), resid, head_seconds[0],
                        unembed_bw, device, device_free, block_s, tuple(counts), prefill_rows, p_bw, p_dispatch,
                        p_block, tuple(prefill), p_resid, tuple(cuts[i][0] for i in timed), unembed_fixed,
-                       tuple(unembed), attn, (at_start, at_later))
+                       tuple(unembed), attn, (at_start, at_later),
+                       tuple((e[0], expert_bandwidth(e[1:], p_bw, p_dispatch, p_block)) for e in experts), experts)
+
+
+def expert_bandwidth(sample: tuple[float, ...], p_bw: float, p_dispatch: float, p_block: float) -> float:
+    """Routed-expert bytes × experts used, per second of prefill, from one MoE block's (routed, dense, seconds):
+    what the block took beyond its dense part's prefill prediction. 0 (the dense rate applies) when the
+    call was no slower than its dense part alone: noise, nothing to learn from."""
+    routed, dense, seconds = sample
+    beyond = seconds - (p_dispatch + p_block + dense / p_bw)
+    return routed / beyond if beyond > 0 else 0.0
 
 
 def fit_unembedding(samples: list[tuple[int, float]], bandwidth: float) -> tuple[float, float]:

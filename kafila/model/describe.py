@@ -46,6 +46,7 @@ class ModelInfo:
     experts: int = 0  # routed experts per block (0: dense)
     experts_used: int = 0  # routed experts each token uses
     expert_bytes: tuple[int, ...] = ()  # per block: one routed expert's bytes (empty: dense)
+    expert_type: str = ""  # the routed experts' weight type, e.g. "MXFP4" (most of their bytes; "" dense)
     attention_width: int = 0  # attention heads × (key + value length): attention work per row and key position
     # the last block's ffn_* tensors: llama.cpp's last layer computes its FFN only for the rows that return logits
     last_ffn_bytes: int = 0
@@ -105,6 +106,7 @@ class ModelInfo:
             "experts": self.experts,
             "experts_used": self.experts_used,
             "expert_bytes": list(self.expert_bytes),
+            "expert_type": self.expert_type,
             "attention_width": self.attention_width,
             "last_ffn_bytes": self.last_ffn_bytes,
             "whole_only": self.whole_only,
@@ -131,6 +133,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
     tensors = gf.tensors
     blocks = [0] * n_blocks
     experts_bytes = [0] * n_blocks  # all routed experts of the block
+    expert_types: dict[gguf.GGMLQuantizationType, int] = {}  # bytes of routed-expert weights of each type
     last_ffn = 0
     for t in tensors.values():
         m = BLOCK_TENSOR.match(t.name)
@@ -141,6 +144,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
             blocks[i] += int(t.n_bytes)
             if EXPERT_TENSOR.match(m.group(2)):
                 experts_bytes[i] += int(t.n_bytes)
+                expert_types[t.type] = expert_types.get(t.type, 0) + int(t.n_bytes)
             if i == n_blocks - 1 and m.group(2).startswith("ffn_"):
                 last_ffn += int(t.n_bytes)
     n_expert = gf.get_int(f"{arch}.expert_count", 0) if any(experts_bytes) else 0
@@ -182,6 +186,7 @@ def describe_file(gf: GGUFSet) -> ModelInfo:
         experts=n_expert,
         experts_used=n_used,
         expert_bytes=tuple(e // n_expert for e in experts_bytes) if n_expert else (),
+        expert_type=max(expert_types, key=expert_types.__getitem__).name if n_expert else "",
         attention_width=n_head * (key_len + value_len),
         last_ffn_bytes=last_ffn,
     )

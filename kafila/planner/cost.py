@@ -63,6 +63,23 @@ def read_bytes(model: ModelSpec, batch: int) -> tuple[int, ...]:
     return tuple(s - n * x + round(touched * x) for s, x in zip(model.blocks_bytes, model.expert_bytes, strict=True))
 
 
+def prefill_bytes(model: ModelSpec, expert_scale: float = 1.0) -> tuple[int, ...]:
+    """Bytes each block's weights count for in a prefill call of many rows, as the dense blocks' compute.
+
+    A prefill row multiplies every dense tensor and only its k routed experts: a 128-row chunk reads nearly
+    every expert once, but its compute is dense + k·x per row, not the whole block's (charging the whole
+    block predicted Qwen3-30B-A3B's time to first token 5.4× too high). Routed experts compute slower per
+    byte than dense matrices (kafila.engine.probe.EXPERT_SHAPES), so their bytes count `expert_scale` times:
+    the member's dense prefill rate over its routed-expert rate for the model's expert type. Dense blocks:
+    all their bytes.
+    """
+    if not any(model.expert_bytes):
+        return model.blocks_bytes
+    n, k = model.experts, model.experts_used
+    return tuple(s - n * x + round(k * x * expert_scale)
+                 for s, x in zip(model.blocks_bytes, model.expert_bytes, strict=True))
+
+
 def kv_positions(model: ModelSpec, workload: Workload) -> tuple[int, ...]:
     """KV cache positions each block reserves: C·min(T, window) for a sliding-window layer, C·T otherwise."""
     C, T = workload.concurrency, workload.context

@@ -5,9 +5,11 @@ each optionally with "unembed_bandwidth_gbs" (GB are 1e9 bytes) and "unembed_ms"
 time), "block_ms" (fixed time per block), the
 prefill fit "prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms" at "prefill_rows" rows per call,
 "prefill_attention_s" (seconds per row, earlier position and unit of the model's attention width),
+"prefill_expert_bandwidth_gbs" ({expert weight type: routed-expert bytes × experts used that prefill rows
+compute per second}),
 "machine" (members naming the same machine share its cores) and "throttle" (an emulated slow-down >= 1).
 Model: {"name", "blocks_bytes", "kv_bytes_per_token", "unembed_bytes", "head_bytes"}, optionally "quant",
-"bits_per_weight", MoE "expert_bytes" (one routed expert per block), "experts", "experts_used",
+"bits_per_weight", MoE "expert_bytes" (one routed expert per block), "experts", "experts_used", "expert_type",
 "kv_window" (per block, 0: whole context), "attention_width" (heads × (key + value length)), "last_ffn_bytes"
 (the last block's FFN weights), "whole_only" and "must_hold" (cut rules). Unknown keys are ignored.
 """
@@ -78,6 +80,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
                    for key in ("prefill_bandwidth_gbs", "prefill_dispatch_ms", "prefill_block_ms")}
         attention = _number(item, "prefill_attention_s", where, 0, strict=False) if "prefill_attention_s" in item \
             else 0.0
+        experts = _expert_rates(item.get("prefill_expert_bandwidth_gbs", {}), where)
         machine = item.get("machine", "")
         if not isinstance(machine, str):
             raise PlanInputError(f"{where}: machine must be a string, got {machine!r}")
@@ -104,6 +107,7 @@ def parse_fleet(data: Any) -> tuple[Member, ...]:
                 prefill_block_s=prefill["prefill_block_ms"] / 1000,
                 prefill_rows=prefill_rows,
                 prefill_attn_s=attention,
+                prefill_expert_rates=experts,
                 machine=machine,
                 throttle=throttle,
             )
@@ -151,6 +155,9 @@ def parse_model(data: Any) -> ModelSpec:
         raise PlanInputError(f"{where}: whole_only must be true or false, got {whole_only!r}")
     experts = _integer(data, "experts", where) if "experts" in data else 0
     experts_used = _integer(data, "experts_used", where) if "experts_used" in data else 0
+    expert_type = data.get("expert_type", "")
+    if not isinstance(expert_type, str):
+        raise PlanInputError(f"{where}: expert_type must be a string, got {expert_type!r}")
     quant = data.get("quant")
     bpw = data.get("bits_per_weight")
     if bpw is not None:
@@ -166,12 +173,23 @@ def parse_model(data: Any) -> ModelSpec:
         expert_bytes=lists["expert_bytes"],
         experts=experts,
         experts_used=experts_used,
+        expert_type=expert_type,
         kv_window=lists["kv_window"],
         whole_only=whole_only,
         must_hold=tuple(must_hold),
         attention_width=_integer(data, "attention_width", where) if "attention_width" in data else 0,
         last_ffn_bytes=_last_ffn(data, lists["blocks_bytes"], where),
     )
+
+
+def _expert_rates(value: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """{"Q4_0": GB/s, "MXFP4": GB/s} as the member's (type, bytes/s) pairs."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int | float) and not
+                                              isinstance(v, bool) and math.isfinite(v) and v > 0
+                                              for k, v in value.items()):
+        raise PlanInputError(f"{where}: prefill_expert_bandwidth_gbs must map expert weight types to GB/s > 0, "
+                             f"got {value!r}")
+    return tuple((k, float(v) * 1e9) for k, v in sorted(value.items()))
 
 
 def _last_ffn(data: dict[str, Any], blocks: tuple[int, ...], where: str) -> int:
@@ -196,6 +214,8 @@ def model_to_json(model: ModelSpec) -> dict[str, Any]:
         out["bits_per_weight"] = model.bits_per_weight
     if any(model.expert_bytes):
         out.update(expert_bytes=list(model.expert_bytes), experts=model.experts, experts_used=model.experts_used)
+        if model.expert_type:
+            out["expert_type"] = model.expert_type
     if any(model.kv_window):
         out["kv_window"] = list(model.kv_window)
     if model.attention_width:

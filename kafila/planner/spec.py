@@ -36,8 +36,21 @@ class Member:
     # seconds each row of a prefill call adds per earlier position of its sequence, per block and unit of
     # ModelSpec.attention_width (the probe's fit; 0: not measured, attention over the context left out)
     prefill_attn_s: float = 0.0
+    # per expert weight type ("Q4_0", "MXFP4"): routed-expert bytes × experts used that a prefill call's rows
+    # compute per second (mixture-of-experts blocks run them slower than dense matrices, and MXFP4 slower than
+    # Q4_0: kafila.engine.probe.EXPERT_SHAPES); none: at prefill_bandwidth
+    prefill_expert_rates: tuple[tuple[str, float], ...] = ()
     machine: str = ""  # members with the same non-empty id share one machine's cores ("" : a machine of its own)
     throttle: float = 1.0  # emulated slow-down already in the numbers above: 1/throttle of a call is compute
+
+    def expert_rate(self, expert_type: str) -> float:
+        """The routed-expert prefill rate for experts of `expert_type` (see `expert_rate`)."""
+        return expert_rate(dict(self.prefill_expert_rates), expert_type, self.prefill_bandwidth)
+
+
+def expert_rate(rates: dict[str, float], expert_type: str, dense: float) -> float:
+    """The rate measured for `expert_type`, else for Q4_0 (the most common), else the dense prefill rate."""
+    return rates.get(expert_type) or rates.get("Q4_0") or dense
 
 
 
@@ -63,6 +76,8 @@ class DescribedModel(Protocol):
     def experts(self) -> int: ...
     @property
     def experts_used(self) -> int: ...
+    @property
+    def expert_type(self) -> str: ...
     @property
     def kv_window(self) -> tuple[int, ...]: ...
     @property
@@ -96,6 +111,7 @@ class ModelSpec:
     expert_bytes: tuple[int, ...] = ()  # per block: one routed expert's bytes (empty or 0: dense)
     experts: int = 0  # routed experts per MoE block (n)
     experts_used: int = 0  # routed experts each token uses (k)
+    expert_type: str = ""  # the routed experts' weight type, e.g. "MXFP4" (their prefill rate depends on it)
     kv_window: tuple[int, ...] = ()  # per block: sliding window in tokens (empty or 0: whole context)
     whole_only: bool = False  # llama.cpp computes differently on any cut: a one-member ring only
     must_hold: tuple[bool, ...] = ()  # every stage must hold at least one block flagged True
@@ -120,7 +136,8 @@ class ModelSpec:
         """The planner's view of a described GGUF (a structural type: the planner imports no model code)."""
         return cls(info.name, tuple(info.blocks_bytes), tuple(info.kv_bytes_per_token), info.unembed_bytes,
                    info.head_bytes, quant=info.quant, expert_bytes=tuple(info.expert_bytes),
-                   experts=info.experts, experts_used=info.experts_used, kv_window=tuple(info.kv_window),
+                   experts=info.experts, experts_used=info.experts_used, expert_type=info.expert_type,
+                   kv_window=tuple(info.kv_window),
                    whole_only=info.whole_only, must_hold=tuple(info.must_hold),
                    attention_width=info.attention_width, last_ffn_bytes=info.last_ffn_bytes)
 
@@ -165,7 +182,8 @@ def check_inputs(members: tuple[Member, ...], model: ModelSpec, workload: Worklo
             raise PlanInputError(f"{where}: unembedding bandwidth must be > 0, got {ub}")
         if not (math.isfinite(mem.block_s) and mem.block_s >= 0):
             raise PlanInputError(f"{where}: per-block time must be >= 0, got {mem.block_s}")
-        prefill = (mem.prefill_bandwidth, mem.prefill_dispatch_s, mem.prefill_block_s)
+        prefill = (mem.prefill_bandwidth, mem.prefill_dispatch_s, mem.prefill_block_s,
+                   *(rate for _, rate in mem.prefill_expert_rates))
         if not all(math.isfinite(v) and v >= 0 for v in prefill) or mem.prefill_rows < 0:
             raise PlanInputError(f"{where}: prefill numbers must be >= 0, got {prefill} at {mem.prefill_rows} rows")
         if mem.prefill_rows and mem.prefill_bandwidth <= 0:

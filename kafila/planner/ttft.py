@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kafila.errors import PlanInputError
-from kafila.planner.cost import edge_cost_ns, read_bytes, stage_time, unembed_seconds
+from kafila.planner.cost import edge_cost_ns, prefill_bytes, read_bytes, stage_time, unembed_seconds
 from kafila.planner.placement import Placement
 from kafila.planner.spec import Member, ModelSpec, Workload
 
@@ -176,8 +176,8 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
 
     A member measured prefill at R = prefill_rows rows; a chunk of the session's B rows is read off the
     line through its one-row (decode) time and its R-row time. Its decode time here is one row's (MoE
-    blocks read fewer experts than at the admitted concurrency), its prefill time reads the experts R
-    rows touch (cost.read_bytes).
+    blocks read fewer experts than at the admitted concurrency); at R rows an MoE block computes its
+    dense tensors and each row's k experts, at the member's routed-expert rate (cost.prefill_bytes).
     """
     if not placement.ranges or placement.head is None:
         return None
@@ -193,7 +193,7 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         mem = members[name]
         a, e = placement.ranges[name]
         R = mem.prefill_rows
-        reads_r = read_bytes(model, R)
+        reads_r = prefill_bytes(model, mem.prefill_bandwidth / mem.expert_rate(model.expert_type))
         decode = stage_time(mem.dispatch_s, mem.block_s, mem.bandwidth, e - a, prefix_one[e] - prefix_one[a])
         at_r = stage_time(mem.prefill_dispatch_s, mem.prefill_block_s, mem.prefill_bandwidth, e - a,
                           sum(reads_r[a:e]))

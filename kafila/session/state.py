@@ -39,9 +39,19 @@ class MemberView:
     probe_samples: list[float] = field(default_factory=list)  # bytes/s of each probe call, for a sparkline
     # prefill per call of `prow` rows: pdisp + n·pblk + bytes/pbw (empty: not measured); the machine's short id
     prefill: dict[str, float] = field(default_factory=dict)
+    expert_rates: dict[str, float] = field(default_factory=dict)  # routed experts' prefill bytes/s per weight type
     machine: str = ""
     build: str = ""
     note: str = ""  # why refused or lost
+
+
+def expert_rates(measurements: dict[str, Any]) -> dict[str, float]:
+    """The announcement's routed-expert prefill rates per weight type, those that are positive numbers."""
+    rates = measurements.get("pebw")
+    if not isinstance(rates, dict):
+        return {}
+    return {str(k): float(v) for k, v in rates.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf")}
 
 
 def member_view(vm: VerifiedMember) -> MemberView:
@@ -54,6 +64,7 @@ def member_view(vm: VerifiedMember) -> MemberView:
         nat_evidence={"mapped": vm.mapped, "local": vm.local, "observed": vm.observed},
         emulated=dict(m.get("emu") or {}), probe_samples=list(m.get("samples") or []), build=str(m.get("build", "")),
         prefill={k: m[k] for k in ("pbw", "pdisp", "pblk", "prow") if isinstance(m.get(k), int | float)},
+        expert_rates=expert_rates(m),
         machine=str(m.get("mach", "")),
     )
 

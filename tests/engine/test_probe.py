@@ -11,17 +11,20 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from kafila.engine.call_timing import time_attention
 from kafila.engine.probe import (
     ATTENTION_AT,
     DECODE_ATTEMPTS,
+    EXPERT_SHAPES,
     ProbeResult,
+    expert_bandwidth,
     fit_cost,
     fit_unembedding,
     probe,
     retry_noisy,
-    time_attention,
 )
 from kafila.errors import EngineError
+from kafila.model.describe import describe_model
 from kafila.model.random_gguf import Shape, cached_random_gguf
 from kafila.model.stage_cache import StageCache
 from tests.conftest import run_kafila
@@ -89,6 +92,13 @@ def test_probe_result_round_trips_through_its_dict() -> None:
     result = sample_probe()
     assert ProbeResult.from_dict(json.loads(json.dumps(result.as_dict()))) == result
     assert result.predict_prefill(4, 10**7) == pytest.approx(4 * 0.15 + 10**7 / 6e7)
+
+
+def test_the_routed_experts_rate_is_what_an_moe_block_took_beyond_its_dense_part() -> None:
+    # dense part: 5 ms + 20 ms + 100 MB at 1 GB/s = 125 ms; the block took 325 ms, so 20 MB of experts × used
+    # per row took 200 ms; a block no slower than its dense part (noise) leaves the dense rate to apply (0)
+    assert expert_bandwidth((2e7, 1e8, 0.325), 1e9, 0.005, 0.02) == pytest.approx(2e7 / 0.2)
+    assert expert_bandwidth((2e7, 1e8, 0.125), 1e9, 0.005, 0.02) == 0.0
 
 
 def test_fit_keeps_overhead_and_block_cost_non_negative() -> None:
@@ -217,6 +227,17 @@ def test_probe_on_embedded_model(smollm: Path, stage_cache: StageCache) -> None:
     assert 0 < first and 0 < later
     width = attention_width(smollm)
     assert result.prefill_attn_s == pytest.approx(max(later - first, 0) / (32 * ATTENTION_AT * width), rel=1e-9)
+    # routed experts: per expert type one block with every expert used by every row, and its rate from that call
+    # by the rule above
+    kinds = [kind for kind, *_ in result.expert_samples]
+    assert kinds == [kind for kind, _ in result.expert_rates] == ["Q4_0", "MXFP4"]
+    for shape, (kind, routed, dense, seconds), (_, rate) in zip(EXPERT_SHAPES, result.expert_samples,
+                                                                 result.expert_rates, strict=True):
+        moe = describe_model(cached_random_gguf(shape, 1, stage_cache.root / "probe-models", tokenizer=False))
+        assert moe.expert_type == kind and moe.experts == moe.experts_used
+        assert routed == moe.experts * moe.expert_bytes[0] and dense == moe.blocks_bytes[0] - routed and seconds > 0
+        assert rate == expert_bandwidth((routed, dense, seconds), result.prefill_bandwidth_bytes_per_s,
+                                        result.prefill_dispatch_s, result.prefill_block_s)
 
 
 def unembedding_by_hand(samples: list[tuple[int, float]], bandwidth: float) -> tuple[float, float]:
@@ -264,8 +285,10 @@ def test_the_unembedding_fit_is_the_rule_worked_out_by_hand(samples: list[tuple[
 
     Not on two equal times: the least-squares slope of those is 0 give or take rounding, and a slope of 1e-25
     s/byte reads as a fixed time at near-infinite speed instead of the larger output's own speed; the two predict
-    the same time for the larger output."""
-    assume(samples[0][1] != samples[1][1])
+    the same time for the larger output. Nor on times a rounding apart (Hypothesis found 0.09999999999999999 against
+    0.1 s, 1e6 against 1e6 + 1 bytes: a slope of one ulp per byte, which two float orders of summation round apart);
+    a probe's timings differ by microseconds at least."""
+    assume(abs(samples[0][1] - samples[1][1]) > 1e-9)
     speed, fixed = fit_unembedding(samples, 5e9)
     assert (speed, fixed) == pytest.approx(unembedding_by_hand(samples, 5e9), rel=1e-6, abs=1e-12)
 

@@ -285,11 +285,56 @@ def test_no_ttft_without_prefill_numbers_and_the_fleet_file_carries_them() -> No
     fleet = {"members": [{"name": "a", "bandwidth_gbs": 100, "dispatch_ms": 1, "memory_gb": 100, "rtt_ms": 10,
                           "nat": "ordinary", "block_ms": 0.1, "prefill_bandwidth_gbs": 4, "prefill_dispatch_ms": 5,
                           "prefill_block_ms": 20, "prefill_rows": 128, "prefill_attention_s": 2e-12,
-                          "machine": "box", "throttle": 2,
+                          "prefill_expert_bandwidth_gbs": {"Q4_0": 2.5, "MXFP4": 2}, "machine": "box", "throttle": 2,
                           "unembed_bandwidth_gbs": 50, "unembed_ms": 3}]}
     (parsed,) = parse_fleet(fleet)
     assert parsed == Member("a", 100e9, 0.001, 100 * GB, 10.0, NatClass.ORDINARY, 50e9, unembed_s=0.003, block_s=1e-4,
                             prefill_bandwidth=4e9, prefill_dispatch_s=0.005, prefill_block_s=0.02, prefill_rows=128,
-                            prefill_attn_s=2e-12, machine="box", throttle=2.0)
+                            prefill_attn_s=2e-12, prefill_expert_rates=(("MXFP4", 2e9), ("Q4_0", 2.5e9)), machine="box",
+                            throttle=2.0)
+    # a type measured: its rate; another type: Q4_0's; nothing measured: the dense prefill rate
+    assert (parsed.expert_rate("MXFP4"), parsed.expert_rate("Q4_K"), replace(parsed, prefill_expert_rates=())
+            .expert_rate("MXFP4")) == (2e9, 2.5e9, 4e9)
+    for bad in (-1, {"Q4_0": -1}, {"Q4_0": "fast"}):
+        with pytest.raises(PlanInputError, match="prefill_expert_bandwidth_gbs"):
+            parse_fleet({"members": [{**fleet["members"][0], "prefill_expert_bandwidth_gbs": bad}]})
     with pytest.raises(PlanInputError, match="throttle"):
         parse_fleet({"members": [{**fleet["members"][0], "throttle": 0.5}]})
+
+
+def _moe(expert: int, n: int, k: int, last_ffn: int) -> ModelSpec:
+    return replace(MODEL, name="moe", expert_bytes=(expert,) * 6, experts=n, experts_used=k, last_ffn_bytes=last_ffn,
+                   expert_type="MXFP4")
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n))),
+       st.integers(10**6, 10**7), st.sampled_from([0.5, 1.0, 1.7]), st.sampled_from([1, 2, 4]))
+def test_a_moe_prefill_computes_each_rows_k_experts_at_the_members_expert_rate(
+        nk: tuple[int, int], expert: int, slower: float, concurrency: int) -> None:
+    # Each prefill row multiplies the dense tensors and its own k experts, whatever the chunk reads: the
+    # MoE plan's TTFT is its dense twin's, a model whose blocks hold the dense part plus k experts counted
+    # `slower` times (the member's dense prefill rate over its routed-expert rate). Charging the experts a
+    # chunk touches (nearly all of them) predicted Qwen3-30B-A3B 5.4x too slow.
+    n, k = nk
+    moe = _moe(expert, n, k, last_ffn=n * expert + 10**6)
+    twin_blocks = GB - n * expert + round(k * expert * slower)
+    twin = replace(MODEL, name="twin", blocks_bytes=(twin_blocks,) * 6,
+                   last_ffn_bytes=twin_blocks - (GB - moe.last_ffn_bytes))
+    # the rate of the model's expert type counts, not another type's
+    members = [replace(member(m), prefill_expert_rates=(("MXFP4", 4e9 / slower), ("Q4_0", 1e9))) for m in "abc"]
+    work = Workload(concurrency=concurrency, prompt_tokens=1280, batch=128)
+    plan = make_plan(members, moe, work)
+    assert plan.kafila.ttft is not None
+    ours = TtftModel.from_json(plan.kafila.ttft["model"])
+    if slower == 1.0 and concurrency == 1:  # then the twin's decode (k experts) and its plan are the MoE's too
+        twin_plan = make_plan(members, twin, work)
+        assert twin_plan.ranges == plan.ranges and twin_plan.kafila.ttft is not None
+        assert twin_plan.kafila.ttft["seconds"] == pytest.approx(plan.kafila.ttft["seconds"], rel=1e-9)
+    # and directly: every stage's 128-row call is the probe's line through the dense-twin bytes
+    for stage, (name, (a, e)) in zip(ours.stages, [(s.name, plan.ranges[s.name]) for s in ours.stages], strict=True):
+        head = name == plan.kafila.head and e == 6
+        # the head's last FFN runs for the logit row alone: its k experts at one row's cost (read, not computed)
+        rows_bytes = (e - a) * twin_blocks - (twin.last_ffn_bytes if head else 0)
+        assert stage.chunk_s == pytest.approx(0.005 + (e - a) * 0.02 + rows_bytes / 4e9
+                                              + (k * expert + 10**6) / 100e9 * head, rel=1e-9)

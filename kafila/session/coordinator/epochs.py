@@ -27,7 +27,7 @@ from kafila.session.delivery.local_model import claimed_hash
 from kafila.session.delivery.stage_files import manifest_for
 from kafila.session.protocol import messages
 from kafila.session.protocol.manifest import CHUNK_SIZE
-from kafila.session.state import EdgeView, StageStats
+from kafila.session.state import EdgeView, StageStats, expert_rates
 from kafila.session.stoppable import run_stoppable
 
 EXIT_REJECTED = 3
@@ -59,6 +59,8 @@ def planner_member(vm: VerifiedMember, slower: float = 1.0) -> Member:
                       prefill_dispatch_s=float(m.get("pdisp", 0.0)) * slower,
                       prefill_block_s=float(m.get("pblk", 0.0)) * slower, prefill_rows=int(m.get("prow", 0)),
                       prefill_attn_s=float(m.get("patt", 0.0)) * slower,
+                      prefill_expert_rates=tuple((kind, rate / slower)
+                                                 for kind, rate in sorted(expert_rates(m).items())),
                       # the time it lost is not compute: a throttle, for the planner's machines shared by stages
                       machine=str(m.get("mach", "")), throttle=max(float(emu.get("throttle", 1.0)) * slower, 1.0))
     except (KeyError, TypeError, ValueError):

@@ -24,7 +24,8 @@ from kafila.model.stage_cache import StageCache
 from kafila.session.coordinator.builds import build_tag, wire_protocol
 from kafila.session.delivery.cache_inventory import PROBE_MAX_AGE_S
 
-PROBE_FILE_PREFIX = "probe-v5-"  # v5: attention over the context (v4 unembedding on two vocabularies, v3 prefill)
+# v6: routed experts' prefill (v5 attention over the context, v4 unembedding on two vocabularies, v3 prefill)
+PROBE_FILE_PREFIX = "probe-v6-"
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         "pblk": result.prefill_block_s * t,
         "prow": result.prefill_rows,
         "patt": result.prefill_attn_s * t,  # per row, earlier position and unit of attention width
+        # routed experts' rows per expert weight type (those no slower than dense left out)
+        "pebw": {kind: round(rate / t) for kind, rate in result.expert_rates if rate > 0},
         "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
         "samples": [round(b / s / t) for b, s in result.samples],
         "emu": emulation.as_dict(),

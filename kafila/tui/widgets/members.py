@@ -66,6 +66,9 @@ def detail_text(view: MemberView) -> Text:
         p = view.prefill
         t.append(f"\nprefill per {p['prow']:g}-row call: {p.get('pdisp', 0) * 1e3:.1f} ms + "
                  f"{p.get('pblk', 0) * 1e3:.1f} ms/block + bytes at {p.get('pbw', 0) / 1e9:.3f} GB/s")
+        if view.expert_rates:
+            t.append("; routed experts " + ", ".join(f"{kind} {rate / 1e9:.3f} GB/s"
+                                                     for kind, rate in sorted(view.expert_rates.items())))
     if view.machine:
         t.append(f"\nmachine {view.machine}", style="dim")
         t.append(" (members on one machine share its cores)", style="dim")

@@ -104,3 +104,6 @@ def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: i
     member = planner_member(vm)
     assert member.block_s == result.block_s * 2.0 and member.dispatch_s == result.dispatch_s * 2.0
     assert member.bandwidth == round(result.bandwidth_bytes_per_s / 2.0)
+    # the routed experts' prefill rate of each type the probe learned, slowed alike
+    rates = [(kind, rate) for kind, rate in result.expert_rates if rate > 0]
+    assert dict(member.prefill_expert_rates) == {kind: round(rate / 2.0) for kind, rate in rates}
