@@ -14,7 +14,8 @@ gpt-oss-20b's (32 experts, 4 per token, MXFP4 experts and Q8_0 attention, sinks,
 1 and 4 against the planner's MoE bytes (dense tensors plus the expected distinct experts,
 kafila.planner.cost), and the 8B-shaped dense block at both batches for reference. All cases are timed
 in the same rounds, and each block is predicted from the probe and from the three terms fitted on those
-rounds' cuts in wall and in CPU time (which other programs' load cannot bend).
+rounds' cuts in wall and in CPU time (which other programs' load cannot bend), and each MoE block's
+prefill by part (kafila.bench.moe_prefill).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def time_cases(cases: list[tuple[Any, int]], calls: int, threads: int, warmup: i
     long one (a waking task is scheduled ahead: under a load of 16 on 2 cores a 3 ms call took 1.0–1.6×
     its CPU time, a 20 ms one 2.5×), which bends wall times against bytes where CPU times stay linear.
     """
-    from kafila.engine.probe import EVICT_BYTES, IDLE_S
+    from kafila.engine.call_timing import EVICT_BYTES, IDLE_S
     from kafila.engine.stage import Rows
 
     rng = np.random.default_rng(0)
@@ -227,6 +228,13 @@ def run(args: argparse.Namespace) -> int:
         r["cpu_rows_predicted_ms"] = r["cpu_predicted_ms"] + (extra / row_rate * 1e3 if row_rate else 0.0)
         r["cpu_rows_error"] = _err(r["cpu_rows_predicted_ms"], r["cpu_ms"])
 
+    if args.moe and fit.prefill_rows:
+        from kafila.bench import moe_prefill
+
+        console.log("timing MoE blocks' prefill calls with 1, k and 4k experts per token")
+        parts = moe_prefill.measure(fit, tuple(SHAPES[s] for s in MOE_SHAPES), cache_models, cache, args.threads)
+    else:
+        parts = []
     stages = rows + head_rows  # every stage time the planner predicts: body cuts and head cuts
     big_errors = [abs(r["error"]) for r in stages if r["file"] != smol.name]
     results = {
@@ -247,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         "heads": head_rows,
         "batched": batch_rows,
         "row_rate_gbs": row_rate / 1e9 if row_rate else None,
+        "moe_prefill": parts,
         "median_abs_error": statistics.median(abs(r["error"]) for r in stages),
         "median_abs_error_large_blocks": statistics.median(big_errors),
         "median_abs_error_two_term_large_blocks": statistics.median(
@@ -309,6 +318,10 @@ def _print(r: dict[str, Any]) -> None:
                           f"multiply (the dense block's batch-{max(BATCHES)} CPU time over its batch-1 time)")
         console.print(f"{MOE_SHAPES[0]} within 20 % of the same rounds' wall-time fit at batch "
                       f"{' and '.join(map(str, BATCHES))}: {r['moe_target_met']}")
+    if r["moe_prefill"]:
+        from kafila.bench.moe_prefill import table
+
+        console.print(table(r["moe_prefill"]))
     console.print(f"load average {r['load_average']}, threads {r['threads'] or 'all'}")
     console.print(f"median |error|: {r['median_abs_error']:.1%} over all cuts and heads, "
                   f"{r['median_abs_error_large_blocks']:.1%} on large blocks "

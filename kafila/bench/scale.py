@@ -38,6 +38,7 @@ HELP = "a real model's block shapes through the loopback ring: delivery, memory,
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "  # 14 tokens in SmolLM2's vocabulary
 ANSWER_ROOM = 64  # context beyond the prompt
 MEMBERS = ("ada", "bo", "cy")  # the loopback ring
+DECODE_TARGET = 0.7  # the ring's decode tokens/s against one local context (issue 37; issue 11 asked 0.6)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -319,9 +320,11 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     errors = [e["error"] for e in r["stage_times"].values()]
     t["stage_time_error"] = _target(statistics.median(errors) if errors else None, 0.10, True,
                                     "median |pred - meas| / meas <= 10%")
-    pred = ring.get("plan_ttft_s")
-    t["ttft_prediction_error"] = _target(abs(pred - ttft) / ttft if pred and ttft else None, 0.25, True,
-                                         "|pred - meas| / meas <= 25% (TTFT)")
+    for key, which, measured in (("ttft_prediction_error", ring, ttft), ("ttft_slowed_prediction_error", slow,
+                                                                          slow_ttft)):
+        pred = which.get("plan_ttft_s")
+        t[key] = _target(abs(pred - measured) / measured if pred and measured else None, 0.25, True,
+                         f"|pred - meas| / meas <= 25% (TTFT{', slowed ring' if which is slow else ''})")
     # like for like: one stage over one link against aioquic over one connection, same size, same datagrams
     t["delivery_vs_aioquic"] = _target(r["delivery_one_link"]["mb_per_s"] / quic["mb_per_s"], 0.9, False,
                                        "delivery over one link >= 0.9x aioquic one connection")
@@ -338,8 +341,8 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     t["reply_identical"] = {"value": share, "met": None if share is None else share == 1.0,
                             "target": "greedy replies through both rings == llama-cpp-python's (share of the two)"}
     ring_ms = (ring.get("decode") or {}).get("ms_per_token")
-    t["decode_vs_local"] = _target(local["decode_ms_per_token"] / ring_ms if ring_ms else None, 0.6, False,
-                                   "ring tok/s >= 0.6x local")
+    t["decode_vs_local"] = _target(local["decode_ms_per_token"] / ring_ms if ring_ms else None, DECODE_TARGET, False,
+                                   f"ring tok/s >= {DECODE_TARGET}x local")
     return t
 
 

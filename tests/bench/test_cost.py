@@ -44,3 +44,27 @@ def test_the_row_rate_is_the_dense_blocks_extra_rows_over_their_extra_time() -> 
     assert rate is not None and math.isclose(rate, 3 * 100e6 / 0.015)  # 3 more rows took 15 ms
     assert _row_rate(rows[1:]) is None  # no batch-1 time to compare with
     assert _row_rate([rows[0], {**rows[1], "cpu_ms": 19.0}]) is None  # rows cost nothing measurable
+
+
+def test_moe_prefill_parts_stand_beside_the_probes_predictions(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from kafila.bench.moe_prefill import experts_tried, measure
+    from kafila.model.random_gguf import SHAPES
+    from tests.shared_probe import sample_probe
+
+    assert experts_tried(8, 128) == (1, 8, 32) and experts_tried(4, 8) == (1, 4, 8) and experts_tried(1, 2) == (1, 2)
+    small = replace(SHAPES["qwen3-30b-a3b"], name="small-moe", n_embd=256, n_head=4, n_head_kv=2, n_ff=128,
+                    head_dim=64, experts=8, experts_used=2)
+    fit = replace(sample_probe(), prefill_rows=16)
+    (part,) = measure(fit, (small,), tmp_path / "models", StageCache(tmp_path / "cache"), threads=1)
+    assert set(part["measured_ms"]) == {"1", "2", "8"} and all(ms > 0 for ms in part["measured_ms"].values())
+    assert part["block_ms"] == part["measured_ms"]["2"]
+    x, dense = part["expert_bytes"], part["dense_bytes"]
+    every_row = (fit.prefill_dispatch_s + fit.prefill_block_s + dense / fit.prefill_bandwidth_bytes_per_s) * 1e3
+    assert math.isclose(part["every_row_predicted_ms"], every_row)
+    assert part["expert_type"] == "Q4_0"  # sample_probe's Q4_0 experts run at 4e7 B/s
+    assert math.isclose(part["per_expert_predicted_ms"], x / 4e7 * 1e3)
+    assert math.isclose(part["block_predicted_ms"], every_row + 2 * part["per_expert_predicted_ms"])
+    assert math.isclose(part["whole_block_predicted_ms"],
+                        every_row + 8 * x / fit.prefill_bandwidth_bytes_per_s * 1e3)
