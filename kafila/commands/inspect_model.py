@@ -19,16 +19,15 @@ def _mb(n: int) -> str:
 
 
 def _kv_rows(info: Any) -> list[tuple[str, str]]:
-    """KV cache per token; sliding-window layers stop growing at their window (the planner reserves that)."""
+    """KV cache per token; sliding-window layers attend to their window, but their cache holds the whole context
+    (llama.cpp's swa_full, which the stage engine keeps; the planner reserves that)."""
+    total = f"{sum(info.kv_bytes_per_token):,} bytes per token (all blocks, f16)"
     windows = info.kv_window
     if not any(windows):
-        return [("KV cache", f"{sum(info.kv_bytes_per_token):,} bytes per token (all blocks, f16)")]
-    local = [kv for kv, w in zip(info.kv_bytes_per_token, windows, strict=True) if w]
-    full = sum(kv for kv, w in zip(info.kv_bytes_per_token, windows, strict=True) if not w)
-    cap = sum(kv * w for kv, w in zip(info.kv_bytes_per_token, windows, strict=True) if w)
-    return [("KV cache", f"{full:,} bytes per token on the {info.n_blocks - len(local)} full-attention blocks "
-                         f"(f16); the {len(local)} sliding-window blocks hold at most {info.window_tokens} tokens: "
-                         f"{sum(local):,} bytes per token up to {_mb(cap)} per sequence")]
+        return [("KV cache", total)]
+    local = sum(1 for w in windows if w)
+    return [("KV cache", f"{total}; the {local} sliding-window blocks attend to at most {info.window_tokens} "
+                         "tokens, but keep the whole context in their cache")]
 
 
 def _moe_rows(info: Any) -> list[tuple[str, str]]:

@@ -5,8 +5,7 @@
   bytes block j reads per call (`read_bytes`), u_i the member's unembedding bandwidth (b_i when it
   has none) and q_i its fixed unembedding time; kept as U_i = (q_i + U/u_i)·b_i "block-equivalent"
   bytes, so every formula stays o + n·p + bytes/b
-- memory      Σ_{j∈S_i} (s_j + C·T_j·kv_j) + [head]·H ≤ M_i, with T_j = min(T, window_j) for a
-  sliding-window layer (it keeps only the window's positions) and T otherwise
+- memory      Σ_{j∈S_i} (s_j + C·T·kv_j) + [head]·H ≤ M_i, sliding-window layers too (`kv_positions`)
 - edge cost   r_A + r_B when relayed, |r_A − r_B| when predicted direct (a round-trip figure)
 
 Every stage time the planner compares is computed by `stage_time`, so the search and any
@@ -81,10 +80,14 @@ def prefill_bytes(model: ModelSpec, expert_scale: float = 1.0) -> tuple[int, ...
 
 
 def kv_positions(model: ModelSpec, workload: Workload) -> tuple[int, ...]:
-    """KV cache positions each block reserves: C·min(T, window) for a sliding-window layer, C·T otherwise."""
-    C, T = workload.concurrency, workload.context
-    windows = model.kv_window or (0,) * model.k
-    return tuple(C * (min(T, w) if w > 0 else T) for w in windows)
+    """KV cache positions each block reserves: C·T, sliding-window layers too.
+
+    The stage engine keeps llama.cpp's default `swa_full`, under which a window layer's cache is as long as
+    the whole context (tests/engine/test_window_cache.py): a window-sized one drops the oldest cells, which
+    a slot trimmed back to a reused prefix would still need. Reserving only the window admitted rings that
+    could not hold their caches (one gpt-oss window layer took 140 MB more at 65,536 cells than at 512).
+    """
+    return (workload.concurrency * workload.context,) * model.k
 
 
 def edge_cost_ns(a: Member, b: Member) -> int:

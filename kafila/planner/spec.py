@@ -97,7 +97,8 @@ class ModelSpec:
     Mixture-of-experts blocks: `blocks_bytes` counts every expert (all are resident); `expert_bytes[j]`
     is one routed expert's bytes in block j (0: a dense block), `experts` routed experts per block,
     `experts_used` of them per token. Sliding-window layers: `kv_window[j]` > 0 is block j's window in
-    tokens (0: it attends to the whole context). Cut rules from the model layer (`ModelInfo.stage_problem`):
+    tokens (0: it attends to the whole context); its cache still holds the whole context (cost.kv_positions).
+    Cut rules from the model layer (`ModelInfo.stage_problem`):
     `whole_only` forbids any cut; a non-empty `must_hold` means every stage holds a block flagged True.
     """
 

@@ -28,7 +28,8 @@ pays the call's fixed costs once and the rows' compute in proportion). Those are
 a sequence (the probe's chunks sit at positions 0..B−1); a chunk that starts at position s also
 attends to the s positions before it, in every block: llama.cpp's attention (without flash attention)
 computes each row against every key of the cache, so each of its r rows costs `attn_s` per earlier
-position (min(s, window) of them in sliding-window layers). On SmolLM2 a 2,000-token prompt's attention
+position (sliding-window layers too: their cache holds the whole context, masked, cost.kv_positions).
+On SmolLM2 a 2,000-token prompt's attention
 doubled its prefill; on an 8B model's wide blocks it is a few percent. The head's stage holds the model's
 last layer, whose FFN llama.cpp computes only for the rows that return logits (it drops the others right
 after that layer's attention): a chunk pays those weights at one row's cost, not its rows' (on a 3-block
@@ -62,7 +63,9 @@ class PrefillStage:
     throttle: float = 1.0  # emulated slow-down: 1/throttle of the stage time is compute, the rest a sleep
     link_s: float = 0.0  # one-way latency of the edge that brings a chunk to this stage
     attn_s: float = 0.0  # seconds each row of a call adds per earlier position, in whole-context layers
-    window_attn_s: float = 0.0  # the same in sliding-window layers, which see at most `window` positions
+    # the same in layers that compute over at most `window` positions (a window-sized cache; the stage engine
+    # keeps whole ones, so ring_ttft sets none)
+    window_attn_s: float = 0.0
     window: int = 0
 
     def seconds(self, rows: int, n_batch: int, start: int = 0) -> float:
@@ -206,11 +209,9 @@ def ring_ttft(placement: Placement, members: dict[str, Member], model: ModelSpec
         chunk = PrefillStage(name, decode, at_r).seconds(B, R)  # B rows on the line through 1 and R rows
         prev = members[order[j]]  # the member that sends this stage its chunks (order[j] precedes it)
         link = edge_cost_ns(prev, mem) / 2e9 if len(order) > 1 else 0.0  # edge costs are round-trip figures
-        windows = [model.kv_window[i] if i < len(model.kv_window) else 0 for i in range(a, e)]
-        whole = windows.count(0)  # blocks that attend to the whole context
-        per_block = mem.prefill_attn_s * model.attention_width
-        stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link, attn_s=per_block * whole,
-                                   window_attn_s=per_block * (e - a - whole), window=max(windows, default=0)))
+        # every block attends over its whole cache: sliding-window layers too, with a mask (cost.kv_positions)
+        attn = mem.prefill_attn_s * model.attention_width * (e - a)
+        stages.append(PrefillStage(name, decode, chunk, mem.machine, mem.throttle, link, attn_s=attn))
     head = members[order[0]]
     return TtftModel(tuple(stages), B, window_depth(len(order)), unembed_seconds(model.unembed_bytes, head))
 

@@ -117,4 +117,4 @@ def test_inspect_shows_moe_reads_and_window_kv(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "8 per block, 2 used per token" in text and "at batch 1" in text and "at batch 4" in text
-    assert "sliding-window blocks hold at most 16 tokens" in text
+    assert "sliding-window blocks attend to at most 16 tokens, but keep the whole context in their cache" in text

@@ -63,12 +63,11 @@ def stage_time(mem: Member, model: ModelSpec, a: int, e: int, head: bool, batch:
 
 
 def need(model: ModelSpec, workload: Workload, a: int, e: int, head: bool) -> int:
-    """DESIGN §3: Σ_{j∈S} (s_j + C·T_j·kv_j) + [head]·H bytes; a sliding-window layer keeps T_j = min(T, window)."""
+    """DESIGN §3: Σ_{j∈S} (s_j + C·T·kv_j) + [head]·H bytes; a sliding-window layer's cache holds the whole context
+    too (llama.cpp's swa_full, which the stage engine keeps)."""
     total = 0
     for j in range(a, e):
-        window = model.kv_window[j] if model.kv_window else 0
-        positions = min(workload.context, window) if window else workload.context
-        total += model.blocks_bytes[j] + workload.concurrency * positions * model.kv_bytes_per_token[j]
+        total += model.blocks_bytes[j] + workload.concurrency * workload.context * model.kv_bytes_per_token[j]
     return total + (model.head_bytes if head else 0)
 
 

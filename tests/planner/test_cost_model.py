@@ -92,10 +92,15 @@ def test_moe_reads_grow_with_the_admitted_batch_and_dense_ones_do_not() -> None:
     assert t1 == 16.0 and t4 is not None and t4 > t1
 
 
-def test_window_layers_reserve_kv_for_the_window_only() -> None:
+def test_window_layers_reserve_kv_for_the_whole_context() -> None:
+    # the stage engine's window caches hold every position (tests/engine/test_window_cache.py); reserving the
+    # window alone admitted rings whose caches did not fit
     model = ModelSpec("w", (10,) * 4, (1,) * 4, 0, 0, kv_window=(16, 0, 16, 0))
     plan = make_plan((Member("a", 1.0, 0.0, 10**9, 0.0),), model, Workload(2, 1000))
-    assert plan.kafila.memory_bytes["a"] == 40 + 2 * (16 + 1000 + 16 + 1000)
+    assert plan.kafila.memory_bytes["a"] == 40 + 2 * 4 * 1000
+    # a member with room for the window-sized caches only is refused
+    tight = make_plan((Member("a", 1.0, 0.0, 40 + 2 * (16 + 1000 + 16 + 1000), 0.0),), model, Workload(2, 1000))
+    assert not tight.kafila.feasible
 
 
 def test_per_block_time_moves_blocks_to_the_member_without_it() -> None:

@@ -232,15 +232,15 @@ def test_a_session_batch_other_than_the_probes_is_read_off_the_line_between_deco
 
 
 def test_the_plan_adds_each_blocks_attention_to_earlier_positions() -> None:
-    # one member holds all 6 blocks: 2 attend within a 256-token window, 4 to the whole context; each block
-    # costs prefill_attn_s × attention_width per row and earlier position
+    # one member holds all 6 blocks; each costs prefill_attn_s × attention_width per row and earlier position,
+    # the 2 with a 256-token window too: their cache holds every position and llama.cpp masks the older ones
     attn, width = 1e-9, 4096
     model = ModelSpec("six", (GB,) * 6, (1000,) * 6, unembed_bytes=GB // 2, head_bytes=GB, attention_width=width,
                       kv_window=(256, 0, 0, 256, 0, 0))
     solo = replace(member("a"), prefill_attn_s=attn)
     plan = make_plan([solo], model, Workload(prompt_tokens=512, batch=128))
     starts = (0, 128, 256, 384)
-    attention = sum(128 * attn * width * (4 * s + 2 * min(s, 256)) for s in starts)
+    attention = sum(128 * attn * width * 6 * s for s in starts)
     assert plan.kafila.ttft is not None
     assert plan.kafila.ttft["seconds"] == pytest.approx(4 * chunk_s(6) + attention + 0.003 + (GB // 2) / 50e9)
     assert parse_model(model_to_json(model)) == model  # the model file carries the width
