@@ -12,9 +12,11 @@ blocks. From the small model's output matrix (SmolLM2: 30 MB, 576 wide) and the 
 128,256-token vocabulary, 295 MB) the probe fits unembedding seconds = fixed + bytes / speed: measured
 on the small one alone, the 8B shape's head was predicted a third too slow in the ring.
 
-Prefill: the same cuts are timed on one call of PREFILL_ROWS rows (the host's default --batch), and
-the same three-term shape is fitted to it; the planner predicts a chunk of another size on the line
-between a decode call (1 row) and this one (kafila.planner.ttft). A row of prefill is compute, not
+Prefill: the same cuts are timed on calls of PREFILL_ROWS rows (the host's default --batch), and
+the same three-term shape is fitted to them (with one mixture-of-experts block per expert weight type in
+the same rounds: what those take beyond their dense part is the routed experts' rate, EXPERT_SHAPES);
+the planner predicts a chunk of another size on the line between a decode call (1 row) and this one
+(kafila.planner.ttft). A row of prefill is compute, not
 weight reads, so its "bandwidth" is weight bytes processed per second at that many rows. Those chunks
 start a sequence; a later chunk's rows also attend to every position before it (llama.cpp computes
 each row against the whole cache): one block of the small model is timed at ATTENTION_AT against
