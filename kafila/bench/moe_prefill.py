@@ -61,8 +61,7 @@ def measure(fit: Any, shapes: tuple[Shape, ...], folder: Path, cache: Any, threa
         dense = info.blocks_bytes[0] - n_experts * x
         slope, intercept = np.polyfit([k for k, _, _ in mine], [s for _, s, _ in mine], 1)
         at_k = next(s for k, s, _ in mine if k == own_k)
-        fixed = fit.prefill_dispatch_s + fit.prefill_block_s
-        shared_ms = (fixed + dense / fit.prefill_bandwidth_bytes_per_s) * 1e3
+        shared_ms = fit.predict_prefill(1, dense) * 1e3
         per_expert_ms = x / expert_rate(rates, info.expert_type, fit.prefill_bandwidth_bytes_per_s) * 1e3
         out.append({
             "shape": name, "expert_type": info.expert_type, "rows": rows, "expert_bytes": x, "experts": n_experts,
@@ -73,7 +72,7 @@ def measure(fit: Any, shapes: tuple[Shape, ...], folder: Path, cache: Any, threa
             "block_ms": at_k * 1e3, "block_predicted_ms": shared_ms + own_k * per_expert_ms,
             "block_error": (shared_ms + own_k * per_expert_ms) / (at_k * 1e3) - 1,
             # the old prediction: every byte of the block as dense compute (all experts for every row)
-            "whole_block_predicted_ms": (fixed + info.blocks_bytes[0] / fit.prefill_bandwidth_bytes_per_s) * 1e3,
+            "whole_block_predicted_ms": fit.predict_prefill(1, info.blocks_bytes[0]) * 1e3,
         })
     return out
 

@@ -55,11 +55,7 @@ def read_bytes(model: ModelSpec, batch: int) -> tuple[int, ...]:
     machine's cost; a compute-bound one also pays per row (the 8B-shaped dense block took 1.8× as long at
     batch 4 as at 1 on one core), which this leaves out for dense and MoE blocks alike.
     """
-    if not any(model.expert_bytes):
-        return model.blocks_bytes
-    n, k = model.experts, model.experts_used
-    touched = expected_experts(n, k, batch)
-    return tuple(s - n * x + round(touched * x) for s, x in zip(model.blocks_bytes, model.expert_bytes, strict=True))
+    return _with_experts(model, expected_experts(model.experts, model.experts_used, batch))
 
 
 def prefill_bytes(model: ModelSpec, expert_scale: float = 1.0) -> tuple[int, ...]:
@@ -72,11 +68,15 @@ def prefill_bytes(model: ModelSpec, expert_scale: float = 1.0) -> tuple[int, ...
     the member's dense prefill rate over its routed-expert rate for the model's expert type. Dense blocks:
     all their bytes.
     """
+    return _with_experts(model, model.experts_used * expert_scale)
+
+
+def _with_experts(model: ModelSpec, experts: float) -> tuple[int, ...]:
+    """Each block's dense tensors plus `experts` routed experts' bytes (a dense block: all of it)."""
     if not any(model.expert_bytes):
         return model.blocks_bytes
-    n, k = model.experts, model.experts_used
-    return tuple(s - n * x + round(k * x * expert_scale)
-                 for s, x in zip(model.blocks_bytes, model.expert_bytes, strict=True))
+    n = model.experts
+    return tuple(s - n * x + round(experts * x) for s, x in zip(model.blocks_bytes, model.expert_bytes, strict=True))
 
 
 def kv_positions(model: ModelSpec, workload: Workload) -> tuple[int, ...]:
