@@ -60,7 +60,9 @@ def _refusal(other: Path) -> str:
                             else None)
     with session:
         if not refused.wait(REFUSAL_TIMEOUT_S):
-            raise SessionError(f"the host did not refuse {MEMBERS[1]} within {REFUSAL_TIMEOUT_S:.0f} s")
+            said = " | ".join(text for _, text in session.state.events[-3:])
+            raise SessionError(f"the host did not refuse {MEMBERS[1]} within {REFUSAL_TIMEOUT_S:.0f} s "
+                               f"(the session's last events: {said})")
         view = session.state.members[MEMBERS[1]]
         return view.note
 

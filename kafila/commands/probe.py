@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from kafila.engine.probe import probe
+    from kafila.engine.probe_process import probe_isolated
     from kafila.model.embedded import resolve_model
     from kafila.model.stage_cache import StageCache
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         def step(what: str, done: int, total: int) -> None:
             bar.update(task, description=what, completed=done, total=total)
 
-        result = probe(resolve_model(args.model), StageCache(), calls=args.calls, on_step=step)
+        result = probe_isolated(resolve_model(args.model), StageCache(), on_step=step, calls=args.calls)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
         return 0

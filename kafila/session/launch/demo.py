@@ -87,6 +87,24 @@ async def _start(argv: list[str], log_path: Path, env: dict[str, str]) -> asynci
         )
 
 
+def _last_line(log_path: Path) -> str:
+    """The last line a process wrote to its log (its error, when it failed)."""
+    try:
+        with log_path.open("rb") as log:
+            log.seek(max(log.seek(0, os.SEEK_END) - 4096, 0))
+            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+async def _watch(proc: asyncio.subprocess.Process, name: str, log_path: Path, state: SessionState) -> None:
+    """Say in the session's log when a member's process ends by itself (a crash shows only in its own log)."""
+    code = await proc.wait()
+    how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+    state.log(f"member {name}'s process ended ({how}); the last line of {log_path}: {_last_line(log_path)}")
+
+
 async def _start_rendezvous(argv: list[str], log_path: Path, env: dict[str, str],
                             procs: list[asyncio.subprocess.Process]) -> None:
     """Start the rendezvous (added to `procs`, to be stopped) and return once its log says it listens.
@@ -147,6 +165,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
     await asyncio.to_thread(cached_probe, default_model_path(), cache, None, opts.fresh_probe, threads)
     port = free_udp_pair()
     procs: list[asyncio.subprocess.Process] = []
+    watchers: list[asyncio.Task[None]] = []
     code_known = asyncio.Event()
     state.subscribe(lambda s: code_known.set() if s.code is not None else None)
     try:
@@ -179,8 +198,12 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                         if m.llama_path is not None:
                             member_env = env_for(m.llama_path, {**os.environ, **member_env})
                         procs.append(await _start(argv, log_dir / f"{m.name}.log", member_env))
+                        watchers.append(asyncio.create_task(_watch(procs[-1], m.name, log_dir / f"{m.name}.log",
+                                                                   state)))
                     await asyncio.wait({host})
             finally:
+                for w in watchers:  # the demo's own stopping of its members is no news
+                    w.cancel()
                 if host is not None:
                     host.cancel()  # no-op once it has ended; else it ends with the demo
                 try:

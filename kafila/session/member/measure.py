@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from kafila.engine.build import build_identity
-from kafila.engine.probe import LARGE_SHAPE, ProbeResult, probe
+from kafila.engine.probe import LARGE_SHAPE, ProbeResult
+from kafila.engine.probe_process import probe_isolated
 from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
 from kafila.session.coordinator.builds import build_tag, wire_protocol
@@ -59,7 +60,7 @@ def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, in
                 return ProbeResult.from_dict(saved["result"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    result = probe(model, cache, on_step=on_step, threads=threads, large_shape=large_shape)
+    result = probe_isolated(model, cache, on_step=on_step, threads=threads, large_shape=large_shape)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".probe.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"build": tag, "time": time.time(), "result": result.as_dict()}))
