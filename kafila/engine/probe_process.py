@@ -3,7 +3,7 @@
 Some llama.cpp builds crash on mixture-of-experts graphs that others run (llama.cpp's issue #20824: a
 segfault in the AMX kernels, on MoE models only, with GGML_NATIVE on a CPU that has AMX). The probe
 times one MoE block per expert type; a member whose build cannot run them must still join a dense
-session. So the probe runs in a spawned child: when that dies by a signal, it runs again without
+session. So the probe runs in a spawned child: when that dies (or hangs), it runs again without
 the MoE blocks (the planner then charges routed experts the dense prefill rate) and says so.
 """
 
@@ -22,6 +22,7 @@ from kafila.errors import EngineError
 from kafila.model.stage_cache import StageCache
 
 log = logging.getLogger("kafila.probe")
+STALL_S = 300.0  # a child silent this long (its steps come every call) is hung, not slow: killed, as if crashed
 Measure = Callable[..., ProbeResult]  # kafila.engine.probe.probe's signature
 
 
@@ -46,8 +47,8 @@ def _exit_text(code: int | None) -> str:
 
 
 def _run(measure: Measure, model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None,
-         kwargs: dict[str, Any]) -> ProbeResult | str:
-    """The child's result, or how it ended when it sent none (a crash)."""
+         kwargs: dict[str, Any], stall_s: float) -> ProbeResult | str:
+    """The child's result, or how it ended when it sent none (a crash, a hang)."""
     ctx = mp.get_context("spawn")  # a fork would copy the caller's threads' locks (asyncio, the QUIC endpoint)
     ours, theirs = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(theirs, measure, str(model), str(cache.root), kwargs), daemon=True)
@@ -55,6 +56,9 @@ def _run(measure: Measure, model: Path, cache: StageCache, on_step: Callable[[st
     theirs.close()  # the child's end: EOF here once the child is gone, however it ended
     try:
         while True:
+            if not ours.poll(stall_s):
+                proc.kill()
+                return f"no progress for {stall_s:.0f} s"
             try:
                 kind, *payload = ours.recv()
             except EOFError:
@@ -75,16 +79,16 @@ def _run(measure: Measure, model: Path, cache: StageCache, on_step: Callable[[st
 
 
 def probe_isolated(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
-                   measure: Measure = probe, **kwargs: Any) -> ProbeResult:
+                   measure: Measure = probe, stall_s: float = STALL_S, **kwargs: Any) -> ProbeResult:
     """`measure(model, cache, on_step=…, **kwargs)` (the probe) in a spawned process; again without its
-    mixture-of-experts blocks when the first run crashed."""
-    got = _run(measure, model, cache, on_step, kwargs)
+    mixture-of-experts blocks when the first run crashed or hung."""
+    got = _run(measure, model, cache, on_step, kwargs, stall_s)
     if isinstance(got, ProbeResult):
         return got
-    log.warning("the probe crashed (%s); probing again without mixture-of-experts blocks, whose routed "
+    log.warning("the probe failed (%s); probing again without mixture-of-experts blocks, whose routed "
                 "experts are then planned at the dense prefill rate", got)
-    again = _run(measure, model, cache, on_step, {**kwargs, "expert_shapes": ()})
+    again = _run(measure, model, cache, on_step, {**kwargs, "expert_shapes": ()}, stall_s)
     if isinstance(again, ProbeResult):
         return again
-    raise EngineError(f"the probe crashed twice ({got}; then without mixture-of-experts blocks, {again}): "
+    raise EngineError(f"the probe failed twice ({got}; then without mixture-of-experts blocks, {again}): "
                       "this llama.cpp build cannot run Kafila's stages on this machine")
