@@ -84,6 +84,14 @@ class RejoinRefused(RendezvousError):
     code = "stale_nonce"
 
 
+class CookieNeeded(RendezvousError):
+    """The rendezvous asks for a request again with its return-routability cookie (rendezvous.cookies)."""
+
+    def __init__(self, cookie: str) -> None:
+        super().__init__("send the request again with this cookie", "cookie")
+        self.cookie = cookie
+
+
 RENDEZVOUS_CODES: dict[str, type[RendezvousError]] = {
     "wrong_code": WrongJoinCode,
     "unknown_session": UnknownSession,
@@ -94,6 +102,7 @@ RENDEZVOUS_CODES: dict[str, type[RendezvousError]] = {
     "stale_nonce": RejoinRefused,
     "bad_mac": RejoinRefused,
     "bad_request": RendezvousError,
+    "cookie": RendezvousError,  # answered by the client itself (kafila.net.rdvclient), never shown
 }
 
 

@@ -9,7 +9,9 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
 * Control REQUESTs (0x10, JSON; the answer is a RESPONSE 0x11 with the same request id, from
   the socket it arrived on). Ops, with the fields each carries:
 
+    cookie    {"op":"cookie", "pad": 48+ characters}                -> {"cookie": hex16}
     create    {"op":"create", "token_hash": hex32[, "session": id]}  -> {"session": id}
+              (create, join and rejoin also carry "cookie": hex16, see below)
               with "session": the members of a session this rendezvous forgot (it restarted)
               create it again under its id; a second such create with the same token hash
               answers the same, another token hash is refused ("wrong_code")
@@ -28,6 +30,12 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
     ping      {"op":"ping", "session", "member"}                     -> {"obs": [ip, port]}
     leave     {"op":"leave", "session", "member"}                    -> {}
 
+  Ops that place state for the source address (create, join, rejoin) first need its
+  return-routability cookie (rendezvous.cookies): without a valid one the answer is only
+  {"ok": false, "code": "cookie", "cookie": hex16}, no larger than the request, and the
+  client sends the op again with it (a client asks for one with `cookie` first, so that a
+  join's token is not sent twice). So every address the rendezvous keeps, answers with
+  more than was asked, or relays to, has shown that it reads what is sent to it.
   Success answers {"ok": true, ...}. Failures answer {"ok": false, "code": "<code>", "error":
   "<for a person>"} with a code from kafila.errors.RENDEZVOUS_CODES. A failure never echoes any
   of the request and is never larger than it: the text is dropped, then the whole answer, when
@@ -37,10 +45,13 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
   destination's relay address when sender (known by its source address) and destination are in
   the same session. The payload is never parsed: it is QUIC ciphertext or a MAC'd punch frame.
 
-Everything is bounded (rendezvous.limits.Limits): sessions in all and per source IP (/64 for
-IPv6), members per session, datagram sizes, every request and probe per source address and per
+STUN answers, too, are never larger than the request (members pad theirs: kafila.net.stun).
+
+Everything is bounded (rendezvous.limits.Limits): sessions in all (when full, the idlest session
+that no second address has joined is dropped for a new one) and per network (/24, /48 for IPv6),
+members per session, datagram sizes, every request and probe per source address and per
 IP, creates and joins tighter still, relayed datagrams per member, the retry cache; silent
-members, sessions only their creator joined, and idle sessions expire. Nothing is queued.
+members, sessions no second address joined, and idle sessions expire. Nothing is queued.
 Records are in rendezvous.state; every bound and the buckets that apply it in rendezvous.limits.
 """
 
@@ -54,6 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kafila.errors import (
+    CookieNeeded,
     MemberExists,
     NotMember,
     ProtocolError,
@@ -66,7 +78,8 @@ from kafila.errors import (
 from kafila.net import registration, stun, wire
 from kafila.net.registration import MESSAGES
 from kafila.net.trust import SESSION_ID_LEN, random_b32, valid_session_id
-from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, ip_key
+from rendezvous.cookies import Cookies
+from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, net_key
 from rendezvous.state import Member, Session, Stats
 
 __all__ = ["Addr", "Limits", "Member", "Out", "RendezvousCore", "Session", "Stats"]
@@ -80,7 +93,7 @@ REPLY_CACHE_S = 30.0
 class RendezvousCore:
     """Session registry, probe responder and relay table. No sockets, no clock: `now` comes in."""
 
-    def __init__(self, sockets: list[Addr], limits: Limits | None = None) -> None:
+    def __init__(self, sockets: list[Addr], limits: Limits | None = None, secret: bytes | None = None) -> None:
         if not sockets:
             raise ValueError("the rendezvous needs at least one socket")
         self.sockets = list(sockets)
@@ -89,7 +102,9 @@ class RendezvousCore:
         self.by_addr: dict[Addr, tuple[str, bytes]] = {}
         self.stats = Stats()
         self.limiter = RateLimiter(self.limits)
-        self._per_ip: Counter[str] = Counter()  # live sessions per creator ip_key
+        self.cookies = Cookies(secret)
+        self._per_net: Counter[str] = Counter()  # live sessions per creator's network (net_key)
+        self._unjoined: OrderedDict[str, None] = OrderedDict()  # sessions no second address joined, idlest first
         # (src, request id) -> (when, digest of the request, reply): a retry is the same bytes
         self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes, bytes]] = OrderedDict()
         self._last_expiry = float("-inf")
@@ -97,6 +112,7 @@ class RendezvousCore:
         ports = sorted({port for _, port in self.sockets})
         self._ips, self._ports = ips, ports
         self._handlers: dict[str, Callable[[dict[str, Any], Addr, Addr, float], dict[str, Any]]] = {
+            "cookie": self._op_cookie,
             "create": self._op_create,
             "join": self._op_join,
             "challenge": self._op_challenge,
@@ -157,8 +173,11 @@ class RendezvousCore:
         other = None
         if len(self._ips) > 1:
             other = (self._other(self._ips, local[0]), self._other(self._ports, local[1]) or local[1])
-        reply = stun.StunMessage(stun.BINDING_SUCCESS, msg.txid, mapped=src, origin=origin, other=other)
-        return [(stun.encode(reply), origin, src)]
+        reply = stun.encode(stun.StunMessage(stun.BINDING_SUCCESS, msg.txid, mapped=src, origin=origin, other=other))
+        if len(reply) > len(data):  # an unpadded request (not a member's): answering would amplify
+            self.stats.dropped += 1
+            return []
+        return [(reply, origin, src)]
 
     # ---- control ---------------------------------------------------------------------------
 
@@ -181,6 +200,11 @@ class RendezvousCore:
             if handler is None:
                 raise ProtocolError("unknown op")  # never the op itself: no echo
             reply = wire.encode_control(wire.RESPONSE, rid, {"ok": True, **handler(frame.body, src, local, now)})
+        except CookieNeeded as exc:
+            reply = wire.encode_control(wire.RESPONSE, rid, {"ok": False, "code": "cookie", "cookie": exc.cookie})
+            if len(reply) > size:  # a request too small to answer without amplifying: never a legitimate one
+                return []
+            return [(reply, local, src)]  # not cached: it is stateless, and the next try carries the cookie
         except ProtocolError as exc:
             reply = bounded_refusal(rid, "bad_request", str(exc), size)
         except RendezvousError as exc:
@@ -192,6 +216,14 @@ class RendezvousCore:
         while len(self._replies) > self.limits.max_cached_replies:
             self._replies.popitem(last=False)
         return [(reply, local, src)]
+
+    def _routable(self, body: dict[str, Any], src: Addr, now: float) -> None:
+        """Go on only for a source that echoed its cookie; else CookieNeeded carries one to echo."""
+        cookie = body.get("cookie")
+        if cookie is not None:
+            if self.cookies.valid(wire.get_hex(body, "cookie", registration.COOKIE_LEN), src, now):
+                return
+        raise CookieNeeded(self.cookies.issue(src, now).hex())
 
     def _admit_join(self, src: Addr, now: float) -> None:
         if not self.limiter.allow_join(src, now):
@@ -218,8 +250,14 @@ class RendezvousCore:
             raise NotMember("member registered from another address; re-join")
         return s, m
 
+    def _op_cookie(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
+        if len(wire.get_str(body, "pad", 2 * registration.COOKIE_PAD)) < registration.COOKIE_PAD:
+            raise ProtocolError("a cookie request must be padded")  # else its answer would be the larger
+        return {"cookie": self.cookies.issue(src, now).hex()}
+
     def _op_create(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         token_hash = wire.get_hex(body, "token_hash", 32)
+        self._routable(body, src, now)
         self._admit_join(src, now)
         asked = body.get("session")
         if asked is not None and not (isinstance(asked, str) and valid_session_id(asked)):
@@ -228,20 +266,26 @@ class RendezvousCore:
             if not hmac.compare_digest(known.token_hash, token_hash):  # not that session's code
                 raise WrongJoinCode(MESSAGES["wrong_code"])
             return {"session": asked}  # another member of the forgotten session re-created it first
-        owner = ip_key(src[0])
-        if self._per_ip[owner] >= self.limits.max_sessions_per_ip:
-            raise RendezvousBusy("too many sessions from this address; end one or try later", "full")
+        owner = net_key(src[0])
+        if self._per_net[owner] >= self.limits.max_sessions_per_net:
+            raise RendezvousBusy("too many sessions from this network; end one or try later", "full")
         if len(self.sessions) >= self.limits.max_sessions:
-            raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
+            if not self._unjoined:
+                raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
+            idlest = next(iter(self._unjoined))  # made for nothing, or waiting longest for its members
+            self._drop_session(idlest)
+            log.info("session %s dropped for a new one (full; no second address had joined it)", idlest)
         sid = asked or random_b32(SESSION_ID_LEN)
         while sid in self.sessions:
             sid = random_b32(SESSION_ID_LEN)
         self.sessions[sid] = Session(sid, token_hash, now, now, owner)
-        self._per_ip[owner] += 1
+        self._per_net[owner] += 1
+        self._unjoined[sid] = None
         log.info("session %s %s from %s:%d", sid, "created again" if asked else "created", *src)
         return {"session": sid}
 
     def _op_join(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
+        self._routable(body, src, now)
         self._admit_join(src, now)  # first: guessing session ids or codes costs join tokens
         s = self._session(body)
         mid = wire.get_hex(body, "member", wire.ID_LEN)
@@ -254,7 +298,10 @@ class RendezvousCore:
             raise RendezvousBusy(f"session is full ({self.limits.max_members} members)", "full")
         m = Member(mid, src, local, now, reg_key=registration.new_reg_key())
         s.members[mid] = m
-        s.joined += 1
+        if len(s.join_addrs) < 2:  # a second address makes it a session in use, never dropped for room
+            s.join_addrs.add(src)
+            if len(s.join_addrs) == 2:
+                self._unjoined.pop(s.session_id, None)
         self._place(s, m, src, local, now)
         log.info("session %s: member %s joined from %s:%d", s.session_id, mid.hex()[:8], *src)
         return {"members": len(s.members), "reg": m.reg_key.hex()}
@@ -267,6 +314,7 @@ class RendezvousCore:
 
     def _op_rejoin(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._registered(body)
+        self._routable(body, src, now)  # the relay address moves here: it must read what it is sent
         nonce = wire.get_hex(body, "nonce", registration.NONCE_LEN)
         mac = wire.get_hex(body, "mac", registration.MAC_LEN)
         issued = m.nonce
@@ -288,12 +336,18 @@ class RendezvousCore:
             del self.by_addr[m.addr]
         m.addr, m.local, m.last_seen = src, local, now
         self.by_addr[src] = (s.session_id, m.member_id)
+        self._touch(s, now)
+
+    def _touch(self, s: Session, now: float) -> None:
         s.last_active = now
+        if s.session_id in self._unjoined:
+            self._unjoined.move_to_end(s.session_id)
 
     def _op_announce(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
         ann = wire.get_str(body, "ann", 1300)
-        m.announcement, m.last_seen, s.last_active = ann, now, now
+        m.announcement, m.last_seen = ann, now
+        self._touch(s, now)
         return {}
 
     def _op_list(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
@@ -314,7 +368,8 @@ class RendezvousCore:
 
     def _op_ping(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
-        m.last_seen, s.last_active = now, now
+        m.last_seen = now
+        self._touch(s, now)
         return {"obs": list(src)}
 
     def _op_leave(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
@@ -359,9 +414,10 @@ class RendezvousCore:
             m = s.members.pop(mid)
             if self.by_addr.get(m.addr) == (sid, mid):
                 del self.by_addr[m.addr]
-        self._per_ip[s.owner] -= 1
-        if self._per_ip[s.owner] <= 0:
-            del self._per_ip[s.owner]
+        self._unjoined.pop(sid, None)
+        self._per_net[s.owner] -= 1
+        if self._per_net[s.owner] <= 0:
+            del self._per_net[s.owner]
 
     def expire(self, now: float) -> None:
         """Drop silent members and idle, unjoined or too-old sessions (at most once a second)."""
@@ -376,7 +432,7 @@ class RendezvousCore:
                     self._remove(sid, mid)
             age = now - s.created
             too_old = age > lim.session_max_age_s
-            unjoined = s.joined <= 1 and age > lim.unjoined_session_ttl_s
+            unjoined = len(s.join_addrs) < 2 and age > lim.unjoined_session_ttl_s
             idle = not s.members and now - s.last_active > lim.empty_session_ttl_s
             if too_old or unjoined or idle:
                 self._drop_session(sid)

@@ -18,8 +18,11 @@ _HEADER = struct.Struct("!BI")  # a control message's kind and request id (kafil
 class Limits:
     """Every bound the rendezvous enforces."""
 
-    max_sessions: int = 1000
-    max_sessions_per_ip: int = 64  # live sessions created from one IPv4 address or IPv6 /64
+    # A session is a few hundred bytes (its members' announcements up to 1.3 kB each): 100,000 is tens of MB.
+    max_sessions: int = 100_000
+    # live sessions created from one network (an IPv4 /24, an IPv6 /48): a flood from many addresses of
+    # one network takes this many, not the table
+    max_sessions_per_net: int = 64
     max_members: int = 16
     member_timeout_s: float = 30.0  # silent this long -> removed (members re-join every few seconds)
     empty_session_ttl_s: float = 60.0  # a session nobody is in (its creator left or never joined)
@@ -59,6 +62,18 @@ def ip_key(ip: str) -> str:
             return str(addr.ipv4_mapped)
         return str(ipaddress.IPv6Network((addr, 64), strict=False))
     return str(addr)
+
+
+def net_key(ip: str) -> str:
+    """The network one party is likely to hold many addresses of: an IPv4 /24, an IPv6 /48."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    prefix = 24 if addr.version == 4 else 48
+    return str(ipaddress.ip_network((addr, prefix), strict=False))
 
 
 @dataclass

@@ -28,8 +28,9 @@ class Session:
     token_hash: bytes
     created: float
     last_active: float
-    owner: str = ""  # ip_key of the creator, for the per-IP session cap
-    joined: int = 0  # member ids ever registered: 1 means only the creator came
+    owner: str = ""  # net_key of the creator, for the per-network session cap
+    # the first two addresses that joined (each showed its cookie): a second one means the session is in use
+    join_addrs: set[Addr] = field(default_factory=set)
     members: dict[bytes, Member] = field(default_factory=dict)
 
 

@@ -32,6 +32,8 @@ class RendezvousClient:
         self.code: JoinCode | None = None
         self.reg_key: bytes | None = None  # from our first join; re-joins prove it instead of the token
         self.sealed: str | None = None  # our announcement, published again when the rendezvous forgot it
+        # (when, cookie): the rendezvous's proof that our address reads its replies
+        self._cookie: tuple[float, str] | None = None
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -74,7 +76,31 @@ class RendezvousClient:
             self._send(wire.encode_control(wire.REQUEST, secrets.randbits(32), body), self.rendezvous)
 
     async def request(self, body: dict[str, Any], timeout_s: float = 0.5, tries: int = 6) -> dict[str, Any]:
-        """One op, resent until answered; NetworkError when it never is, SessionError when it is refused."""
+        """One op, resent until answered; NetworkError when it never is, SessionError when it is refused.
+
+        An op that needs the rendezvous's cookie for our address carries the latest one we were given;
+        when that is missing or stale, the answer is a fresh one, and the op goes again with it."""
+        needs_cookie = body.get("op") in registration.COOKIE_OPS
+        if needs_cookie:
+            now = asyncio.get_running_loop().time()
+            if self._cookie is None or now - self._cookie[0] > registration.COOKIE_FRESH_S:
+                # its own request first: a join's first try must not carry the token only to be turned away
+                self._take_cookie(self._checked({"op": "cookie"}, await self._exchange(
+                    registration.cookie_body(), timeout_s, tries)))
+            assert self._cookie is not None
+            body = {**body, "cookie": self._cookie[1]}
+        reply = await self._exchange(body, timeout_s, tries)
+        if needs_cookie and reply.get("ok") is not True and reply.get("code") == "cookie":  # our address changed
+            self._take_cookie(reply)
+            assert self._cookie is not None
+            reply = await self._exchange({**body, "cookie": self._cookie[1]}, timeout_s, tries)
+        return self._checked(body, reply)
+
+    def _take_cookie(self, reply: dict[str, Any]) -> None:
+        self._cookie = (asyncio.get_running_loop().time(), wire.get_hex(reply, "cookie", registration.COOKIE_LEN).hex())
+
+    async def _exchange(self, body: dict[str, Any], timeout_s: float, tries: int) -> dict[str, Any]:
+        """The rendezvous's answer to one request, whatever it says."""
         if self.rendezvous is None:
             raise SessionError("no rendezvous set: create or join a session first")
         rid = secrets.randbits(32)
@@ -97,7 +123,7 @@ class RendezvousClient:
                 )
         finally:
             del self._control_waiters[rid]
-        return self._checked(body, reply)
+        return reply
 
     @staticmethod
     def _checked(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:

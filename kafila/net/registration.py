@@ -33,6 +33,10 @@ REG_KEY_LEN = 32
 NONCE_LEN = 16
 MAC_LEN = 32
 NONCE_TTL_S = 30.0
+COOKIE_LEN = 16  # the rendezvous's return-routability cookie (rendezvous.cookies)
+COOKIE_OPS = frozenset({"create", "join", "rejoin"})  # ops that place state for an address: they need one
+COOKIE_PAD = 48  # a cookie request's padding: its answer must not be larger than it
+COOKIE_FRESH_S = 25.0  # a cookie is good for 30-60 s (rendezvous.cookies); asked again after this
 _LABEL = b"kafila-rejoin\x00"
 
 # What each refusal code means to a person, used by the rendezvous and when a reply had to
@@ -47,6 +51,7 @@ MESSAGES: dict[str, str] = {
     "stale_nonce": "stale or reused nonce; challenge again",
     "bad_mac": "re-join MAC does not verify",
     "bad_request": "malformed request",
+    "cookie": "send the request again with this cookie",
 }
 
 Request = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -75,6 +80,11 @@ def mac_ok(reg_key: bytes, session_id: str, member_id: bytes, nonce: bytes, mac:
 def join_body(session_id: str, member_id: bytes, token: bytes) -> dict[str, Any]:
     """The first join's request body: the only one that carries the join token."""
     return {"op": "join", "session": session_id, "member": member_id.hex(), "token": token.hex()}
+
+
+def cookie_body() -> dict[str, Any]:
+    """A request for the rendezvous's cookie for our address, padded to be no smaller than its answer."""
+    return {"op": "cookie", "pad": "." * COOKIE_PAD}
 
 
 def challenge_body(session_id: str, member_id: bytes) -> dict[str, Any]:

@@ -10,6 +10,8 @@ Attributes used:
     0x0020 XOR-MAPPED-ADDRESS the source address the server saw (XORed with the magic cookie)
     0x802B RESPONSE-ORIGIN    the address the answer was sent from
     0x802C OTHER-ADDRESS      the server's alternate IP (and port), when it has one
+    0x0026 PADDING            zeros: a request is padded to REQUEST_SIZE bytes, no smaller than any
+                              answer, so the rendezvous answers no spoofed source with more than it sent
 Unknown attributes are skipped; malformed ones raise ProtocolError.
 """
 
@@ -28,6 +30,8 @@ CHANGE_REQUEST = 0x0003
 XOR_MAPPED_ADDRESS = 0x0020
 RESPONSE_ORIGIN = 0x802B
 OTHER_ADDRESS = 0x802C
+PADDING = 0x0026
+REQUEST_SIZE = 96  # the largest answer: header and three IPv6 address attributes, 20 + 3 * 24 = 92
 CHANGE_IP = 0x04
 CHANGE_PORT = 0x02
 MAX_STUN = 548  # a request or answer is far smaller; refuse anything larger
@@ -92,6 +96,9 @@ def encode(msg: StunMessage) -> bytes:
         attrs += _pack_addr(RESPONSE_ORIGIN, msg.origin, False, msg.txid)
     if msg.other:
         attrs += _pack_addr(OTHER_ADDRESS, msg.other, False, msg.txid)
+    if msg.msg_type == BINDING_REQUEST and 20 + len(attrs) < REQUEST_SIZE:
+        pad = REQUEST_SIZE - 20 - len(attrs) - 4
+        attrs += struct.pack("!HH", PADDING, pad) + bytes(pad)
     return struct.pack("!HHI", msg.msg_type, len(attrs), MAGIC) + msg.txid + attrs
 
 

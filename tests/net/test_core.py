@@ -20,6 +20,7 @@ from kafila.net.quic import Identity, PinnedQuicConnection, configuration
 from kafila.net.trust import JoinCode, VerifiedMember
 from kafila.planner.reachability import NatClass
 from rendezvous.core import RendezvousCore
+from tests.rendezvous.asking import answer
 
 pytestmark = pytest.mark.fast
 
@@ -96,6 +97,10 @@ class Net:
     def _at_once(self, m: Member, body: dict[str, Any]) -> None:
         """A request of the setup, answered before the clock moves: the rendezvous's answer straight to m's core
         (the tests' timelines start with everyone registered, as they did with a relay that needed no joins)."""
+        if body["op"] in registration.COOKIE_OPS:  # its cookie first, as the client gets it
+            _, told = answer(self.rendezvous, body, m.addr, RELAY, self.now, 0)
+            assert told is not None and told["code"] == "cookie", told
+            body = {**body, "cookie": told["cookie"]}
         self._seq += 1
         self._asked[self._seq] = (m, body)
         for out, via, to in self.rendezvous.handle(wire.encode_control(wire.REQUEST, self._seq, body), m.addr,
@@ -139,7 +144,9 @@ class Net:
         m, body = asked
         op = body["op"]
         if reply.get("ok") is not True:  # forgotten by the rendezvous: register afresh, or create the session again
-            if op in ("challenge", "rejoin") and reply.get("code") == "not_member":
+            if reply.get("code") == "cookie":
+                self._ask(m, {**body, "cookie": reply["cookie"]})
+            elif op in ("challenge", "rejoin") and reply.get("code") == "not_member":
                 self._ask(m, self._join(m))
             elif op in ("challenge", "rejoin") and reply.get("code") == "unknown_session":
                 self._ask(m, self._create(again=True))

@@ -22,8 +22,9 @@ from kafila.errors import (
     UnknownSession,
     WrongJoinCode,
 )
-from kafila.net import registration, wire
+from kafila.net import registration
 from rendezvous.core import RendezvousCore
+from tests.rendezvous.asking import echoing_cookie
 
 pytestmark = pytest.mark.fast
 
@@ -78,13 +79,11 @@ def test_rejoin_against_an_in_memory_rendezvous() -> None:
 
     async def request(body: dict[str, Any]) -> dict[str, Any]:
         rid[0] += 1
-        [(data, _via, _dst)] = c.handle(wire.encode_control(wire.REQUEST, rid[0], body), (src[0], int(src[1])), A,
-                                        now[0])
-        frame = wire.decode(data)
-        assert isinstance(frame, wire.Control)
-        if frame.body.get("ok") is not True:
-            raise registration.refusal(body.get("op"), frame.body)
-        return frame.body
+        _, reply = echoing_cookie(c, body, (src[0], int(src[1])), A, now[0], rid[0])
+        assert reply is not None
+        if reply.get("ok") is not True:
+            raise registration.refusal(body.get("op"), reply)
+        return reply
 
     async def scenario() -> None:
         token = bytes(range(16))

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kafila.errors import RENDEZVOUS_CODES, ProtocolError
 from kafila.net import stun, wire
 from rendezvous.core import Limits, RendezvousCore, Session
+from tests.rendezvous.asking import echoing_cookie
 
 pytestmark = pytest.mark.fast
 
@@ -25,13 +26,9 @@ def core(**kw: object) -> RendezvousCore:
 
 
 def ask(c: RendezvousCore, body: dict, src=("10.0.0.1", 5000), now=0.0, rid=1) -> dict:
-    out = c.handle(wire.encode_control(wire.REQUEST, rid, body), src, A, now)
-    assert len(out) == 1
-    data, via, dst = out[0]
-    assert via == A and dst == src
-    frame = wire.decode(data)
-    assert isinstance(frame, wire.Control) and frame.request_id == rid
-    return frame.body
+    _, reply = echoing_cookie(c, body, src, A, now, rid)
+    assert reply is not None
+    return reply
 
 
 def new_session(c: RendezvousCore, now: float = 0.0) -> str:
@@ -105,12 +102,19 @@ def test_bounds_sessions_members_and_rate() -> None:
         r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, rid=10 + i)
         assert r["ok"]
         sids.append(r["session"])
-    r = ask(c, {"op": "create", "token_hash": "00" * 32}, rid=20)
-    assert r["ok"] is False and r["code"] == "full"
     assert join(c, sids[0], b"1" * 8, ("10.0.0.1", 1))["ok"]
-    assert join(c, sids[0], b"2" * 8, ("10.0.0.1", 2))["ok"]
+    assert join(c, sids[0], b"2" * 8, ("10.0.0.1", 2))["ok"]  # a second address: sids[0] is in use
     r = join(c, sids[0], b"3" * 8, ("10.0.0.1", 3))
     assert r["ok"] is False and r["code"] == "full" and "session is full" in r["error"]
+    assert join(c, sids[2], b"1" * 8, ("10.0.0.2", 1), now=1.0)["ok"]  # sids[2] waits, but was active later
+    # full: the idlest session no second address joined (sids[1]) makes room for a new one
+    r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, now=2.0, rid=20)
+    assert r["ok"] and sorted(c.sessions) == sorted([sids[0], sids[2], r["session"]])
+    # every session in use (joined from two addresses): then a create is refused
+    for i, (sid, mid) in enumerate([(sids[2], b"2"), (r["session"], b"1"), (r["session"], b"2")]):
+        assert join(c, sid, mid * 8, ("10.0.1.1", 10 + i), now=3.0, rid=30 + i)["ok"]
+    r = ask(c, {"op": "create", "token_hash": "00" * 32}, now=4.0, rid=40)
+    assert r["ok"] is False and r["code"] == "full" and len(c.sessions) == 3
     # join rate per source address
     c2 = core(join_source_burst=3, join_source_rate=0.0)
     sid = new_session(c2)

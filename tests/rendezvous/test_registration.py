@@ -6,8 +6,9 @@ import hashlib
 
 import pytest
 
-from kafila.net import registration, wire
+from kafila.net import registration
 from rendezvous.core import Limits, RendezvousCore
+from tests.rendezvous.asking import echoing_cookie
 
 pytestmark = pytest.mark.fast
 
@@ -18,10 +19,9 @@ HOME, MOVED, EVE = ("10.0.0.1", 1000), ("10.0.0.1", 1001), ("6.6.6.6", 666)
 
 
 def ask(c: RendezvousCore, body: dict, src: tuple[str, int], now: float = 0.0, rid: int = 1) -> dict:
-    [(data, _via, dst)] = c.handle(wire.encode_control(wire.REQUEST, rid, body), src, A, now)
-    frame = wire.decode(data)
-    assert isinstance(frame, wire.Control) and dst == src
-    return frame.body
+    _, reply = echoing_cookie(c, body, src, A, now, rid)
+    assert reply is not None
+    return reply
 
 
 def registered() -> tuple[RendezvousCore, str, bytes]:
