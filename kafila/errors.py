@@ -21,6 +21,11 @@ class ProtocolError(KafilaError):
     """A peer sent bytes that do not parse as the protocol says."""
 
 
+class NeighbourFault(ProtocolError):
+    """A ring neighbour sent what no honest stage sends (a sequence outside the admitted slots, a free of a
+    slot the head never freed): the stage stops taking its input, and it is reported lost."""
+
+
 class NetworkError(KafilaError):
     """A peer or the rendezvous cannot be reached, or a connection failed."""
 

@@ -172,6 +172,7 @@ class StageEngine:
             raise EngineError(f"stage expects float32 rows of width {self.n_embd}, got {embd.dtype} {embd.shape}")
         if not 0 < n <= self.config.n_batch:
             raise EngineError(f"a stage call carries 1..{self.config.n_batch} rows, got {n}")
+        self._check_seqs(rows.seq)
         want = rows.want if self.final else np.ones(n, bool)
         calls = ubatches(rows.seq)
         parts = [self._call(embd[i], Rows(rows.seq[i], rows.pos[i], want[i])) for i in calls]
@@ -205,8 +206,15 @@ class StageEngine:
         assert self._capture is not None
         return self._capture.rows(n)
 
+    def _check_seqs(self, seqs: np.ndarray) -> None:
+        # llama.cpp aborts the process (GGML_ASSERT) on a sequence id past its slots in some calls
+        if len(seqs) and not (0 <= int(seqs.min()) and int(seqs.max()) < self.config.n_seq_max):
+            raise EngineError(f"sequence ids must be 0..{self.config.n_seq_max - 1} (the admitted slots), "
+                              f"got {int(seqs.min())}..{int(seqs.max())}")
+
     def free(self, seq_id: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
+        self._check_seqs(np.array([seq_id]))
         if not llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1):
             raise EngineError(f"llama.cpp could not drop sequence {seq_id} from position {keep}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import sys
 from pathlib import Path
 
@@ -84,20 +85,30 @@ def installed_models(cache_root: Path | None = None) -> list[tuple[str, Path]]:
     return found
 
 
+def looks_like_path(text: str) -> bool:
+    """True for what can only be a path (a folder part, ~, a leading dot, or a .gguf name), not a model name."""
+    return "/" in text or os.sep in text or text.startswith(("~", ".")) or text.lower().endswith(".gguf")
+
+
 def resolve_model(path: str | Path | None, stores: StoreRoots | None = None) -> Path:
     """The model a command should use: a GGUF path (the first file of a split set), a name in MODEL_NAMES,
     a model Ollama, Hugging Face or LM Studio keeps on this machine (stores.py), else the embedded default."""
     if path is None:
         return default_model_path()
     p = Path(path).expanduser()
-    if p.is_file():
+    text = str(path)
+    # a name is a name even when the current directory holds a file of that name (a file there must not
+    # choose the model for a user who asked for `smollm2`): a path has to look like one
+    if looks_like_path(text) and p.is_file():
         return p
-    if str(path) == "smollm2":
+    if text == "smollm2":
         return default_model_path()
-    if str(path) == "gemma3":
+    elif text == "gemma3":
         return gemma3_model_path()
-    found = find_model(str(path), list_models(stores or StoreRoots.from_env()))
-    if found is not None:
+    elif (found := find_model(text, list_models(stores or StoreRoots.from_env()))) is not None:
         return found.path
+    elif p.is_file():
+        raise ModelError(f"{text!r} is not a model name; for the file of that name in this directory, "
+                         f"give it as a path: --model ./{text}")
     raise ModelError(f"model not found: no file {p} and no model of that name (--model takes a GGUF path, one of: "
                      f"{', '.join(MODEL_NAMES)}, or a name `kafila models` lists)")

@@ -27,6 +27,21 @@ def test_names_and_paths(smollm: Path, tmp_path: Path) -> None:
         resolve_model(tmp_path / "gemma7", no_stores)
 
 
+def test_a_file_in_the_current_directory_does_not_shadow_a_model_name(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 34 item 12: `./smollm2` (any file) was loaded for `--model smollm2`
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2").write_bytes(b"not the embedded model")
+    (tmp_path / "mine").write_bytes(b"GGUF")
+    (tmp_path / "mine.gguf").write_bytes(b"")
+    no_stores = StoreRoots(tmp_path / "ollama", tmp_path / "hf", (tmp_path / "lms",))
+    assert resolve_model("smollm2", no_stores) == default_model_path()
+    with pytest.raises(ModelError, match=r"'mine' is not a model name; .* give it as a path: --model ./mine"):
+        resolve_model("mine", no_stores)
+    assert resolve_model("./mine", no_stores) == Path("./mine")  # a path that looks like one is a path
+    assert resolve_model("mine.gguf", no_stores) == Path("mine.gguf")
+
+
 def test_gemma3_assembled_into_the_cache(tmp_path: Path) -> None:
     path = gemma3_model_path(tmp_path)
     assert path.parent == tmp_path / "models"

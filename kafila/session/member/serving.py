@@ -12,7 +12,16 @@ from typing import Any
 
 from kafila.engine.embedding import Embedder
 from kafila.engine.vocab import Vocab
-from kafila.errors import KafilaError, NetworkError, PlanInputError, ProtocolError, SessionEnded
+from kafila.errors import (
+    EngineError,
+    KafilaError,
+    NeighbourFault,
+    NetworkError,
+    PlanInputError,
+    ProtocolError,
+    SessionEnded,
+    SessionError,
+)
 from kafila.model.gguf_file import GGUFFile
 from kafila.net.quic import Link
 from kafila.planner.ttft import TtftModel, plan_model
@@ -28,6 +37,20 @@ def _first(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
     return group
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    """Every exception in a (nested) exception group."""
+    if isinstance(group, BaseExceptionGroup):
+        return [e for sub in group.exceptions for e in _leaves(sub)]
+    return [group]
+
+
+def admitted_slots(seqs: tuple[int, ...], slots: int) -> None:
+    """NeighbourFault unless every sequence id is one of the session's `slots` (llama.cpp aborts on others)."""
+    bad = [s for s in seqs if not 0 <= s < slots]
+    if bad:
+        raise NeighbourFault(f"sequence {bad[0]} is outside the admitted {slots} slots")
 
 
 async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
@@ -74,9 +97,17 @@ class Serving(MemberCore):
             self.state.lost = why
             self._fail_requests(why, resumable=False)
             self._say_bye_on_ring(why)
+        except* EngineError as group:  # this member's own stage failed on valid input: it leaves, the ring re-plans
+            reason = f"its stage failed: {_first(group)}"
+            self.state.set_phase("lost", f"{self.opts.name}'s {reason}")
+            self._fail_requests(f"member {self.opts.name} was lost: {reason}", lost=self.opts.name)
+            with contextlib.suppress(KafilaError):
+                await self.send_host(messages.Lost(self.opts.name, reason, self._assigned.epoch))
+            raise SessionError(f"{self.opts.name} left the session: {reason}") from None
         except* (NetworkError, ProtocolError) as group:
             reason = "; ".join(str(e) for e in group.exceptions)
-            peer = self._failed_peer()
+            fault = any(isinstance(e, NeighbourFault) for e in _leaves(group))
+            peer = self._neighbour("prev") if fault else self._failed_peer()
             self.state.lost = f"{peer} lost: {reason}"
             self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
             self._fail_requests(f"member {peer} was lost: {reason}", lost=peer)
@@ -89,6 +120,10 @@ class Serving(MemberCore):
         if nxt is not None:
             with contextlib.suppress(KafilaError):
                 nxt.post(messages.encode(messages.Bye(why)))
+
+    def _neighbour(self, side: str) -> str:
+        link = getattr(self.edges, side, None) if self.edges is not None else None
+        return link.peer.name if link is not None else "a ring neighbour"
 
     def _failed_peer(self) -> str:
         for link in (self.edges.prev, self.edges.next) if self.edges else ():
@@ -120,10 +155,12 @@ class Serving(MemberCore):
     async def _stage_loop(self, inbox: asyncio.Queue[bytes]) -> None:
         assert self.worker is not None and self.edges is not None and self.edges.next is not None
         nxt = self.edges.next
+        slots = self._config().n_seq_max
         while True:
             msg = await inbox.get()
             if messages.kind(msg) == "frame":
                 frame = frames.decode(msg)
+                admitted_slots(frame.header.seqs, slots)
                 out, ns = await self.worker.run(frame)
                 await nxt.send(frames.encode(frame.passed(out, ns)))
                 continue
@@ -131,8 +168,10 @@ class Serving(MemberCore):
             if isinstance(c, messages.Bye):
                 raise SessionEnded(c.reason)
             if isinstance(c, messages.Free):
+                admitted_slots((c.seq,), slots)
                 await self.worker.free(c.seq)
             elif isinstance(c, messages.Trim):
+                admitted_slots((c.seq,), slots)
                 await self.worker.free(c.seq, c.keep)
             elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
                 continue

@@ -37,7 +37,7 @@ from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
-from kafila.errors import EngineError, NetworkError, SessionEnded
+from kafila.errors import NeighbourFault, NetworkError, SessionEnded
 from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
@@ -88,7 +88,9 @@ class Head:
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, which rows want logits, when it was sent)
-        self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int]] = {}
+        # frame id -> (its chunks, rows wanting logits, sent at, (sequences, positions) as sent)
+        self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        self._freeing: set[int] = set()  # slots whose free is going round the ring
         self._depth = window_depth(len(order))  # frames in the ring at once: one per stage, one on the wire
         self._wake = asyncio.Event()
         self._ids = itertools.count()
@@ -236,7 +238,7 @@ class Head:
         if self.trace:
             self.trace({"frame": fid, "tokens": batch.tokens.tolist(), "seqs": rows.seq.tolist(),
                         "positions": rows.pos.tolist(), "want": rows.want.tolist()})
-        self._in_flight[fid] = (list(batch.chunks), rows.want, time.perf_counter_ns())
+        self._in_flight[fid] = (list(batch.chunks), rows.want, time.perf_counter_ns(), (header.seqs, header.positions))
         msg = frames.encode(Frame(header, embd))
         if self.send_next is None:
             self.inbox.put_nowait(msg)
@@ -257,13 +259,13 @@ class Head:
         entry = self._in_flight.pop(frame.header.frame_id, None)
         if entry is None:
             return  # sent before a failure reset the ring: stale
-        taken, want, sent = entry
+        taken, want, sent, rows = entry
+        if (frame.header.seqs, frame.header.positions) != rows:
+            raise NeighbourFault(f"frame {frame.header.frame_id} came back with other sequences or positions "
+                                 "than the head sent")
         self._wake.set()  # the ring has room again: the next chunk can go while this frame is computed here
-        try:
-            logits, head_ns = await self.worker.run(frame, want)
-        except EngineError as exc:
-            self.fail_all(f"the head's stage failed: {exc}")
-            return
+        # an EngineError here is the head's own stage failing on its own rows: the member reports itself lost
+        logits, head_ns = await self.worker.run(frame, want)
         if self.trace:
             self.trace({"logits": frame.header.frame_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
         if frame.header.phase == Phase.DECODE:
@@ -332,6 +334,7 @@ class Head:
         if self.send_next is None:
             await self._release(slot)
         else:
+            self._freeing.add(slot)
             await self.send_next(messages.encode(messages.Free(slot)))
 
     async def _release(self, slot: int) -> None:
@@ -359,9 +362,14 @@ class Head:
         raise SessionEnded(msg.reason)  # a neighbour ended the session: so does this ring (member.py)
 
     async def _on_free(self, msg: messages.Free) -> None:
+        if msg.seq not in self._freeing:  # a slot added twice would be handed to two requests at once
+            raise NeighbourFault(f"a free of slot {msg.seq} came round, which the head did not free")
+        self._freeing.discard(msg.seq)
         await self._release(msg.seq)
 
     async def _on_trim(self, msg: messages.Trim) -> None:
+        if not 0 <= msg.seq < self.config.n_seq_max:
+            raise NeighbourFault(f"a trim of slot {msg.seq} came round, outside the {self.config.n_seq_max} slots")
         await self.worker.free(msg.seq, msg.keep)  # back from the ring: the head's own stage last
 
     async def _on_chat(self, msg: messages.Chat) -> None:
