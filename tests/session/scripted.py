@@ -180,8 +180,10 @@ class Coordinated:
 
 @asynccontextmanager
 async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float = 120.0,
-                      on_connect: dict[str, OnConnect] | None = None) -> AsyncIterator[Coordinated]:
-    """The real coordinator of a session of scripted members `names` (coordinate-only: it holds no stage)."""
+                      on_connect: dict[str, OnConnect] | None = None,
+                      announced: dict[str, dict[str, Any]] | None = None) -> AsyncIterator[Coordinated]:
+    """The real coordinator of a session of scripted members `names` (coordinate-only: it holds no stage);
+    `announced`: a member's measurements in place of member_measurements()'s."""
     async with loopback_rendezvous() as rdv, AsyncExitStack() as stack:
         opts = HostOptions(model=model, rendezvous=rdv, members=len(names), coordinate_only=True, wait_s=WAIT_S,
                            concurrency=1, context=64, batch=32, api_port=None, bind=LOOPBACK,
@@ -194,7 +196,7 @@ async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float =
         readers: list[asyncio.Task[None]] = []
         try:
             for name in names:
-                mep, _ = await endpoint(stack, rdv, name, code, member_measurements())
+                mep, _ = await endpoint(stack, rdv, name, code, (announced or {}).get(name, member_measurements()))
                 inbox = Inbox(await connect_host(mep, WAIT_S))
                 m = members[name] = ScriptedMember(name, mep, inbox, (on_connect or {}).get(name))
                 inbox.on_message = m.answer

@@ -14,9 +14,19 @@ from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session.coordinator.builds import judge_member
 from kafila.session.coordinator.core import CoordinatorCore, Joined
+from kafila.session.coordinator.epochs import planner_member
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model
 from kafila.session.protocol import messages
 from kafila.session.state import MemberView, member_view
+
+
+def unusable_measurements(peer: VerifiedMember) -> str | None:
+    """Why a member's announced measurements cannot be planned with (missing, NaN, negative), or None."""
+    try:
+        planner_member(peer)
+    except SessionError as exc:
+        return str(exc)
+    return None
 
 
 class Admission(CoordinatorCore):
@@ -39,7 +49,8 @@ class Admission(CoordinatorCore):
             peer = link.peer
             view = member_view(peer)
             verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
-            refusal = verdict.reason if not verdict.admitted else await self._model_refusal(peer)
+            refusal = verdict.reason if not verdict.admitted else \
+                unusable_measurements(peer) or await self._model_refusal(peer)
             if refusal is not None:
                 reason = refusal
                 view.status, view.note = "refused", reason

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,7 @@ def planner_member(vm: VerifiedMember, slower: float = 1.0) -> Member:
     m = vm.measurements
     try:
         emu = m.get("emu") or {}
-        return Member(vm.name, float(m["bw"]) / slower, float(m["disp"]) * slower, int(m["mem"]),
+        member = Member(vm.name, float(m["bw"]) / slower, float(m["disp"]) * slower, int(m["mem"]),
                       float(vm.rtt_ms or 0.0), vm.nat_class, float(m["ubw"]) / slower,
                       unembed_s=float(m.get("uo", 0.0)) * slower, block_s=float(m.get("blk", 0.0)) * slower,
                       # prefill and the machine: absent from an older member's announcement (no TTFT then)
@@ -65,6 +67,13 @@ def planner_member(vm: VerifiedMember, slower: float = 1.0) -> Member:
                       machine=str(m.get("mach", "")), throttle=max(float(emu.get("throttle", 1.0)) * slower, 1.0))
     except (KeyError, TypeError, ValueError):
         raise SessionError(f"member {vm.name} announced no usable measurements") from None
+    # JSON carries NaN and infinities: one in a plan's sums makes every comparison false
+    bad = [f.name for f in fields(member) if isinstance(v := getattr(member, f.name), int | float)
+           and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0)]
+    bad += [name for name in ("bandwidth", "unembed_bandwidth", "memory") if not bad and not getattr(member, name)]
+    if bad:
+        raise SessionError(f"member {vm.name} announced unusable measurements ({', '.join(bad)})")
+    return member
 
 
 class Epochs(LossHandling):
