@@ -72,6 +72,7 @@ class Inbox:
     def __init__(self, link: Link) -> None:
         self.link = link
         self.got: list[messages.Control] = []
+        self.chunks: list[int] = []  # the indices of the stage chunks that came
         self.closed: str | None = None
         self._changed = asyncio.Condition()
         self.on_message: Callable[[messages.Control], Awaitable[None]] | None = None
@@ -80,6 +81,8 @@ class Inbox:
         try:
             while True:
                 raw = await self.link.recv()
+                if messages.kind(raw) == "chunk":
+                    self.chunks.append(messages.parse_chunk(raw)[0])
                 if messages.kind(raw) != "control":
                     continue
                 msg = messages.decode(raw)
@@ -115,6 +118,7 @@ class Inbox:
 
 
 OnConnect = Callable[["ScriptedMember", messages.Connect], Awaitable[None]]
+OnAssign = Callable[["ScriptedMember", messages.Assign], Awaitable[None]]
 
 
 @dataclass
@@ -125,6 +129,7 @@ class ScriptedMember:
     ep: PeerEndpoint
     inbox: Inbox
     on_connect: OnConnect | None = None  # None: `ready` at once
+    on_assign: OnAssign | None = None  # None: it holds the stage already, `loaded` at once
     assignments: dict[int, messages.Assign] = field(default_factory=dict)
 
     async def send(self, msg: messages.Control) -> None:
@@ -138,7 +143,10 @@ class ScriptedMember:
         return order[order.index(self.name) - 1]
 
     async def answer(self, msg: messages.Control) -> None:
-        if isinstance(msg, messages.Assign):  # it holds its stage already: nothing to send, loaded at once
+        if isinstance(msg, messages.Assign) and self.on_assign is not None:
+            self.assignments[msg.epoch] = msg
+            await self.on_assign(self, msg)
+        elif isinstance(msg, messages.Assign):  # it holds its stage already: nothing to send, loaded at once
             self.assignments[msg.epoch] = msg
             await self.send(messages.Need(msg.epoch, ()))
             await self.send(messages.Loaded(msg.epoch))
@@ -180,7 +188,7 @@ class Coordinated:
 
 @asynccontextmanager
 async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float = 120.0,
-                      on_connect: dict[str, OnConnect] | None = None,
+                      on_connect: dict[str, OnConnect] | None = None, on_assign: dict[str, OnAssign] | None = None,
                       announced: dict[str, dict[str, Any]] | None = None) -> AsyncIterator[Coordinated]:
     """The real coordinator of a session of scripted members `names` (coordinate-only: it holds no stage);
     `announced`: a member's measurements in place of member_measurements()'s."""
@@ -198,7 +206,8 @@ async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float =
             for name in names:
                 mep, _ = await endpoint(stack, rdv, name, code, (announced or {}).get(name, member_measurements()))
                 inbox = Inbox(await connect_host(mep, WAIT_S))
-                m = members[name] = ScriptedMember(name, mep, inbox, (on_connect or {}).get(name))
+                m = members[name] = ScriptedMember(name, mep, inbox, (on_connect or {}).get(name),
+                                                   (on_assign or {}).get(name))
                 inbox.on_message = m.answer
                 readers.append(asyncio.create_task(inbox.read()))
             yield Coordinated(runtime, state, members, run)

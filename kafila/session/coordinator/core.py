@@ -44,6 +44,7 @@ class Joined:
     manifest: StageManifest | None = None
     stage_path: Path | None = None
     sending: set[asyncio.Task[None]] = field(default_factory=set)
+    asked: set[int] = field(default_factory=set)  # this epoch's chunks it asked for: each is sent once
     progress_at: float = 0.0  # loop time of the last sign of progress: stage bytes moving, any message
     step: str = "receiving its stage"  # what it was doing then, for a person
 

@@ -254,6 +254,7 @@ class Epochs(LossHandling):
         if self.use is not None:
             self.use.add(j.stage_path)
         j.manifest = await run_stoppable(partial(manifest_for, j.stage_path, CHUNK_SIZE))
+        j.asked = set()
         self.state.delivery[name] = (0, j.manifest.size)
         cut_local = claimed_hash(j.peer.measurements) is not None  # admitted, so it is the host's model
         if cut_local:

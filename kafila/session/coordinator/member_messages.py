@@ -19,9 +19,13 @@ class MemberMessages(CoordinatorCore):
     """The coordinator's handlers of members' messages (a member's loss reports are losses.LossHandling's)."""
 
     def _on_need(self, j: Joined, msg: messages.Need) -> None:
-        if msg.epoch != self.epoch:
+        if msg.epoch != self.epoch or j.manifest is None:
             return
-        task = self._tg.create_task(self._send_chunks(j, list(msg.chunks)))
+        # each chunk of the stage once an epoch, whatever a member asks (repeated or past-the-end indices
+        # made the host send its stage again and again)
+        chunks = sorted({i for i in msg.chunks if i < len(j.manifest.chunks)} - j.asked)
+        j.asked.update(chunks)
+        task = self._tg.create_task(self._send_chunks(j, chunks))
         j.sending.add(task)
         task.add_done_callback(j.sending.discard)
 

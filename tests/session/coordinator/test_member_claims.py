@@ -1,0 +1,56 @@
+"""What a member says that the coordinator must not take at its word.
+
+A member whose announced measurements cannot be planned with (NaN, negative, missing: JSON carries NaN and
+infinities) is refused at the door with the reason (issue 34's untested guards): before, it was admitted, and
+planning over it raised inside the epoch and ended the session for everyone. A member that names stage chunks
+again and again gets each once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from kafila.session.protocol import messages
+from tests.session.scripted import ScriptedMember, coordinator, member_measurements
+from tests.synthetic import write_synthetic
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.mark.parametrize(("changed", "named"), [
+    ({"bw": float("nan")}, "bandwidth"),
+    ({"disp": float("inf")}, "dispatch_s"),
+    ({"pbw": -1.0}, "prefill_bandwidth"),
+    ({"mem": 0}, "memory"),
+])
+async def test_unusable_measurements_are_refused_at_the_door(tmp_path: Path, changed: dict[str, float],
+                                                             named: str) -> None:
+    model = write_synthetic(tmp_path / "tiny.gguf", "llama", n_blocks=6)
+    async with coordinator(tmp_path, model, ["ada", "bo"], announced={"bo": {**member_measurements(), **changed}}) as c:
+        refused = await c.members["bo"].inbox.first(messages.Refused)
+        assert refused.reason == f"member bo announced unusable measurements ({named})"
+        await asyncio.sleep(0.2)  # whatever else happens next has its chance
+        assert c.state.members["bo"].status == "refused" and c.state.members["ada"].status != "refused"
+        assert not c.run.done() and c.state.phase not in ("rejected", "ended")  # the session goes on waiting
+
+
+async def asks_again_and_again(m: ScriptedMember, msg: messages.Assign) -> None:
+    """`need` with each index many times, one past the end, and the same `need` twice."""
+    need = messages.Need(msg.epoch, (0,) * 500 + (1, 1, 10**6))
+    await m.send(need)
+    await m.send(need)
+
+
+async def test_a_need_with_repeated_indices_gets_each_chunk_once(tmp_path: Path) -> None:
+    # issue 34 item 13: the host sent a chunk once per time it was named, without end
+    model = write_synthetic(tmp_path / "tiny.gguf", "llama", n_blocks=6)
+    async with coordinator(tmp_path, model, ["ada"], on_assign={"ada": asks_again_and_again}) as c:
+        ada = c.members["ada"]
+        manifest = (await ada.inbox.first(messages.Assign)).stage
+        wanted = [i for i in (0, 1) if i < len(manifest.chunks)]
+        async with asyncio.timeout(60):
+            while len(ada.inbox.chunks) < len(wanted) or c.runtime.joined["ada"].sending:
+                await asyncio.sleep(0.05)
+        assert sorted(ada.inbox.chunks) == wanted
