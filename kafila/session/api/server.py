@@ -14,12 +14,13 @@ generated so far, to the ring the host plans over the others (`ApiServer.events`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from kafila.session.ring.chat_request import BadRequest, ChatRequest, parse_chat
 from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.api")
-Chat = Callable[[dict[str, Any]], AsyncIterator[dict[str, Any]]]
+Chat = Callable[[dict[str, Any]], AsyncGenerator[dict[str, Any], None]]
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
 PORT_TRIES = 20  # a port in use: the chat API takes the next free one of this many
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
@@ -48,7 +49,7 @@ class Forwarder:
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._ids = itertools.count()
 
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def chat(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         cid = f"{self.me}-{next(self._ids)}"
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._queues[cid] = queue
@@ -121,7 +122,7 @@ class ApiServer:
             self._epoch += 1
         self._ring_changed.set()
 
-    async def events(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """The chat's events; a reply cut by a lost member goes on, after a notice, on the re-planned ring.
 
         A request goes on after the loss of the head serving it once (the head is a member like any
@@ -145,25 +146,26 @@ class ApiServer:
             again = ({**body, "resume": list(tokens), "resume_cuts": cuts, "max_tokens": max_tokens - len(tokens)}
                      if tokens else body)
             cut = None
-            async for evt in chat(again):
-                if "delta" in evt:
-                    tokens += evt.get("tokens") or []
-                    first = evt.pop("prompt_cuts", None)  # only for this server, not for the client
-                    cuts = cuts or list(first or [])
-                elif "error" in evt and evt.get("resumable") and head is not None and evt.get("lost") == head \
-                        and heads_lost:
-                    evt = {"error": f"{evt['error']}; the request is not sent again: a second head was lost "
-                                    "while serving it, and the request may be why"}
-                elif "error" in evt and evt.get("resumable"):
-                    heads_lost += head is not None and evt.get("lost") == head
-                    cut = str(evt["error"])
-                    continue  # the chat ends after an error; let it end (and clean up) by itself
-                elif "done" in evt and tokens:
-                    done = {**evt["done"], "completion_tokens": len(tokens)}
-                    if resumed and isinstance(done.get("prompt_tokens"), int):
-                        done["prompt_tokens"] -= resumed  # the new ring's prompt held the resumed tokens
-                    evt = {"done": done}
-                yield evt
+            async with contextlib.aclosing(chat(again)) as replies:  # closed with these events (a client gone)
+                async for evt in replies:
+                    if "delta" in evt:
+                        tokens += evt.get("tokens") or []
+                        first = evt.pop("prompt_cuts", None)  # only for this server, not for the client
+                        cuts = cuts or list(first or [])
+                    elif "error" in evt and evt.get("resumable") and head is not None and evt.get("lost") == head \
+                            and heads_lost:
+                        evt = {"error": f"{evt['error']}; the request is not sent again: a second head was lost "
+                                        "while serving it, and the request may be why"}
+                    elif "error" in evt and evt.get("resumable"):
+                        heads_lost += head is not None and evt.get("lost") == head
+                        cut = str(evt["error"])
+                        continue  # the chat ends after an error; let it end (and clean up) by itself
+                    elif "done" in evt and tokens:
+                        done = {**evt["done"], "completion_tokens": len(tokens)}
+                        if resumed and isinstance(done.get("prompt_tokens"), int):
+                            done["prompt_tokens"] -= resumed  # the new ring's prompt held the resumed tokens
+                        evt = {"done": done}
+                    yield evt
             if cut is None:
                 return
             yield {"notice": f"{cut}; the reply continues once the ring is planned again"}
@@ -192,7 +194,9 @@ class ApiServer:
         A port in use is no reason to end a session: the next free one of PORT_TRIES is taken, and the
         session's log says which. NetworkError only when none of them can be bound.
         """
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # handler_cancellation: a client that goes away cancels its handler, which closes its request's events
+        # and so frees its slot at the head (else the ring decodes for nobody until max_tokens)
+        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         tries = [self.port] if self.port == 0 else list(range(self.port, min(self.port + PORT_TRIES, 65536)))
         failure = ""
@@ -272,16 +276,16 @@ class ApiServer:
             why = self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
             return error_response(503, f"the session is not serving ({why})", code="not_serving")
         cid = f"{shape.prefix}-{int(time.time() * 1000)}"
-        events = self.events(req.body())
-        # The first event decides the status: a request the head refuses (a prompt longer than the
-        # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
-        first = await anext(events, {"error": "the ring ended the request without an answer"})
-        if "error" in first:
-            return event_error(first)
-        base = {"id": cid, "created": int(time.time()), "model": self.model_id}
-        if not req.stream:
-            return await whole(shape, base, first, events)
-        return await stream(request, shape, base, first, events, req.include_usage)
+        async with contextlib.aclosing(self.events(req.body())) as events:
+            # The first event decides the status: a request the head refuses (a prompt longer than the
+            # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
+            first = await anext(events, {"error": "the ring ended the request without an answer"})
+            if "error" in first:
+                return event_error(first)
+            base = {"id": cid, "created": int(time.time()), "model": self.model_id}
+            if not req.stream:
+                return await whole(shape, base, first, events)
+            return await stream(request, shape, base, first, events, req.include_usage)
 
 
 def _json_body(data: bytes) -> Any:

@@ -25,7 +25,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ class Job:
     request: Request | None = None
     started: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
+    abandoned: bool = False  # its client went away: freed at its next sampled row, not decoded to max_tokens
 
 
 class Head:
@@ -109,7 +110,7 @@ class Head:
         }
 
     # -- requests -------------------------------------------------------------------------------
-    async def chat(self, body: Any) -> AsyncIterator[dict[str, Any]]:
+    async def chat(self, body: Any) -> AsyncGenerator[dict[str, Any], None]:
         """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
 
         While its prompt is prefilled, {"progress": {"prefilled": n, "prompt_tokens": total}} after each chunk.
@@ -132,9 +133,20 @@ class Head:
             return
         self._waiting.append(job)
         self._wake.set()
-        async with contextlib.aclosing(paced(job.events)) as events:
-            async for evt in events:
-                yield evt
+        try:
+            async with contextlib.aclosing(paced(job.events)) as events:
+                async for evt in events:
+                    yield evt
+                    if "done" in evt or "error" in evt:
+                        return
+        finally:  # the asker stopped reading (a client that disconnected): its slot is wanted by others
+            self._abandon(job)
+
+    def _abandon(self, job: Job) -> None:
+        if job in self._waiting:
+            self._waiting.remove(job)
+        elif any(j is job for j in self._active.values()):
+            job.abandoned = True
 
     def _make_request(self, job: Job, slot: int) -> Request:
         """The engine's request for a chat or completion body; BadRequest (never anything else) when it is bad."""
@@ -275,6 +287,9 @@ class Head:
             slot = chunk.seq
             job = self._active.get(slot)
             if job is None or job.request is None:
+                continue
+            if job.abandoned:
+                await self._free(slot)
                 continue
             before = len(job.request.generated)
             try:

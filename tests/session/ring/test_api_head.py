@@ -99,3 +99,22 @@ async def test_a_request_whose_sampling_fails_ends_alone(head: Head, llama_cpp_r
     # itself is bad, another ring would fail it alike) nor preceded by text
     assert bad == [{"error": "the head failed on this request: probabilities contain NaN", "status": 500}]
     assert text_of(good) == llama_cpp_reply
+
+
+async def test_a_request_whose_asker_stops_reading_is_freed_not_decoded_to_its_end(head: Head,
+                                                                                   llama_cpp_reply: str) -> None:
+    # issue 34 item 13: a client that went away left its request decoding for nobody until max_tokens
+    story = head.chat({"messages": [{"role": "user", "content": "Tell me a long story about a river."}],
+                       "max_tokens": 400, "temperature": 0})
+    deltas = 0
+    async for evt in story:
+        deltas += "delta" in evt
+        if deltas == 2:
+            break
+    await story.aclose()  # as the API server does when its client disconnects
+    async with asyncio.timeout(60):
+        while head._active:
+            await asyncio.sleep(0.01)
+    assert head.stats.tokens <= 4  # freed at its next sampled row, not after 400
+    events = await remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0})
+    assert text_of(events) == llama_cpp_reply  # the slot serves the next request
