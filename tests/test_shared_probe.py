@@ -57,7 +57,7 @@ def test_concurrent_runs_probe_once_and_all_read_that_probe(tmp_path: Path, monk
                 break
         return RESULT
 
-    monkeypatch.setattr(measure, "probe", fake_probe)
+    monkeypatch.setattr(measure, "probe_isolated", fake_probe)
     errors: list[BaseException] = []
 
     def run(cache: Path) -> None:
