@@ -33,7 +33,7 @@ def bad_frame(seq: int) -> bytes:
     (messages.encode(messages.Trim(65535, 0)), 65535),
     (messages.encode(messages.Free(1)), 1),  # the first id past this session's one slot
     (bad_frame(256), 256),
-])
+], ids=["free-256", "trim-65535", "free-1", "frame-256"])
 async def test_a_sequence_outside_the_slots_is_refused_and_its_sender_reported_lost(tmp_path: Path, sent: bytes,
                                                                                    seq: int) -> None:
     source, manifest = host_stage(tmp_path)
