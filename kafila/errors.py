@@ -34,6 +34,10 @@ class WorkStopped(KafilaError):
     """Work on a worker thread (a cut, a hash) stopped early because what waited for it was cancelled."""
 
 
+class CacheError(KafilaError):
+    """The cache directory is not this user's alone: another user could plant stages in it."""
+
+
 class SessionError(KafilaError):
     """A session could not be joined, admitted, or kept alive."""
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from kafila.errors import CacheError
 from kafila.model.cut import Progress, StageSpec, write_stage
 from kafila.model.gguf_set import SHARD_NAME, GGUFSet
 
@@ -40,11 +41,27 @@ def sha256_file(path: Path, progress: Progress | None = None, more: Sequence[Pat
     return h.hexdigest()
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` (0700 when new); CacheError when it is another user's or others can write it.
+
+    Stages found in the cache are loaded by name, without hashing them again (gigabytes): in a directory
+    another user can write (a shared KAFILA_CACHE_DIR), that user could plant a stage every member loads."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise CacheError(f"the cache directory {path} belongs to another user; give this user its own "
+                         "(KAFILA_CACHE_DIR)")
+    if st.st_mode & 0o022:
+        raise CacheError(f"the cache directory {path} can be written by other users (mode {st.st_mode & 0o777:o}); "
+                         f"make it private (chmod 700 {path}) or give this user its own (KAFILA_CACHE_DIR)")
+
+
 class StageCache:
     """Stage GGUFs under `root/stages/<source hash>/<kind>-<start>-<end>.gguf`, written atomically."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_root()
+        private_dir(self.root)
 
     def source_hash(self, source: Path, progress: Progress | None = None) -> str:
         """Content hash of `source` (all files of a split set); remembered per (path, size, mtime) so big files

@@ -112,9 +112,10 @@ async def test_a_request_whose_asker_stops_reading_is_freed_not_decoded_to_its_e
         if deltas == 2:
             break
     await story.aclose()  # as the API server does when its client disconnects
+    at_close = head.stats.tokens  # the head decodes ahead of its reader: some were never read
     async with asyncio.timeout(60):
         while head._active:
             await asyncio.sleep(0.01)
-    assert head.stats.tokens <= 4  # freed at its next sampled row, not after 400
+    assert head.stats.tokens <= at_close + 1 < 400  # freed at its next sampled row, not decoded on to 400
     events = await remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0})
     assert text_of(events) == llama_cpp_reply  # the slot serves the next request
