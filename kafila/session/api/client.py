@@ -27,10 +27,13 @@ command and the TUI can show it as is.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from kafila.errors import NetworkError, SessionError
 
@@ -67,6 +70,16 @@ class ApiLost(NetworkError):
     def __init__(self, url: str, detail: str) -> None:
         self.url = url
         super().__init__(f"the Kafila session at {url} stopped answering mid-reply: {detail}")
+
+
+class ApiNotYours(SessionError):
+    """Something answers at the API URL, but it is not this user's session: nothing was sent to it."""
+
+    def __init__(self, url: str, why: str) -> None:
+        self.url = url
+        super().__init__(f"the server at {url} is not a Kafila session of yours ({why}); nothing was sent to it. "
+                         f"Another program may hold that port: a session of yours moved to the next free one, "
+                         f"which `kafila tui` and its log show")
 
 
 class ApiError(SessionError):
@@ -176,6 +189,7 @@ class ApiClient:
         # Longest wait for the next byte once connected: the first token includes prompt processing.
         self.read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._proven: str | None = None  # the token the server at url has shown it holds
         self.raw_text = False  # the session's model has no chat template: `stream_reply` completes text
 
     async def __aenter__(self) -> ApiClient:
@@ -198,17 +212,31 @@ class ApiClient:
             self._session = aiohttp.ClientSession(timeout=timeout)
         return self._session
 
-    def _headers(self) -> dict[str, str]:
-        """The bearer token, read afresh: a session restarted on the same port has a new one."""
-        from kafila.session.api.token import read_token
+    async def _headers(self) -> dict[str, str]:
+        """The bearer token (read afresh: a session restarted on the same port has a new one), once the server
+        has proven it holds it: a program squatting on the port never gets the token, nor the conversation."""
+        from kafila.session.api.token import NONCE_HEX, PROOF_PATH, proof, read_token, token_path
 
         token = self.token or read_token(self.url)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        if token is not None and token == self._proven:
+            return {"Authorization": f"Bearer {token}"}
+        nonce = secrets.token_bytes(NONCE_HEX // 2)
+        with self._errors_named():  # no session there at all: ApiUnreachable, as before
+            async with self._http().get(f"{self.url}{PROOF_PATH}?nonce={nonce.hex()}") as resp:
+                body = await _read_body(resp)
+        if token is None:
+            port = urlsplit(self.url).port
+            raise ApiNotYours(self.url, f"you hold no token for it: no {token_path(port or 0)}")
+        shown = body.get("proof") if isinstance(body, dict) else None
+        if not isinstance(shown, str) or not hmac.compare_digest(shown, proof(token, nonce)):
+            raise ApiNotYours(self.url, "it cannot prove it holds your session's token")
+        self._proven = token
+        return {"Authorization": f"Bearer {token}"}
 
     async def _get_json(self, path: str) -> Any:
         url = self.url + path
         with self._errors_named():
-            async with self._http().get(url, headers=self._headers()) as resp:
+            async with self._http().get(url, headers=await self._headers()) as resp:
                 body = await _read_body(resp)
                 if resp.status >= 400:
                     raise ApiError(self.url, _error_message(body) or f"{path} answered {resp.reason}", resp.status)
@@ -288,7 +316,7 @@ class ApiClient:
         """POST `request` (the messages or the prompt) with the model and sampling options, streamed; its items."""
         payload = {"model": model, **request, "stream": True, "max_tokens": max_tokens, "temperature": temperature}
         with self._errors_named():
-            async with self._http().post(self.url + path, json=payload, headers=self._headers()) as resp:
+            async with self._http().post(self.url + path, json=payload, headers=await self._headers()) as resp:
                 if resp.status >= 400:
                     body = await _read_body(resp)
                     raise ApiError(self.url, _error_message(body) or str(resp.reason), resp.status,

@@ -18,6 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
+from kafila.session.api.token import PROOF_PATH
+
 log = logging.getLogger("kafila.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -59,7 +61,10 @@ class Guard:
         if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
             return error_response(403, "requests from web pages are refused (cross-site fetch)",
                                   code="foreign_origin")
-        if self.token is not None and not self._authorized(request):
+        # the proof is how a client tells its own session from a program squatting on the port: asked
+        # before the client sends its token, so it needs none (it gives away a MAC over the client's nonce)
+        if self.token is not None and not self._authorized(request) and \
+                not (request.method == "GET" and request.path == PROOF_PATH):
             return error_response(401, f"this chat API needs its bearer token{self.token_hint}",
                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         if request.method == "POST" and request.content_type != "application/json":

@@ -29,7 +29,7 @@ from aiohttp import web
 from kafila.errors import NetworkError, SessionError
 from kafila.session.api.guard import Guard, error_response
 from kafila.session.api.replies import CHAT, TEXT, Shape, event_error, stream, whole
-from kafila.session.api.token import new_token, remove_token, write_token
+from kafila.session.api.token import NONCE_HEX, PROOF_PATH, new_token, proof, remove_token, write_token
 from kafila.session.protocol import messages
 from kafila.session.ring.chat_request import BadRequest, ChatRequest, parse_chat, parse_completion
 from kafila.session.state import SessionState
@@ -108,6 +108,7 @@ class ApiServer:
         app.router.add_post("/v1/completions", self._text_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/kafila/state", self._state)
+        app.router.add_get(PROOF_PATH, self._proof)
         self.app = app
 
     @property
@@ -259,6 +260,12 @@ class ApiServer:
 
     async def _state(self, _request: web.Request) -> web.Response:
         return web.json_response(self.state.public_json())  # never the join code (DESIGN §5)
+
+    async def _proof(self, request: web.Request) -> web.Response:
+        nonce = request.query.get("nonce", "")
+        if self.token is None or len(nonce) != NONCE_HEX or not all(c in "0123456789abcdef" for c in nonce):
+            return error_response(400, f"'nonce' must be {NONCE_HEX} lowercase hex digits", "nonce")
+        return web.json_response({"proof": proof(self.token, bytes.fromhex(nonce))})
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, parse_chat, CHAT)

@@ -9,6 +9,8 @@ everyone else's. `KAFILA_API_TOKEN` hands a client the token directly.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import secrets
 import stat
@@ -33,6 +35,15 @@ def token_dir() -> Path:
 def token_path(port: int) -> Path:
     """The token file of the API serving on `port`."""
     return token_dir() / f"api-{port}.token"
+
+
+PROOF_PATH = "/kafila/proof"  # GET ?nonce=<32 hex>: the server shows it holds the token without sending it
+NONCE_HEX = 32
+
+
+def proof(token: str, nonce: bytes) -> str:
+    """What a server holding `token` answers to `nonce`: HMAC-SHA256, hex."""
+    return hmac.new(token.encode(), b"kafila-api-proof\x00" + nonce, hashlib.sha256).hexdigest()
 
 
 def new_token() -> str:

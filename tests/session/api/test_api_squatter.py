@@ -1,0 +1,99 @@
+"""A program squatting on the session's port gets neither the token nor the conversation (issue 34 item 5).
+
+When another local user binds 127.0.0.1:8711 first, the session moves to the next free port; `kafila chat`
+talking to 8711 used to send the whole conversation there (and, with KAFILA_API_TOKEN set, the token too).
+Now a client first asks the server to prove it holds the token (an HMAC over the client's nonce), and sends
+nothing else until it has. The squatter here is a real HTTP server on loopback that records what it gets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from kafila.session.api.client import ApiClient, ApiNotYours
+from kafila.session.api.token import TOKEN_ENV, token_path, write_token
+from tests.session.api_fixtures import start_server
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.fixture
+async def squatter() -> AsyncIterator[tuple[str, list[str]]]:
+    """A server answering every request with 200 and a made-up proof; what it received, as text."""
+    seen: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path_qs} {dict(request.headers)} {await request.text()}")
+        return web.json_response({"proof": "00" * 32, "data": [{"id": "m"}]})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", seen
+    finally:
+        await runner.cleanup()
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def test_without_a_token_for_the_port_nothing_is_sent(squatter: tuple[str, list[str]],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url, seen = squatter
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    async with ApiClient(url) as client:
+        with pytest.raises(ApiNotYours, match=rf"not a Kafila session of yours \(you hold no token for it: no "
+                                              rf"{token_path(port_of(url))}\); nothing was sent"):
+            async for _ in client.stream_chat([{"role": "user", "content": "my secret plans"}]):
+                pass
+    assert len(seen) == 1 and seen[0].startswith("GET /kafila/proof?nonce=")  # the proof was asked, no more
+    assert "my secret plans" not in seen[0] and "Bearer" not in seen[0]
+
+
+@pytest.mark.parametrize("how", ["env", "file"])
+async def test_a_server_that_cannot_prove_it_holds_the_token_gets_neither(squatter: tuple[str, list[str]], how: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    url, seen = squatter
+    token = "the-real-sessions-token-" + how
+    if how == "env":
+        monkeypatch.setenv(TOKEN_ENV, token)
+    else:  # a token file left for this port (a session of ours that served here before)
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        path: Path = write_token(port_of(url), token)
+    try:
+        async with ApiClient(url) as client:
+            with pytest.raises(ApiNotYours, match="it cannot prove it holds your session's token"):
+                await client.models()
+            with pytest.raises(ApiNotYours):
+                async for _ in client.stream_chat([{"role": "user", "content": "my secret plans"}]):
+                    pass
+    finally:
+        if how == "file":
+            path.unlink()
+    assert seen and all(s.startswith("GET /kafila/proof?nonce=") for s in seen)
+    assert not any(token in s or "my secret plans" in s for s in seen)
+
+
+async def test_the_session_itself_proves_it_and_serves() -> None:
+    server, ring = await start_server()
+    try:
+        async with ApiClient(f"http://127.0.0.1:{server.guard.port}") as client:
+            assert await client.models()
+            pieces = [p async for p in client.stream_chat([{"role": "user", "content": "hi"}]) if isinstance(p, str)]
+        assert "".join(pieces) == "Hello, world" and ring.bodies[0]["messages"][0]["content"] == "hi"
+        # the proof endpoint answers only a well-formed nonce, and proves nothing else
+        async with ApiClient(f"http://127.0.0.1:{server.guard.port}") as client:
+            http = client._http()
+            async with http.get(f"{client.url}/kafila/proof?nonce=xyz") as resp:
+                assert resp.status == 400 and "nonce" in json.dumps(await resp.json())
+    finally:
+        await server.stop()
