@@ -61,6 +61,7 @@ class Job:
     started: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
     abandoned: bool = False  # its client went away: freed at its next sampled row, not decoded to max_tokens
+    owner: str = ""  # the member whose API it came through ("": this one): its slot's cache is reused only by it
 
 
 class Head:
@@ -110,7 +111,7 @@ class Head:
         }
 
     # -- requests -------------------------------------------------------------------------------
-    async def chat(self, body: Any) -> AsyncGenerator[dict[str, Any], None]:
+    async def chat(self, body: Any, owner: str = "") -> AsyncGenerator[dict[str, Any], None]:
         """Run one chat request; yields {"delta": text, "tokens": ids}..., then {"done": stats} or {"error": message}.
 
         While its prompt is prefilled, {"progress": {"prefilled": n, "prompt_tokens": total}} after each chunk.
@@ -121,7 +122,7 @@ class Head:
         if self.failed:
             yield {"error": self.failed}
             return
-        job = Job(f"chat-{next(self._ids)}", body)
+        job = Job(f"chat-{next(self._ids)}", body, owner=owner)
         try:
             job.request = self._make_request(job, slot=-1)
         except BadRequest as exc:  # checked again here: the API is not the only way in (DESIGN §5)
@@ -224,7 +225,7 @@ class Head:
             while self._waiting and self._slots:
                 job = self._waiting.pop(0)
                 assert job.request is not None
-                taken = self._slots.take(job.request.prompt, job.request.reuse_cache)
+                taken = self._slots.take(job.request.prompt, job.request.reuse_cache, job.owner)
                 job.request.seq = taken.slot
                 job.request.reuse(taken.keep)
                 self._active[taken.slot] = job
@@ -338,7 +339,7 @@ class Head:
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         job.events.put_nowait({"done": done})
         del self._active[slot]
-        self._slots.put(slot, job.request.held)  # kept on every stage for the next turn
+        self._slots.put(slot, job.request.held, job.owner)  # kept on every stage for its owner's next turn
         self._wake.set()
 
     async def _free(self, slot: int) -> None:
@@ -395,7 +396,7 @@ class Head:
         """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
 
         async def answer() -> None:
-            async with contextlib.aclosing(self._guarded(msg.body)) as events:
+            async with contextlib.aclosing(self._guarded(msg.body, msg.origin)) as events:
                 try:
                     async for evt in events:
                         await reply(messages.encode(messages.ChatEvt(msg.id, msg.origin, evt)))
@@ -407,11 +408,12 @@ class Head:
             return
         self._tg.create_task(answer())
 
-    async def _guarded(self, body: Any) -> AsyncGenerator[dict[str, Any], None]:
+    async def _guarded(self, body: Any, owner: str) -> AsyncGenerator[dict[str, Any], None]:
         """`chat`'s events; a failure on one request ends that request with an error, never the head."""
         try:
-            async for evt in self.chat(body):
-                yield evt
+            async with contextlib.aclosing(self.chat(body, owner)) as events:
+                async for evt in events:
+                    yield evt
         except Exception as exc:
             log.exception("the head failed on one request")
             yield {"error": f"the head failed on this request: {exc}", "status": 500}

@@ -5,6 +5,11 @@ whose rows went through the ring; a new request takes the idle slot whose tokens
 prefix with its prompt and prefills only the rest (as llama-server's prompt cache does). With no
 prefix in common it takes an empty slot, else evicts the least recently used one. The slots are the
 admitted concurrency, so the plan's memory reservation (n_seq_max × n_ctx_per_seq) is unchanged.
+
+A slot's cache is reused only by requests of the client it served (its owner: the member whose API the
+request came through, whose token only that machine's user holds): how many tokens were cached, and the
+time to first token, would otherwise tell one user the longest prefix they share with another's
+conversation.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Slots:
 
     idle: dict[int, tuple[int, ...]]
     used: dict[int, int] = field(default_factory=dict)
+    owners: dict[int, str] = field(default_factory=dict)  # whose request each idle slot's cache holds
     _clock: itertools.count[int] = field(default_factory=itertools.count)
 
     @classmethod
@@ -49,19 +55,24 @@ class Slots:
     def __bool__(self) -> bool:
         return bool(self.idle)
 
-    def take(self, prompt: Sequence[int], reuse: bool = True) -> Taken:
-        """The idle slot for `prompt`: longest common prefix, else an empty slot, else the least recently used.
-        Without `reuse` the slot's cache is dropped whole (keep 0)."""
+    def take(self, prompt: Sequence[int], reuse: bool = True, owner: str = "") -> Taken:
+        """The idle slot for `prompt`: longest common prefix among `owner`'s slots, else an empty slot, else the
+        least recently used. Without `reuse` (or from another owner) the slot's cache is dropped whole (keep 0)."""
+        def shared(s: int) -> int:
+            return common_prefix(self.idle[s], prompt) if reuse and self.owners.get(s, "") == owner else 0
+
         def rank(s: int) -> tuple[int, bool, int]:
-            return common_prefix(self.idle[s], prompt) if reuse else 0, not self.idle[s], -self.used.get(s, -1)
+            return shared(s), not self.idle[s], -self.used.get(s, -1)
 
         slot = max(self.idle, key=rank)
-        held = self.idle.pop(slot)
         # at least the prompt's last token is computed again: its logits give the first reply token
-        keep = min(common_prefix(held, prompt), len(prompt) - 1) if reuse else 0
+        keep = min(shared(slot), len(prompt) - 1)
+        held = self.idle.pop(slot)
+        self.owners.pop(slot, None)
         return Taken(slot, keep, keep < len(held))
 
-    def put(self, slot: int, tokens: Sequence[int] = ()) -> None:
-        """`slot` is idle again, its KV cache holding `tokens` (positions 0..len-1)."""
+    def put(self, slot: int, tokens: Sequence[int] = (), owner: str = "") -> None:
+        """`slot` is idle again, its KV cache holding `tokens` (positions 0..len-1) of `owner`'s request."""
         self.idle[slot] = tuple(tokens)
         self.used[slot] = next(self._clock)
+        self.owners[slot] = owner

@@ -119,3 +119,16 @@ async def test_a_request_whose_asker_stops_reading_is_freed_not_decoded_to_its_e
     assert head.stats.tokens <= at_close + 1 < 400  # freed at its next sampled row, not decoded on to 400
     events = await remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0})
     assert text_of(events) == llama_cpp_reply  # the slot serves the next request
+
+
+async def test_a_cached_prompt_is_reused_only_for_the_member_it_came_from(head: Head) -> None:
+    # issue 34 item 11: bo's user learnt from cached_tokens how much of a conversation held by the head's own
+    # user's slot began like theirs
+    body = {"messages": [{"role": "user", "content": "My bank PIN is 4242. Remember it."}], "max_tokens": 2,
+            "temperature": 0}
+    mine = [e async for e in head.chat(body)]
+    assert mine[-1]["done"]["cached_tokens"] == 0
+    theirs = await remote(head, body)  # the same words through bo's API
+    assert theirs[-1]["done"]["cached_tokens"] == 0
+    again = [e async for e in head.chat(body)]  # the head's own user's next turn still finds its cache
+    assert again[-1]["done"]["cached_tokens"] > 10

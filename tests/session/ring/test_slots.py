@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kafila.session.ring.slots import Slots, common_prefix
+from kafila.session.ring.slots import Slots, Taken, common_prefix
 
 pytestmark = pytest.mark.fast
 
@@ -69,3 +69,17 @@ def test_without_reuse_the_slot_is_emptied_and_a_cache_is_not_chosen_for_its_pre
     assert (taken.slot, taken.keep, taken.trim) == (empty, 0, False)
     taken = slots.take([1, 2, 3, 4], reuse=False)  # only the slot holding [1, 2, 3, 9] is left
     assert (taken.keep, taken.trim) == (0, True)
+
+
+def test_a_slots_cache_is_reused_only_by_its_owner() -> None:
+    # issue 34 item 11: cached_tokens (and the time to first token) told one member's user the longest
+    # prefix they shared with another's conversation
+    slots = Slots.empty(2)
+    first = slots.take([1, 2, 3, 4], owner="ada")
+    slots.put(first.slot, [1, 2, 3, 4, 9], owner="ada")
+    theirs = slots.take([1, 2, 3, 5], owner="bo")
+    assert theirs.keep == 0  # bo's guess 1, 2, 3 learns nothing: no slot of bo's holds it
+    slots.put(theirs.slot, [1, 2, 3, 5], owner="bo")
+    again = slots.take([1, 2, 3, 4, 7], owner="ada")
+    assert (again.slot, again.keep, again.trim) == (first.slot, 4, True)  # ada's own cache, as before
+    assert slots.take([1, 2, 3, 5, 6], owner="bo") == Taken(theirs.slot, 4, False)
