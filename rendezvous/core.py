@@ -10,14 +10,17 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
   the socket it arrived on). Ops, with the fields each carries:
 
     cookie    {"op":"cookie", "pad": 48+ characters}                -> {"cookie": hex16}
-    create    {"op":"create", "token_hash": hex32[, "session": id]}  -> {"session": id}
+    create    {"op":"create", "join_pub": hex32[, "session": id]}   -> {"session": id}
               (create, join and rejoin also carry "cookie": hex16, see below)
-              with "session": the members of a session this rendezvous forgot (it restarted)
-              create it again under its id; a second such create with the same token hash
-              answers the same, another token hash is refused ("wrong_code")
-    join      {"op":"join", "session", "member": hex8, "token": hex16}  -> {"members": n, "reg": hex32}
-              a first join only (a registered member id is refused, "member_exists"); registers
-              the source address as the member's relay address and issues its registration key
+              join_pub: the public half of the code's join key (kafila.net.trust); with "session":
+              the members of a session this rendezvous forgot (it restarted) create it again under
+              its id; a second such create with the same key answers the same, another key is
+              refused ("wrong_code")
+    join      {"op":"join", "session", "member": hex8, "proof": hex64}  -> {"members": n, "reg": hex32}
+              proof: the join key's signature over session, member and cookie (kafila.net.registration),
+              so nothing a join sends lets whoever sees it join; a first join only (a registered
+              member id is refused, "member_exists"); registers the source address as the
+              member's relay address and issues its registration key
     challenge {"op":"challenge", "session", "member"}                -> {"nonce": hex16}
     rejoin    {"op":"rejoin", "session", "member", "nonce": hex16, "mac": hex32}  -> {"members": n}
               moves the member's relay address to the source; MAC'd with the registration key
@@ -33,9 +36,9 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
   Ops that place state for the source address (create, join, rejoin) first need its
   return-routability cookie (rendezvous.cookies): without a valid one the answer is only
   {"ok": false, "code": "cookie", "cookie": hex16}, no larger than the request, and the
-  client sends the op again with it (a client asks for one with `cookie` first, so that a
-  join's token is not sent twice). So every address the rendezvous keeps, answers with
-  more than was asked, or relays to, has shown that it reads what is sent to it.
+  client sends the op again with it (a client asks for one with `cookie` first: a join signs
+  it). So every address the rendezvous keeps, answers with more than was asked, or relays to,
+  has shown that it reads what is sent to it.
   Success answers {"ok": true, ...}. Failures answer {"ok": false, "code": "<code>", "error":
   "<for a person>"} with a code from kafila.errors.RENDEZVOUS_CODES. A failure never echoes any
   of the request and is never larger than it: the text is dropped, then the whole answer, when
@@ -256,14 +259,14 @@ class RendezvousCore:
         return {"cookie": self.cookies.issue(src, now).hex()}
 
     def _op_create(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
-        token_hash = wire.get_hex(body, "token_hash", 32)
+        join_pub = wire.get_hex(body, "join_pub", registration.PUBLIC_LEN)
         self._routable(body, src, now)
         self._admit_join(src, now)
         asked = body.get("session")
         if asked is not None and not (isinstance(asked, str) and valid_session_id(asked)):
             raise ProtocolError("field 'session' must be a session id")
         if asked is not None and (known := self.sessions.get(asked)) is not None:
-            if not hmac.compare_digest(known.token_hash, token_hash):  # not that session's code
+            if not hmac.compare_digest(known.join_pub, join_pub):  # not that session's code
                 raise WrongJoinCode(MESSAGES["wrong_code"])
             return {"session": asked}  # another member of the forgotten session re-created it first
         owner = net_key(src[0])
@@ -278,7 +281,7 @@ class RendezvousCore:
         sid = asked or random_b32(SESSION_ID_LEN)
         while sid in self.sessions:
             sid = random_b32(SESSION_ID_LEN)
-        self.sessions[sid] = Session(sid, token_hash, now, now, owner)
+        self.sessions[sid] = Session(sid, join_pub, now, now, owner)
         self._per_net[owner] += 1
         self._unjoined[sid] = None
         log.info("session %s %s from %s:%d", sid, "created again" if asked else "created", *src)
@@ -289,10 +292,11 @@ class RendezvousCore:
         self._admit_join(src, now)  # first: guessing session ids or codes costs join tokens
         s = self._session(body)
         mid = wire.get_hex(body, "member", wire.ID_LEN)
-        token = wire.get_hex(body, "token", registration.TOKEN_LEN)
-        if not hmac.compare_digest(hashlib.sha256(token).digest(), s.token_hash):
+        proof = wire.get_hex(body, "proof", registration.PROOF_LEN)
+        cookie = wire.get_hex(body, "cookie", registration.COOKIE_LEN)  # the one _routable checked
+        if not registration.proof_ok(s.join_pub, s.session_id, mid, cookie, proof):
             raise WrongJoinCode(MESSAGES["wrong_code"])
-        if mid in s.members:  # whoever saw the token must not take over a registered member id
+        if mid in s.members:  # a member id once registered is moved only by its key (rejoin)
             raise MemberExists(MESSAGES["member_exists"])
         if len(s.members) >= self.limits.max_members:
             raise RendezvousBusy(f"session is full ({self.limits.max_members} members)", "full")

@@ -22,10 +22,10 @@ class Member:
 
 @dataclass
 class Session:
-    """One session: token hash from the host, members by id."""
+    """One session: the join key's public half from the host, members by id."""
 
     session_id: str
-    token_hash: bytes
+    join_pub: bytes
     created: float
     last_active: float
     owner: str = ""  # net_key of the creator, for the per-network session cap

@@ -20,6 +20,7 @@ from kafila.net.trust import JoinCode
 
 log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
+Body = dict[str, Any] | Callable[[bytes], dict[str, Any]]  # a request, or one made for the cookie it goes with
 
 
 class RendezvousClient:
@@ -33,7 +34,7 @@ class RendezvousClient:
         self.reg_key: bytes | None = None  # from our first join; re-joins prove it instead of the token
         self.sealed: str | None = None  # our announcement, published again when the rendezvous forgot it
         # (when, cookie): the rendezvous's proof that our address reads its replies
-        self._cookie: tuple[float, str] | None = None
+        self._cookie: tuple[float, bytes] | None = None
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -75,29 +76,30 @@ class RendezvousClient:
         if self.rendezvous is not None:
             self._send(wire.encode_control(wire.REQUEST, secrets.randbits(32), body), self.rendezvous)
 
-    async def request(self, body: dict[str, Any], timeout_s: float = 0.5, tries: int = 6) -> dict[str, Any]:
+    async def request(self, body: Body, timeout_s: float = 0.5, tries: int = 6) -> dict[str, Any]:
         """One op, resent until answered; NetworkError when it never is, SessionError when it is refused.
 
-        An op that needs the rendezvous's cookie for our address carries the latest one we were given;
-        when that is missing or stale, the answer is a fresh one, and the op goes again with it."""
-        needs_cookie = body.get("op") in registration.COOKIE_OPS
-        if needs_cookie:
-            now = asyncio.get_running_loop().time()
-            if self._cookie is None or now - self._cookie[0] > registration.COOKIE_FRESH_S:
-                # its own request first: a join's first try must not carry the token only to be turned away
-                self._take_cookie(self._checked({"op": "cookie"}, await self._exchange(
-                    registration.cookie_body(), timeout_s, tries)))
+        An op that needs the rendezvous's cookie for our address (COOKIE_OPS, or a body made for the
+        cookie: a first join signs it) goes with the latest one we were given, asked for first when we
+        have none fresh; when the answer is a new one (our address changed), the op goes again with it."""
+        if not callable(body) and body.get("op") not in registration.COOKIE_OPS:
+            return self._checked(body, await self._exchange(body, timeout_s, tries))
+        make = body if callable(body) else (lambda _cookie: body)
+        now = asyncio.get_running_loop().time()
+        if self._cookie is None or now - self._cookie[0] > registration.COOKIE_FRESH_S:
+            self._take_cookie(self._checked({"op": "cookie"}, await self._exchange(
+                registration.cookie_body(), timeout_s, tries)))
+        for again in (False, True):
             assert self._cookie is not None
-            body = {**body, "cookie": self._cookie[1]}
-        reply = await self._exchange(body, timeout_s, tries)
-        if needs_cookie and reply.get("ok") is not True and reply.get("code") == "cookie":  # our address changed
+            sent = {**make(self._cookie[1]), "cookie": self._cookie[1].hex()}
+            reply = await self._exchange(sent, timeout_s, tries)
+            if again or reply.get("ok") is True or reply.get("code") != "cookie":
+                break
             self._take_cookie(reply)
-            assert self._cookie is not None
-            reply = await self._exchange({**body, "cookie": self._cookie[1]}, timeout_s, tries)
-        return self._checked(body, reply)
+        return self._checked(sent, reply)
 
     def _take_cookie(self, reply: dict[str, Any]) -> None:
-        self._cookie = (asyncio.get_running_loop().time(), wire.get_hex(reply, "cookie", registration.COOKIE_LEN).hex())
+        self._cookie = (asyncio.get_running_loop().time(), wire.get_hex(reply, "cookie", registration.COOKIE_LEN))
 
     async def _exchange(self, body: dict[str, Any], timeout_s: float, tries: int) -> dict[str, Any]:
         """The rendezvous's answer to one request, whatever it says."""
@@ -139,7 +141,7 @@ class RendezvousClient:
         self.rendezvous = rendezvous
         secret = secret or JoinCode.new_secret()
         provisional = JoinCode.parse("00000000" + secret)  # checks the secret's form
-        reply = await self.request({"op": "create", "token_hash": provisional.join_token_hash.hex()})
+        reply = await self.request({"op": "create", "join_pub": provisional.join_public.hex()})
         code = JoinCode(wire.get_str(reply, "session", 8), secret)
         await self.join(rendezvous, code)
         return code
@@ -148,8 +150,8 @@ class RendezvousClient:
         """Register in a session; WrongJoinCode / UnknownSession (SessionErrors) when the rendezvous refuses it."""
         self.rendezvous = rendezvous
         code = JoinCode.parse(code) if isinstance(code, str) else code
-        reply = await self.request(registration.join_body(code.session_id, self.member_id, code.join_token))
-        self.reg_key = registration.reg_key_of(reply)  # the token goes out in clear this once only
+        reply = await self.request(self._signed_join(code))
+        self.reg_key = registration.reg_key_of(reply)
         self.code = code
         return code
 
@@ -170,8 +172,7 @@ class RendezvousClient:
             except NotMember:
                 await self._register_again(code)
             except UnknownSession:
-                await self.request({"op": "create", "token_hash": code.join_token_hash.hex(),
-                                    "session": code.session_id})
+                await self.request({"op": "create", "join_pub": code.join_public.hex(), "session": code.session_id})
                 await self._register_again(code)
                 log.warning("the rendezvous had forgotten session %s: created it again and re-registered",
                             code.session_id)
@@ -180,10 +181,15 @@ class RendezvousClient:
 
     async def _register_again(self, code: JoinCode) -> None:
         """A first join again (a new registration key), and our announcement published again."""
-        reply = await self.request(registration.join_body(code.session_id, self.member_id, code.join_token))
+        reply = await self.request(self._signed_join(code))
         self.reg_key = registration.reg_key_of(reply)
         if self.sealed is not None:
             await self.announce(self.sealed)
+
+    def _signed_join(self, code: JoinCode) -> Callable[[bytes], dict[str, Any]]:
+        """A first join, made for the cookie it signs."""
+        return lambda cookie: registration.join_body(code.session_id, self.member_id,
+                                                     code.join_proof(self.member_id, cookie))
 
     async def announce(self, sealed: str) -> None:
         """Publish a sealed announcement (see kafila.net.trust)."""

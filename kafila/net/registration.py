@@ -1,11 +1,15 @@
-"""A member's registration with the rendezvous: one first join with the token, MAC'd re-joins after it.
+"""A member's registration with the rendezvous: one signed first join, MAC'd re-joins after it.
 
-The join token (derived from the join code, see kafila.net.trust) goes to the rendezvous in
-clear exactly once, at the member's first join; the reply carries a fresh registration key
-the rendezvous keeps for that member id. Every later re-join — which moves the member's relay
-address to wherever its NAT now maps it — proves that key over a single-use server nonce:
+A first join proves the member knows the join code without sending anything derived from it that
+could be used again: an Ed25519 signature (the join key, derived from the code's secret, see
+kafila.net.trust) over the session id, the member id and the rendezvous's cookie for the member's
+address (rendezvous.cookies), checked against the public key the host gave at `create`. The reply
+carries a fresh registration key the rendezvous keeps for that member id. Every later re-join —
+which moves the member's relay address to wherever its NAT now maps it — proves that key over a
+single-use server nonce:
 
-    join      {"op":"join", "session", "member": hex8, "token": hex16}    -> {"members": n, "reg": hex32}
+    join      {"op":"join", "session", "member": hex8, "proof": hex64, "cookie"}  -> {"members": n, "reg": hex32}
+              proof = Ed25519(join key, b"kafila-join\x00" | session id | member id (8) | cookie (16)),
               only for a member id the session does not have yet (else code "member_exists")
     challenge {"op":"challenge", "session", "member"}                     -> {"nonce": hex16}
               from any source address; the rendezvous keeps the latest nonce per member, 30 s
@@ -25,10 +29,14 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from kafila.errors import RENDEZVOUS_CODES, RendezvousError
 from kafila.net import wire
 
-TOKEN_LEN = 16
+PUBLIC_LEN = 32  # the join key's public half (raw Ed25519)
+PROOF_LEN = 64  # a first join's signature
 REG_KEY_LEN = 32
 NONCE_LEN = 16
 MAC_LEN = 32
@@ -77,9 +85,23 @@ def mac_ok(reg_key: bytes, session_id: str, member_id: bytes, nonce: bytes, mac:
     return hmac.compare_digest(rejoin_mac(reg_key, session_id, member_id, nonce), mac)
 
 
-def join_body(session_id: str, member_id: bytes, token: bytes) -> dict[str, Any]:
-    """The first join's request body: the only one that carries the join token."""
-    return {"op": "join", "session": session_id, "member": member_id.hex(), "token": token.hex()}
+def join_message(session_id: str, member_id: bytes, cookie: bytes) -> bytes:
+    """What a first join signs; every input has a fixed length, so plain concatenation is unambiguous."""
+    return b"kafila-join\x00" + session_id.encode() + member_id + cookie
+
+
+def join_body(session_id: str, member_id: bytes, proof: bytes) -> dict[str, Any]:
+    """The first join's request body (the cookie its proof signs goes beside it)."""
+    return {"op": "join", "session": session_id, "member": member_id.hex(), "proof": proof.hex()}
+
+
+def proof_ok(public: bytes, session_id: str, member_id: bytes, cookie: bytes, proof: bytes) -> bool:
+    """True when `proof` is the join key's signature for these inputs (the key whose public half is `public`)."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(proof, join_message(session_id, member_id, cookie))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def cookie_body() -> dict[str, Any]:

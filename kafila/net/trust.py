@@ -4,9 +4,11 @@ A join code looks like ``k7q2m9xd-4f8t-zr2w-9mhc-qp3a``: 8 base32 characters of 
 (assigned by the rendezvous, it is the lookup key) and 16 of secret (80 bits, made by the host).
 From the secret, HKDF-SHA256 (salt "kafila-v1", info = purpose + session id) derives:
 
-* ``join_token`` (16 bytes, info without the session id): shown to the rendezvous at join time;
-  the rendezvous stores only its SHA-256, so a wrong code fails early with a clear error.
-  It reveals nothing about the other keys.
+* ``join_key`` (an Ed25519 key pair, info without the session id): the host gives the rendezvous
+  its public half when it creates the session; a member joins by signing the session id, its member
+  id and the rendezvous's cookie for its address with the private half, so a wrong code fails early
+  with a clear error, and nothing a join sends lets anyone who sees it join (the secret, and a
+  token derived from it, never cross the network). It reveals nothing about the other keys.
 * ``announce_key``: ChaCha20-Poly1305 over each member's announcement (name, certificate
   fingerprint, addresses, NAT class, measurements, the time it was made). A member that does not
   know the secret cannot make one; the rendezvous can neither read one nor change one (e.g. swap a
@@ -41,11 +43,13 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from kafila.errors import ProtocolError, SessionError
-from kafila.net import wire
+from kafila.net import registration, wire
 from kafila.planner.reachability import NatClass
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32: no i, l, o, u
@@ -104,16 +108,18 @@ class JoinCode:
         q = self.secret
         return "-".join([self.session_id, q[0:4], q[4:8], q[8:12], q[12:16]])
 
-    @property
-    def join_token(self) -> bytes:
-        """What the rendezvous checks at join time (it stores only the hash)."""
-        # Not bound to the session id: the host needs the hash before the rendezvous assigns the id.
-        return _hkdf(self.secret, "join-token", "", 16)
+    def _join_key(self) -> Ed25519PrivateKey:
+        # Not bound to the session id: the host gives the public key before the rendezvous assigns the id.
+        return Ed25519PrivateKey.from_private_bytes(_hkdf(self.secret, "join-key", "", 32))
 
     @property
-    def join_token_hash(self) -> bytes:
-        """What the host gives the rendezvous when it creates the session."""
-        return hashlib.sha256(self.join_token).digest()
+    def join_public(self) -> bytes:
+        """What the host gives the rendezvous when it creates the session (32 bytes, raw Ed25519)."""
+        return self._join_key().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def join_proof(self, member_id: bytes, cookie: bytes) -> bytes:
+        """What a join carries instead of any secret: a signature over the session, member id and cookie."""
+        return self._join_key().sign(registration.join_message(self.session_id, member_id, cookie))
 
     @property
     def announce_key(self) -> bytes:

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.fast
 Addr = tuple[str, int]
 RELAY: Addr = ("10.9.9.9", 3478)  # the rendezvous: probe responder, session registry and relay
 SECRET = "0123456789abcdef"  # the join code's secret (the session id is the rendezvous's to give)
+Made = Callable[[bytes], dict[str, Any]]  # a request made for the cookie it goes with
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Member:
     rendezvous: list[ev.RendezvousLost | ev.RendezvousBack] = field(default_factory=list)
     rejoins: int = 0  # RejoinDue events seen
     reg_key: bytes | None = None  # from the member's latest join, as the rendezvous issued it
+    cookie: bytes = bytes(registration.COOKIE_LEN)  # the rendezvous's latest for its address (none yet: zeros)
 
 
 class Net:
@@ -64,7 +66,7 @@ class Net:
         self.blocked: Callable[[Addr, Addr], bool] = lambda src, dst: False  # a filter on direct datagrams
         self._queue: list[tuple[float, int, Addr, Addr, bytes]] = []
         self._seq = 0
-        self._asked: dict[int, tuple[Member, dict[str, Any]]] = {}  # request id -> who asked what
+        self._asked: dict[int, tuple[Member, dict[str, Any] | Made]] = {}  # request id -> who asked what
         self.direct_sent = 0
         self.log: list[tuple[Addr, Addr, bytes]] = []  # every datagram sent: (src, dst, data)
 
@@ -94,13 +96,13 @@ class Net:
         for m in self.members.values():
             m.core.joined(RELAY, self.code.punch_key, self.now)
 
-    def _at_once(self, m: Member, body: dict[str, Any]) -> None:
+    def _at_once(self, m: Member, make: Made) -> None:
         """A request of the setup, answered before the clock moves: the rendezvous's answer straight to m's core
         (the tests' timelines start with everyone registered, as they did with a relay that needed no joins)."""
-        if body["op"] in registration.COOKIE_OPS:  # its cookie first, as the client gets it
-            _, told = answer(self.rendezvous, body, m.addr, RELAY, self.now, 0)
-            assert told is not None and told["code"] == "cookie", told
-            body = {**body, "cookie": told["cookie"]}
+        _, told = answer(self.rendezvous, registration.cookie_body(), m.addr, RELAY, self.now, 0)  # as rdvclient
+        assert told is not None and told["ok"], told
+        m.cookie = bytes.fromhex(told["cookie"])
+        body = make(m.cookie)
         self._seq += 1
         self._asked[self._seq] = (m, body)
         for out, via, to in self.rendezvous.handle(wire.encode_control(wire.REQUEST, self._seq, body), m.addr,
@@ -110,24 +112,30 @@ class Net:
 
     # ---- the member's side of the registration (kafila.net.rdvclient's, on the fake clock) -----------------
 
-    def _create(self, again: bool = False) -> dict[str, Any]:
-        token_hash = JoinCode("00000000", SECRET).join_token_hash.hex()  # the token is not bound to the id
-        return {"op": "create", "token_hash": token_hash, **({"session": self._sid} if again else {})}
+    def _create(self, again: bool = False) -> Made:
+        join_pub = JoinCode("00000000", SECRET).join_public.hex()  # the join key is not bound to the id
+        return lambda cookie: {"op": "create", "join_pub": join_pub, **({"session": self._sid} if again else {}),
+                               "cookie": cookie.hex()}
 
     @property
     def _sid(self) -> str:
         assert self.code is not None
         return self.code.session_id
 
-    def _join(self, m: Member) -> dict[str, Any]:
-        assert self.code is not None
-        return registration.join_body(self._sid, m.core.member_id, self.code.join_token)
+    def _join(self, m: Member) -> Made:
+        code = self.code
+        assert code is not None
+        mid = m.core.member_id
+        return lambda cookie: {**registration.join_body(code.session_id, mid, code.join_proof(mid, cookie)),
+                               "cookie": cookie.hex()}
 
-    def _ask(self, m: Member, body: dict[str, Any]) -> None:
-        """Send one request from m to the rendezvous (lost, its answer never comes: the next re-join asks again)."""
+    def _ask(self, m: Member, body: dict[str, Any] | Made) -> None:
+        """Send one request from m to the rendezvous (lost, its answer never comes: the next re-join asks again);
+        one made for a cookie goes with m's latest."""
         self._seq += 1
         self._asked[self._seq] = (m, body)
-        self.send(m.addr, RELAY, wire.encode_control(wire.REQUEST, self._seq, body))
+        sent = body(m.cookie) if callable(body) else body
+        self.send(m.addr, RELAY, wire.encode_control(wire.REQUEST, self._seq, sent))
 
     def _rejoin(self, m: Member) -> None:
         """A RejoinDue: challenge, then a MAC'd rejoin (a member never registered joins)."""
@@ -142,10 +150,11 @@ class Net:
         if asked is None:
             return  # an answer to a request already answered
         m, body = asked
-        op = body["op"]
+        op = (body(m.cookie) if callable(body) else body)["op"]
         if reply.get("ok") is not True:  # forgotten by the rendezvous: register afresh, or create the session again
             if reply.get("code") == "cookie":
-                self._ask(m, {**body, "cookie": reply["cookie"]})
+                m.cookie = bytes.fromhex(reply["cookie"])
+                self._ask(m, body)
             elif op in ("challenge", "rejoin") and reply.get("code") == "not_member":
                 self._ask(m, self._join(m))
             elif op in ("challenge", "rejoin") and reply.get("code") == "unknown_session":

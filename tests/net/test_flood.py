@@ -6,7 +6,6 @@ session and a member joins it. Before the fix the flood's 32 addresses x 64 sess
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing as mp
 import secrets
@@ -19,6 +18,7 @@ import pytest
 
 from kafila.net import registration, wire
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.trust import JoinCode
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 FLOOD_S = 20.0
@@ -34,8 +34,7 @@ def _flood(rdv: Addr, seconds: float, conn: Connection) -> None:
         s.bind((ip, 0))
         s.setblocking(False)
         socks.append(s)
-    token = secrets.token_bytes(registration.TOKEN_LEN)
-    token_hash = hashlib.sha256(token).hexdigest()
+    code = JoinCode("00000000", JoinCode.new_secret())  # the flood knows its own sessions' code
     cookies: dict[int, str] = {}
     sessions: list[str] = []
     joined: list[tuple[int, str, str]] = []  # (socket, session, member) registered
@@ -59,11 +58,12 @@ def _flood(rdv: Addr, seconds: float, conn: Connection) -> None:
             if i not in cookies:
                 send(i, registration.cookie_body())
                 continue
-            send(i, {"op": "create", "token_hash": token_hash, "cookie": cookies[i]})
+            send(i, {"op": "create", "join_pub": code.join_public.hex(), "cookie": cookies[i]})
             if sessions:  # a second address of ours joins a session: it counts as in use
                 sid = sessions[(i + rid) % len(sessions)]
-                mid = secrets.token_bytes(wire.ID_LEN).hex()
-                send(i, {"op": "join", "session": sid, "member": mid, "token": token.hex(), "cookie": cookies[i]})
+                mid = secrets.token_bytes(wire.ID_LEN)
+                proof = JoinCode(sid, code.secret).join_proof(mid, bytes.fromhex(cookies[i]))
+                send(i, {**registration.join_body(sid, mid, proof), "cookie": cookies[i]})
             for _, sid, mid in joined[-4:]:
                 send(i, {"op": "ping", "session": sid, "member": mid})
         for i, s in enumerate(socks):

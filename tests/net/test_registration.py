@@ -24,7 +24,7 @@ from kafila.errors import (
 )
 from kafila.net import registration
 from rendezvous.core import RendezvousCore
-from tests.rendezvous.asking import echoing_cookie
+from tests.rendezvous.asking import create_body, echoing_cookie, join_for
 
 pytestmark = pytest.mark.fast
 
@@ -77,20 +77,19 @@ def test_rejoin_against_an_in_memory_rendezvous() -> None:
     now = [0.0]
     rid = [0]
 
-    async def request(body: dict[str, Any]) -> dict[str, Any]:
+    async def request(body: Any) -> dict[str, Any]:
         rid[0] += 1
         _, reply = echoing_cookie(c, body, (src[0], int(src[1])), A, now[0], rid[0])
         assert reply is not None
         if reply.get("ok") is not True:
-            raise registration.refusal(body.get("op"), reply)
+            raise registration.refusal("request", reply)
         return reply
 
     async def scenario() -> None:
-        token = bytes(range(16))
-        sid = (await request({"op": "create", "token_hash": hashlib.sha256(token).hexdigest()}))["session"]
-        key = registration.reg_key_of(await request(registration.join_body(sid, b"m" * 8, token)))
+        sid = (await request(create_body()))["session"]
+        key = registration.reg_key_of(await request(join_for(sid, b"m" * 8)))
         with pytest.raises(MemberExists):
-            await request(registration.join_body(sid, b"m" * 8, token))
+            await request(join_for(sid, b"m" * 8))
         src[1] = 2000  # the NAT rebound
         now[0] = 5.0
         assert await registration.rejoin(request, sid, b"m" * 8, key) == 1

@@ -182,9 +182,8 @@ def test_members_re_register_with_a_restarted_rendezvous() -> None:
         stranger.rendezvous = Rendezvous.ADDR
         wrong = JoinCode(code.session_id, JoinCode.new_secret())
         with pytest.raises(WrongJoinCode):
-            await stranger.request({"op": "create", "token_hash": wrong.join_token_hash.hex(),
-                                    "session": code.session_id})
+            await stranger.request({"op": "create", "join_pub": wrong.join_public.hex(), "session": code.session_id})
         with pytest.raises(RendezvousError, match="session id"):
-            await stranger.request({"op": "create", "token_hash": wrong.join_token_hash.hex(), "session": "I/O"})
+            await stranger.request({"op": "create", "join_pub": wrong.join_public.hex(), "session": "I/O"})
 
     asyncio.run(main())

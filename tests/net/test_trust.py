@@ -40,7 +40,7 @@ def test_code_round_trip_and_forgiving_parse() -> None:
 
 def test_keys_are_independent_of_each_other() -> None:
     code = JoinCode("k7q2m9xd", "4f8tzr2w9mhcqp3a")
-    assert len({code.join_token[:16], code.announce_key[:16], code.punch_key[:16]}) == 3
+    assert len({code.join_public[:16], code.announce_key[:16], code.punch_key[:16]}) == 3
     other = JoinCode("k7q2m9xd", "4f8tzr2w9mhcqp3b")
     assert other.announce_key != code.announce_key
 

@@ -3,7 +3,6 @@ before the fix."""
 
 from __future__ import annotations
 
-import hashlib
 import struct
 
 import pytest
@@ -11,13 +10,11 @@ import pytest
 from kafila.net import registration, stun, wire
 from rendezvous.core import Limits, RendezvousCore
 from rendezvous.limits import ip_key, net_key
-from tests.rendezvous.asking import answer, echoing_cookie
+from tests.rendezvous.asking import OTHER_SECRET, answer, create_body, echoing_cookie, join_for
 
 pytestmark = pytest.mark.fast
 
 A = ("100.64.0.2", 3478)
-TOKEN = bytes(range(16))
-TOKEN_HASH = hashlib.sha256(TOKEN).hexdigest()
 
 
 def request(c: RendezvousCore, body: dict, src: tuple[str, int], now: float, rid: int = 1) -> tuple[int, dict | None]:
@@ -26,7 +23,7 @@ def request(c: RendezvousCore, body: dict, src: tuple[str, int], now: float, rid
 
 
 def create(c: RendezvousCore, src: tuple[str, int], now: float, rid: int = 1) -> dict | None:
-    return request(c, {"op": "create", "token_hash": TOKEN_HASH}, src, now, rid)[1]
+    return request(c, create_body(), src, now, rid)[1]
 
 
 def test_one_network_cannot_fill_the_session_table() -> None:
@@ -59,7 +56,7 @@ def test_sessions_no_second_address_joined_expire_and_free_the_quota() -> None:
     sid = r["session"]
     # before: a second member id joined from the creator's own address kept the session for good
     for i, mid in enumerate(("aa" * 8, "cc" * 8)):
-        join = {"op": "join", "session": sid, "member": mid, "token": TOKEN.hex()}
+        join = join_for(sid, bytes.fromhex(mid))
         assert request(c, join, host, 0.0, rid=2 + i)[1]["ok"]  # type: ignore[index]
     assert create(c, host, now=1.0, rid=5)["code"] == "full"  # type: ignore[index]
     c.expire(99.0)
@@ -71,7 +68,7 @@ def test_sessions_no_second_address_joined_expire_and_free_the_quota() -> None:
     # a session someone else joined lives on
     sid2 = r["session"]
     for i, (src, mid) in enumerate([(host, "aa" * 8), (guest, "bb" * 8)]):
-        body = {"op": "join", "session": sid2, "member": mid, "token": TOKEN.hex()}
+        body = join_for(sid2, bytes.fromhex(mid))
         assert request(c, body, src, 102.0, rid=10 + i)[1]["ok"]  # type: ignore[index]
     c.expire(500.0)
     assert sid2 in c.sessions
@@ -113,11 +110,11 @@ def test_refusals_never_echo_the_request_nor_outgrow_it() -> None:
     marker = "Q" * 300
     attacks = [
         {"op": marker},  # before: the reply echoed the op, 2.9x the request
-        {"op": "join", "session": marker[:8], "member": "aa" * 8, "token": TOKEN.hex()},
-        {"op": "join", "session": sid, "member": "aa" * 8, "token": "00" * 16},
+        join_for(marker[:8], b"\xaa" * 8),
+        join_for(sid, b"\xaa" * 8, OTHER_SECRET),
         {"op": "list", "session": sid, "member": "bb" * 8, "start": 0},
         {"op": "rejoin", "session": sid, "member": "bb" * 8, "nonce": "00" * 16, "mac": "00" * 32},
-        {"op": "create", "token_hash": marker},
+        {"op": "create", "join_pub": marker},
         {"op": "x"},  # too small for any refusal: silence
         {},
         {"op": None},
@@ -137,7 +134,8 @@ def test_refusals_never_echo_the_request_nor_outgrow_it() -> None:
 def test_a_small_request_reusing_an_id_does_not_fetch_the_cached_reply() -> None:
     c = RendezvousCore([A])
     victim = ("203.0.113.66", 7)
-    big = {"op": "join", "session": "zzzzzzzz", "member": "aa" * 8, "token": TOKEN.hex(), "pad": "P" * 900}
+    cookie = c.cookies.issue(victim, 0.0)
+    big = {**join_for("zzzzzzzz", b"\xaa" * 8)(cookie), "cookie": cookie.hex(), "pad": "P" * 900}
     _, reply = request(c, big, victim, now=0.0, rid=42)
     assert reply is not None and reply["code"] == "unknown_session"
     # before: every later datagram with id 42 from "victim" got that cached reply, whatever it asked
@@ -152,10 +150,10 @@ def test_answers_a_spoofed_source_can_get_are_no_larger_than_their_requests() ->
     # what needs no registration at the source address: create, join, challenge, rejoin
     c = RendezvousCore([A])
     victim = ("203.0.113.66", 7)
-    size, r = request(c, {"op": "create", "token_hash": TOKEN_HASH}, victim, 0.0, rid=1)
+    size, r = request(c, create_body(), victim, 0.0, rid=1)
     assert r is not None and r["ok"] and len(wire.encode_control(wire.RESPONSE, 1, r)) <= size
     sid = r["session"]
-    size, r = request(c, registration.join_body(sid, b"m" * 8, TOKEN), victim, 0.0, rid=2)
+    size, r = request(c, join_for(sid, b"m" * 8), victim, 0.0, rid=2)
     assert r is not None and r["ok"] and len(wire.encode_control(wire.RESPONSE, 2, r)) <= size
     key = registration.reg_key_of(r)
     size, r = request(c, registration.challenge_body(sid, b"m" * 8), ("198.51.100.1", 9), 0.0, rid=3)
@@ -171,17 +169,16 @@ def test_a_source_that_never_reads_its_replies_places_nothing() -> None:
     c = RendezvousCore([A], Limits(member_timeout_s=1e4, unjoined_session_ttl_s=1e4))  # the host's stays
     host, mine = ("198.51.100.1", 1), ("203.0.113.5", 7)
     sid = create(c, host, now=0.0)["session"]  # type: ignore[index]
-    assert request(c, registration.join_body(sid, b"h" * 8, TOKEN), host, 0.0, rid=2)[1]["ok"]  # type: ignore[index]
+    assert request(c, join_for(sid, b"h" * 8), host, 0.0, rid=2)[1]["ok"]  # type: ignore[index]
     sent = received = 0
     for t in range(0, 1500, 10):  # 25 minutes of blind creates and joins from 16 spoofed sources
         for i in range(16):
             victim = (f"192.0.2.{i}", 4000 + i)
             forged = {"cookie": "00" * 16}
             also = c.cookies.issue(mine, float(t)).hex()  # a cookie the attacker did read, for its own address
-            for body in ({"op": "create", "token_hash": TOKEN_HASH},
-                         {"op": "create", "token_hash": TOKEN_HASH, **forged},
-                         {**registration.join_body(sid, bytes([i]) * 8, TOKEN), **forged},
-                         {**registration.join_body(sid, bytes([i]) * 8, TOKEN), "cookie": also}):
+            for body in (create_body(), {**create_body(), **forged},
+                         {**join_for(sid, bytes([i]) * 8)(b"\0" * 16), **forged},
+                         {**join_for(sid, bytes([i]) * 8)(bytes.fromhex(also)), "cookie": also}):
                 size, reply = answer(c, body, victim, A, float(t), rid=t + i)
                 assert reply is not None and reply["code"] == "cookie", reply
                 n = len(wire.encode_control(wire.RESPONSE, t + i, reply))
@@ -202,7 +199,7 @@ def test_a_cookie_is_bound_to_its_address_and_lasts_30_to_60_s() -> None:
     assert c.cookies.valid(cookie, src, 59.0) and not c.cookies.valid(cookie, src, 61.0)
     assert not c.cookies.valid(cookie, ("198.51.100.7", 5001), 1.0)
     assert not c.cookies.valid(cookie, ("198.51.100.8", 5000), 1.0)
-    body = {"op": "create", "token_hash": TOKEN_HASH, "cookie": cookie.hex()}
+    body = {**create_body(), "cookie": cookie.hex()}
     assert answer(c, body, src, A, 61.0, rid=1)[1]["code"] == "cookie"  # type: ignore[index]
     assert answer(c, body, src, A, 30.0, rid=2)[1]["ok"] is True  # type: ignore[index]
     # the cookie request itself must be padded: its answer is never the larger

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 
 import pytest
@@ -13,12 +12,11 @@ from hypothesis import strategies as st
 from kafila.errors import RENDEZVOUS_CODES, ProtocolError
 from kafila.net import stun, wire
 from rendezvous.core import Limits, RendezvousCore, Session
-from tests.rendezvous.asking import echoing_cookie
+from tests.rendezvous.asking import OTHER_SECRET, SECRET, create_body, echoing_cookie, join_for
 
 pytestmark = pytest.mark.fast
 
 A, A2, B, B2 = ("100.64.0.2", 3478), ("100.64.0.2", 3479), ("100.64.0.3", 3478), ("100.64.0.3", 3479)
-TOKEN = bytes(range(16))
 
 
 def core(**kw: object) -> RendezvousCore:
@@ -32,13 +30,13 @@ def ask(c: RendezvousCore, body: dict, src=("10.0.0.1", 5000), now=0.0, rid=1) -
 
 
 def new_session(c: RendezvousCore, now: float = 0.0) -> str:
-    r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, now=now, rid=99)
+    r = ask(c, create_body(), now=now, rid=99)
     assert r["ok"], r
     return r["session"]
 
 
-def join(c, sid, mid: bytes, src, now=0.0, token=TOKEN, rid=2):
-    return ask(c, {"op": "join", "session": sid, "member": mid.hex(), "token": token.hex()}, src, now, rid)
+def join(c, sid, mid: bytes, src, now=0.0, secret=SECRET, rid=2):
+    return ask(c, join_for(sid, mid, secret), src, now, rid)
 
 
 def test_probe_answers_from_the_socket_asked_for() -> None:
@@ -61,7 +59,7 @@ def test_probe_without_alt_ip_stays_silent_for_change_ip() -> None:
 def test_join_wrong_code_is_refused_clearly() -> None:
     c = core()
     sid = new_session(c)
-    r = join(c, sid, b"m" * 8, ("10.0.0.1", 1), token=b"\0" * 16)
+    r = join(c, sid, b"m" * 8, ("10.0.0.1", 1), secret=OTHER_SECRET)
     assert r == {"ok": False, "code": "wrong_code", "error": "wrong join code for this session"}
     r = join(c, "zzzzzzzz", b"m" * 8, ("10.0.0.1", 1), rid=3)
     assert r["ok"] is False and r["code"] == "unknown_session"
@@ -89,7 +87,7 @@ def test_announce_list_and_relay() -> None:
 
 def test_retry_gets_the_cached_answer() -> None:
     c = core()
-    body = {"op": "create", "token_hash": "00" * 32}
+    body = create_body(OTHER_SECRET)
     r1 = ask(c, body, rid=7)
     r2 = ask(c, body, rid=7)
     assert r1 == r2 and len(c.sessions) == 1
@@ -99,7 +97,7 @@ def test_bounds_sessions_members_and_rate() -> None:
     c = core(max_sessions=3, max_members=2, join_source_burst=100, join_ip_burst=100)
     sids: list[str] = []
     for i in range(3):
-        r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, rid=10 + i)
+        r = ask(c, create_body(), rid=10 + i)
         assert r["ok"]
         sids.append(r["session"])
     assert join(c, sids[0], b"1" * 8, ("10.0.0.1", 1))["ok"]
@@ -108,12 +106,12 @@ def test_bounds_sessions_members_and_rate() -> None:
     assert r["ok"] is False and r["code"] == "full" and "session is full" in r["error"]
     assert join(c, sids[2], b"1" * 8, ("10.0.0.2", 1), now=1.0)["ok"]  # sids[2] waits, but was active later
     # full: the idlest session no second address joined (sids[1]) makes room for a new one
-    r = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, now=2.0, rid=20)
+    r = ask(c, create_body(), now=2.0, rid=20)
     assert r["ok"] and sorted(c.sessions) == sorted([sids[0], sids[2], r["session"]])
     # every session in use (joined from two addresses): then a create is refused
     for i, (sid, mid) in enumerate([(sids[2], b"2"), (r["session"], b"1"), (r["session"], b"2")]):
         assert join(c, sid, mid * 8, ("10.0.1.1", 10 + i), now=3.0, rid=30 + i)["ok"]
-    r = ask(c, {"op": "create", "token_hash": "00" * 32}, now=4.0, rid=40)
+    r = ask(c, create_body(OTHER_SECRET), now=4.0, rid=40)
     assert r["ok"] is False and r["code"] == "full" and len(c.sessions) == 3
     # join rate per source address
     c2 = core(join_source_burst=3, join_source_rate=0.0)
@@ -141,8 +139,8 @@ def test_unknown_op_and_bad_fields_answer_errors() -> None:
     c = core()
     r = ask(c, {"op": "explode", "pad": "x" * 60})
     assert r == {"ok": False, "code": "bad_request", "error": "unknown op"}  # the op is not echoed
-    r = ask(c, {"op": "create", "token_hash": "xyz", "pad": "x" * 60}, rid=2)
-    assert r["code"] == "bad_request" and "token_hash" in r["error"]
+    r = ask(c, {"op": "create", "join_pub": "xyz", "pad": "x" * 60}, rid=2)
+    assert r["code"] == "bad_request" and "join_pub" in r["error"]
 
 
 STRANGER = ("10.0.0.9", 9)
@@ -159,7 +157,7 @@ def datagrams(draw: st.DrawFn) -> bytes:
         return data + draw(st.sampled_from([b"", b"", b"\0\0\0\0", b"x"]))  # an unknown attribute, or damage
     if kind == "control":
         body = draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=5))
-        body = draw(st.sampled_from([body, {**body, "op": "create", "token_hash": "00" * 32}]))
+        body = draw(st.sampled_from([body, {**body, "op": "create", "join_pub": "00" * 32}]))
         try:
             return wire.encode_control(draw(st.sampled_from([wire.REQUEST, wire.RESPONSE])),
                                        draw(st.integers(0, 2**32 - 1)), body)
@@ -236,20 +234,20 @@ def test_relay_rate_is_bounded_per_member() -> None:
     assert sent == [1] * 5 + [0] * 3
 
 
-FIELDS = ["op", "session", "member", "token", "token_hash", "ann", "start", "nonce", "mac", "pad"]
+FIELDS = ["op", "session", "member", "proof", "join_pub", "cookie", "ann", "start", "nonce", "mac", "pad"]
 OPS = ["create", "join", "challenge", "rejoin", "announce", "list", "ping", "leave"]
 SID = "k7q2m9xd"  # the fuzzed core holds this session, with member "a"*8 registered from FUZZ_SRC
 FUZZ_SRC = ("10.0.0.9", 9)
 VALUES = st.one_of(
     st.text(max_size=80), st.integers(), st.floats(), st.none(), st.booleans(),
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
-    st.sampled_from([*OPS, SID, (b"a" * 8).hex(), TOKEN.hex(), "00" * 16, "00" * 32, "zz" * 16]),
+    st.sampled_from([*OPS, SID, (b"a" * 8).hex(), "00" * 64, "00" * 16, "00" * 32, "zz" * 16]),
 )
 
 
 def fuzz_core() -> RendezvousCore:
     c = core()
-    c.sessions[SID] = Session(SID, hashlib.sha256(TOKEN).digest(), 0.0, 0.0, "10.0.0.9")
+    c.sessions[SID] = Session(SID, bytes.fromhex(create_body()["join_pub"]), 0.0, 0.0, "10.0.0.9")
     assert join(c, SID, b"a" * 8, FUZZ_SRC, rid=77)["ok"]
     return c
 

@@ -1,19 +1,17 @@
-"""Member registration at the rendezvous (issue 13 item 6): the token once, then MAC'd re-joins."""
+"""Member registration at the rendezvous (issue 13 item 6, issue 34 item 9): a signed first join, then MAC'd
+re-joins."""
 
 from __future__ import annotations
-
-import hashlib
 
 import pytest
 
 from kafila.net import registration
 from rendezvous.core import Limits, RendezvousCore
-from tests.rendezvous.asking import echoing_cookie
+from tests.rendezvous.asking import create_body, echoing_cookie, join_for
 
 pytestmark = pytest.mark.fast
 
 A = ("100.64.0.2", 3478)
-TOKEN = bytes(range(16))
 MID = b"m" * 8
 HOME, MOVED, EVE = ("10.0.0.1", 1000), ("10.0.0.1", 1001), ("6.6.6.6", 666)
 
@@ -27,8 +25,8 @@ def ask(c: RendezvousCore, body: dict, src: tuple[str, int], now: float = 0.0, r
 def registered() -> tuple[RendezvousCore, str, bytes]:
     """A core with one session and member MID joined from HOME; its registration key."""
     c = RendezvousCore([A], Limits(member_timeout_s=300))  # members stay while nonces age
-    sid = ask(c, {"op": "create", "token_hash": hashlib.sha256(TOKEN).hexdigest()}, HOME, rid=99)["session"]
-    r = ask(c, registration.join_body(sid, MID, TOKEN), HOME, rid=98)
+    sid = ask(c, create_body(), HOME, rid=99)["session"]
+    r = ask(c, join_for(sid, MID), HOME, rid=98)
     assert r["ok"] is True and r["members"] == 1
     return c, sid, registration.reg_key_of(r)
 
@@ -39,10 +37,10 @@ def challenge(c: RendezvousCore, sid: str, src: tuple[str, int], now: float = 0.
     return bytes.fromhex(r["nonce"])
 
 
-def test_whoever_saw_the_token_cannot_take_over_a_member() -> None:
+def test_whoever_knows_the_code_cannot_take_over_a_member() -> None:
     c, sid, _ = registered()
     # before: this re-registered MID at Eve's address, and relayed traffic for MID went to her
-    r = ask(c, registration.join_body(sid, MID, TOKEN), EVE, rid=3)
+    r = ask(c, join_for(sid, MID), EVE, rid=3)
     assert r["ok"] is False and r["code"] == "member_exists"
     assert c.sessions[sid].members[MID].addr == HOME and EVE not in c.by_addr
 
@@ -90,9 +88,22 @@ def test_a_rejoin_answered_once_is_answered_again_to_its_retry() -> None:
     assert first["ok"] is True and ask(c, body, MOVED, now=0.5, rid=8) == first  # the reply was lost: same answer
 
 
+def test_a_seen_join_cannot_be_used_again() -> None:
+    # issue 34 item 9: the first join carried the join token in clear; whoever saw it could fill the session
+    c, sid, _ = registered()
+    cookie = c.cookies.issue(EVE, 0.0)
+    seen = {**join_for(sid, b"e" * 8)(c.cookies.issue(HOME, 0.0)), "cookie": c.cookies.issue(HOME, 0.0).hex()}
+    assert ask(c, seen, EVE, rid=3)["code"] == "cookie"  # sent from elsewhere: that cookie is not Eve's
+    r = ask(c, {**seen, "cookie": cookie.hex()}, EVE, rid=4)  # with Eve's own cookie: the proof is not for it
+    assert r["code"] == "wrong_code" and b"e" * 8 not in c.sessions[sid].members
+    again = {**join_for(sid, b"f" * 8)(cookie), "cookie": cookie.hex()}
+    r = ask(c, {**again, "member": (b"g" * 8).hex()}, EVE, rid=5)  # another member id under a seen proof
+    assert r["code"] == "wrong_code" and len(c.sessions[sid].members) == 1
+
+
 def test_another_members_key_does_not_open_this_member() -> None:
     c, sid, _ = registered()
-    other = registration.reg_key_of(ask(c, registration.join_body(sid, b"o" * 8, TOKEN), EVE, rid=3))
+    other = registration.reg_key_of(ask(c, join_for(sid, b"o" * 8), EVE, rid=3))
     nonce = challenge(c, sid, EVE, rid=4)
     r = ask(c, registration.rejoin_body(sid, MID, other, nonce), EVE, rid=5)
     assert r["code"] == "bad_mac" and c.sessions[sid].members[MID].addr == HOME
