@@ -25,6 +25,7 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
     rejoin    {"op":"rejoin", "session", "member", "nonce": hex16, "mac": hex32}  -> {"members": n}
               moves the member's relay address to the source; MAC'd with the registration key
               over the latest nonce (30 s, single use), see kafila.net.registration
+    (announce, list, ping and leave also carry "n" and "mac": kafila.net.registration.signed)
     announce  {"op":"announce", "session", "member", "ann": base64}  -> {}
               stores the member's sealed announcement; opaque here (MAC'd with a key this
               server never has, see kafila.net.trust)
@@ -248,9 +249,19 @@ class RendezvousCore:
         return s, m
 
     def _member(self, body: dict[str, Any], src: Addr) -> tuple[Session, Member]:
+        """The member whose op this is: from its registered address, MAC'd with its key, its counter unused."""
         s, m = self._registered(body)
         if m.addr != src:
             raise NotMember("member registered from another address; re-join")
+        n = wire.get_int(body, "n", 1, 2**53)
+        mac = wire.get_hex(body, "mac", registration.MAC_LEN)
+        fresh = n > m.counted - registration.OP_WINDOW and n not in m.counters
+        if not (fresh and hmac.compare_digest(registration.op_mac(m.reg_key, body), mac)):
+            raise RejoinRefused("the op's MAC does not verify, or its counter was used", "bad_mac")
+        m.counters.add(n)
+        if n > m.counted:
+            m.counted = n
+            m.counters = {c for c in m.counters if c > n - registration.OP_WINDOW}
         return s, m
 
     def _op_cookie(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:

@@ -18,6 +18,8 @@ class Member:
     reg_key: bytes = field(repr=False, default=b"")
     nonce: tuple[float, bytes] | None = None  # (issued at, nonce) of the latest challenge
     announcement: str | None = None
+    counted: int = 0  # the highest op counter taken (kafila.net.registration.signed)
+    counters: set[int] = field(default_factory=set)  # those taken within the window below it
 
 
 @dataclass

@@ -35,6 +35,7 @@ class RendezvousClient:
         self.sealed: str | None = None  # our announcement, published again when the rendezvous forgot it
         # (when, cookie): the rendezvous's proof that our address reads its replies
         self._cookie: tuple[float, bytes] | None = None
+        self._ops = 0  # the last counter of our signed ops under reg_key
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -151,7 +152,7 @@ class RendezvousClient:
         self.rendezvous = rendezvous
         code = JoinCode.parse(code) if isinstance(code, str) else code
         reply = await self.request(self._signed_join(code))
-        self.reg_key = registration.reg_key_of(reply)
+        self.reg_key, self._ops = registration.reg_key_of(reply), 0
         self.code = code
         return code
 
@@ -182,9 +183,16 @@ class RendezvousClient:
     async def _register_again(self, code: JoinCode) -> None:
         """A first join again (a new registration key), and our announcement published again."""
         reply = await self.request(self._signed_join(code))
-        self.reg_key = registration.reg_key_of(reply)
+        self.reg_key, self._ops = registration.reg_key_of(reply), 0
         if self.sealed is not None:
             await self.announce(self.sealed)
+
+    def _signed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One of our ops as a registered member: ours, counted and MAC'd with our registration key."""
+        assert self.code is not None and self.reg_key is not None
+        self._ops += 1
+        mine = {**body, "session": self.code.session_id, "member": self.member_id.hex()}
+        return registration.signed(mine, self.reg_key, self._ops)
 
     def _signed_join(self, code: JoinCode) -> Callable[[bytes], dict[str, Any]]:
         """A first join, made for the cookie it signs."""
@@ -195,20 +203,16 @@ class RendezvousClient:
         """Publish a sealed announcement (see kafila.net.trust)."""
         if self.code is None:
             raise SessionError("join a session before announcing")
-        await self.request(
-            {"op": "announce", "session": self.code.session_id, "member": self.member_id.hex(), "ann": sealed}
-        )
+        await self.request(self._signed({"op": "announce", "ann": sealed}))
         self.sealed = sealed
 
     async def list_page(self, start: int) -> dict[str, Any]:
         """One page of the session's member list, from entry `start`."""
         if self.code is None:
             raise SessionError("join a session first")
-        return await self.request(
-            {"op": "list", "session": self.code.session_id, "member": self.member_id.hex(), "start": start}
-        )
+        return await self.request(self._signed({"op": "list", "start": start}))
 
     def leave(self) -> None:
         """Tell the rendezvous we are gone (best effort)."""
         if self.code is not None:
-            self.send_control({"op": "leave", "session": self.code.session_id, "member": self.member_id.hex()})
+            self.send_control(self._signed({"op": "leave"}))

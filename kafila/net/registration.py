@@ -17,7 +17,10 @@ single-use server nonce:
               mac = HMAC-SHA256(reg, b"kafila-rejoin\\x00" | session id (ASCII, 8) | member id (8) | nonce (16))
 
 So whoever sees a re-join, or replays one, can neither register a member id nor move its relay
-address. Refusals carry a machine-readable code, mapped here to the types in kafila.errors.
+address. A registered member's other ops (announce, list, ping, leave: SIGNED_OPS) carry a counter
+"n" and "mac" = HMAC-SHA256(reg, b"kafila-op\x00" | the body's canonical JSON without "mac"), each
+counter taken once, so a spoofed or replayed op from the member's address changes nothing.
+Refusals carry a machine-readable code, mapped here to the types in kafila.errors.
 Both sides use this module: the rendezvous to issue keys and check MACs, the member to make them.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -107,6 +111,22 @@ def proof_ok(public: bytes, session_id: str, member_id: bytes, cookie: bytes, pr
 def cookie_body() -> dict[str, Any]:
     """A request for the rendezvous's cookie for our address, padded to be no smaller than its answer."""
     return {"op": "cookie", "pad": "." * COOKIE_PAD}
+
+
+SIGNED_OPS = frozenset({"announce", "list", "ping", "leave"})  # a registered member's ops: MAC'd, counted
+OP_WINDOW = 64  # counters this far below the highest seen are still taken once (requests may cross)
+
+
+def op_mac(reg_key: bytes, body: dict[str, Any]) -> bytes:
+    """The MAC a registered member's op carries: over the body's canonical JSON (every field but "mac")."""
+    canonical = json.dumps({k: v for k, v in body.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(reg_key, b"kafila-op\x00" + canonical.encode(), hashlib.sha256).digest()
+
+
+def signed(body: dict[str, Any], reg_key: bytes, n: int) -> dict[str, Any]:
+    """`body` with its counter `n` (each used once) and its MAC under the registration key."""
+    counted = {**body, "n": n}
+    return {**counted, "mac": op_mac(reg_key, counted).hex()}
 
 
 def challenge_body(session_id: str, member_id: bytes) -> dict[str, Any]:

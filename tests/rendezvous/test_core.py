@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafila.errors import RENDEZVOUS_CODES, ProtocolError
-from kafila.net import stun, wire
+from kafila.net import registration, stun, wire
 from rendezvous.core import Limits, RendezvousCore, Session
 from tests.rendezvous.asking import OTHER_SECRET, SECRET, create_body, echoing_cookie, join_for
 
@@ -70,12 +70,13 @@ def test_announce_list_and_relay() -> None:
     c = core()
     sid = new_session(c)
     a, b = ("10.0.0.1", 1000), ("10.0.0.2", 2000)
-    assert join(c, sid, b"a" * 8, a)["ok"]
-    assert join(c, sid, b"b" * 8, b)["ok"]
+    keys = {mid: registration.reg_key_of(join(c, sid, mid, src)) for mid, src in ((b"a" * 8, a), (b"b" * 8, b))}
     for mid, src in ((b"a" * 8, a), (b"b" * 8, b)):
         ann = base64.b64encode(mid * 10).decode()
-        assert ask(c, {"op": "announce", "session": sid, "member": mid.hex(), "ann": ann}, src, rid=3)["ok"]
-    r = ask(c, {"op": "list", "session": sid, "member": (b"a" * 8).hex(), "start": 0}, a, rid=4)
+        body = {"op": "announce", "session": sid, "member": mid.hex(), "ann": ann}
+        assert ask(c, registration.signed(body, keys[mid], 1), src, rid=3)["ok"]
+    body = {"op": "list", "session": sid, "member": (b"a" * 8).hex(), "start": 0}
+    r = ask(c, registration.signed(body, keys[b"a" * 8], 2), a, rid=4)
     assert r["total"] == 2 and [m["id"] for m in r["members"]] == [(b"a" * 8).hex(), (b"b" * 8).hex()]
     assert r["members"][1]["obs"] == list(b)
     out = c.handle(wire.encode_relay(wire.RELAY, b"b" * 8, b"\x45secret"), a, A, 1.0)
@@ -125,8 +126,9 @@ def test_silent_members_and_idle_sessions_expire() -> None:
     c = core(member_timeout_s=10, empty_session_ttl_s=20)
     sid = new_session(c, now=0.0)
     src = ("10.0.0.1", 1)
-    assert join(c, sid, b"a" * 8, src, now=0.0)["ok"]
-    assert ask(c, {"op": "ping", "session": sid, "member": (b"a" * 8).hex()}, src, now=8.0, rid=5)["ok"]
+    key = registration.reg_key_of(join(c, sid, b"a" * 8, src, now=0.0))
+    ping = registration.signed({"op": "ping", "session": sid, "member": (b"a" * 8).hex()}, key, 1)
+    assert ask(c, ping, src, now=8.0, rid=5)["ok"]
     c.expire(17.0)
     assert b"a" * 8 in c.sessions[sid].members  # pinged at 8: still alive at 17
     c.expire(19.0)

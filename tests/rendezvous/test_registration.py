@@ -115,3 +115,31 @@ def test_challenge_and_rejoin_for_strangers_are_refused_with_codes() -> None:
     assert ask(c, registration.challenge_body("zzzzzzzz", MID), EVE, rid=2)["code"] == "unknown_session"
     r = ask(c, registration.rejoin_body(sid, MID, key, b"\1" * 16), EVE, rid=3)  # no challenge issued
     assert r["code"] == "stale_nonce"
+
+
+def test_a_members_ops_from_its_address_need_its_key_and_a_fresh_counter() -> None:
+    # issue 34 item 3: from the member's public ip:port (a spoofer, or someone behind the same NAT) a garbage
+    # announce replaced its announcement for good, and a spoofed leave dropped it
+    c, sid, key = registered()
+    mid = MID.hex()
+    good = registration.signed({"op": "announce", "session": sid, "member": mid, "ann": "QUFB"}, key, 5)
+    assert ask(c, good, HOME, rid=10)["ok"] is True
+    m = c.sessions[sid].members[MID]
+    forged = [
+        {"op": "announce", "session": sid, "member": mid, "ann": "R0FSQkFHRQ=="},  # as before: no MAC
+        registration.signed({"op": "announce", "session": sid, "member": mid, "ann": "R0FSQkFHRQ=="}, b"\0" * 32, 6),
+        {**good, "ann": "R0FSQkFHRQ=="},  # a seen op, its text changed
+        good,  # a seen op again (another request id): its counter is spent
+        registration.signed({"op": "leave", "session": sid, "member": mid}, b"\1" * 32, 7),
+    ]
+    for i, body in enumerate(forged):
+        r = ask(c, body, HOME, rid=20 + i)
+        assert r["ok"] is False and r["code"] in ("bad_mac", "bad_request"), (body, r)
+    assert m.announcement == "QUFB" and MID in c.sessions[sid].members
+    # the member's own ops, crossing on the way (a counter below the highest, unused) are taken once each
+    late = registration.signed({"op": "list", "session": sid, "member": mid, "start": 0}, key, 3)
+    assert ask(c, registration.signed({"op": "ping", "session": sid, "member": mid}, key, 9), HOME, rid=30)["ok"]
+    assert ask(c, late, HOME, rid=31)["ok"] is True
+    assert ask(c, late, HOME, rid=32)["code"] == "bad_mac"
+    assert ask(c, registration.signed({"op": "leave", "session": sid, "member": mid}, key, 10), HOME, rid=33)["ok"]
+    assert MID not in c.sessions[sid].members
