@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -45,3 +46,24 @@ async def test_a_replayed_older_announcement_of_a_known_member_is_refused() -> N
     assert "older than one already seen" in replay.rejected[0][1]
     # without what was known, the same old announcement is still fresh enough on its own
     assert len((await fetch_members(ListingClient(code, [{**entry, "ann": old}]))).verified) == 1
+
+
+async def test_a_changed_fingerprint_or_a_member_listed_twice_is_refused_and_nothing_recorded() -> None:
+    # untested guards (issue 34): a member id announcing another certificate mid-session, and a doubled entry
+    from kafila.errors import SessionError
+    from kafila.net.members import MemberList, merge_peers
+
+    code = JoinCode("k7q2m9xd", JoinCode.new_secret())
+    mid, now = b"a" * 8, now_wall()
+    listed = await fetch_members(ListingClient(code, [{"id": mid.hex(), "obs": ["127.0.0.1", 4000],
+                                                       "ann": sealed(code, mid, now - 5)}]))
+    peers: dict = {}
+    merge_peers(peers, listed)
+    first = peers[mid]
+    swapped = MemberList((replace(first, fingerprint=b"g" * 32), replace(first, member_id=b"b" * 8)), ())
+    with pytest.raises(SessionError, match="changed its certificate fingerprint mid-session"):
+        merge_peers(peers, swapped)
+    assert peers == {mid: first}  # the whole list refused: not even the new member b recorded
+    with pytest.raises(SessionError, match="listed one member twice"):
+        merge_peers(peers, MemberList((replace(first, member_id=b"c" * 8),) * 2, ()))
+    assert peers == {mid: first}

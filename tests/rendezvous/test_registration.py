@@ -136,6 +136,9 @@ def test_a_members_ops_from_its_address_need_its_key_and_a_fresh_counter() -> No
         r = ask(c, body, HOME, rid=20 + i)
         assert r["ok"] is False and r["code"] in ("bad_mac", "bad_request"), (body, r)
     assert m.announcement == "QUFB" and MID in c.sessions[sid].members
+    # even with its key, from another address than the member's: refused (re-join moves the address)
+    moved = registration.signed({"op": "announce", "session": sid, "member": mid, "ann": "R0FSQkFHRQ=="}, key, 8)
+    assert ask(c, moved, EVE, rid=29)["code"] == "not_member" and m.announcement == "QUFB"
     # the member's own ops, crossing on the way (a counter below the highest, unused) are taken once each
     late = registration.signed({"op": "list", "session": sid, "member": mid, "start": 0}, key, 3)
     assert ask(c, registration.signed({"op": "ping", "session": sid, "member": mid}, key, 9), HOME, rid=30)["ok"]

@@ -29,7 +29,11 @@ def token_dir() -> Path:
 
     with warnings.catch_warnings():  # its fallback when XDG_RUNTIME_DIR is unset is fine: it checks owner and mode
         warnings.simplefilter("ignore")
-        return Path(platformdirs.user_runtime_dir("kafila"))
+        try:
+            return Path(platformdirs.user_runtime_dir("kafila"))
+        except OSError as exc:  # the fallback in /tmp made by another user first, or a link: not ours to use
+            raise SessionError(f"there is no private runtime directory for the chat API's token ({exc}); set "
+                               "XDG_RUNTIME_DIR to a directory only you can use (mode 0700)") from None
 
 
 def token_path(port: int) -> Path:
