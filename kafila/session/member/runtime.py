@@ -92,7 +92,7 @@ class MemberRuntime(MemberStage, Takeover):
         raise SessionError(f"the session was {'rejected' if msg.T == 'reject' else 'refused'}: {msg.reason}")
 
     async def _on_lost(self, msg: messages.Lost) -> None:
-        await self._stop_serving(f"member {msg.who} was lost: {msg.reason}")
+        await self._stop_serving(f"member {msg.who} was lost: {msg.reason}", lost=msg.who)
 
     async def _on_replan(self, msg: messages.Replan) -> None:
         await self._stop_serving(f"the ring is planned again: {msg.reason}")

@@ -195,9 +195,11 @@ class Serving(MemberCore):
             with contextlib.suppress(NetworkError):
                 await self.send_host(stats)
 
-    async def _stop_serving(self, reason: str | None) -> None:
+    async def _stop_serving(self, reason: str | None, lost: str | None = None) -> None:
+        # `lost`: the member whose loss stops the ring, named to the API servers (a request that two lost
+        # heads were serving is not sent to a third: it may be what killed them)
         if reason:
-            self._fail_requests(reason)
+            self._fail_requests(reason, lost=lost)
         if self._serving is not None:
             self._serving.cancel()
             with contextlib.suppress(asyncio.CancelledError, KafilaError):

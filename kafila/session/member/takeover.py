@@ -150,7 +150,8 @@ class Takeover(Serving):
         self.state.coordinator = heir
         self.state.set_phase("lost", f"{left}; {doing} coordination over (it holds the model) and re-plans "
                                      f"over {', '.join(survivors(self.roster, self.assignment.order))}")
-        await self._stop_serving(f"{left}; re-planning over the survivors")  # resumable: the API servers wait
+        # resumable: the API servers wait; the stage lost with the coordinator is named (it may have been the head)
+        await self._stop_serving(f"{left}; re-planning over the survivors", lost=self.roster.beside)
         await self._follow(heir, adopt=False)
 
     async def _hand_over(self, heir: str, left: str) -> None:
