@@ -24,8 +24,9 @@ COMMANDS_HELP = "/new starts a new conversation, /quit leaves (Ctrl-D too); Ctrl
 def configure(p: argparse.ArgumentParser) -> None:
     from kafila.session.api.client import DEFAULT_API_URL
 
-    p.add_argument("--api", default=DEFAULT_API_URL, metavar="URL",
-                   help=f"the session's chat API (default {DEFAULT_API_URL})")
+    p.add_argument("--api", metavar="URL",
+                   help=f"the session's chat API (default {DEFAULT_API_URL}, or where a session of yours moved "
+                        "when another program held that port)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7; 0 = greedy)")
 
@@ -33,7 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kafila.session.api.client import ApiClient
+    from kafila.session.api.client import DEFAULT_API_URL, ApiClient
+    from kafila.session.api.token import own_session_url
     from kafila.session.terminal.transcripts import Conversation, chats_dir, shown
 
     try:
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     console = Console(highlight=False)
-    api = ApiClient(args.api)
+    api = ApiClient(args.api or own_session_url(DEFAULT_API_URL))
     # Fail early, with the message that says how to start a session, before the user types.
     models = asyncio.run(_models(api))
     model = models[0] if models else "kafila"

@@ -94,6 +94,20 @@ def read_token(url: str) -> str | None:
         return None
 
 
+def own_session_url(default: str) -> str:
+    """`default` when a session of this user serves there, else the newest one that serves elsewhere (its port
+    was taken, so it moved to the next free one: its token file says where), else `default`."""
+    try:
+        port = urlsplit(default).port
+        if port is not None and token_path(port).is_file():
+            return default
+        files = sorted(token_dir().glob("api-*.token"), key=lambda f: f.stat().st_mtime, reverse=True)
+    except (OSError, ValueError, SessionError):
+        return default
+    ports = [f.stem.removeprefix("api-") for f in files]
+    return next((f"http://127.0.0.1:{p}" for p in ports if p.isdigit()), default)
+
+
 def _check_private(directory: Path) -> None:
     """Refuse a directory another user owns or can enter (they could read or swap the token)."""
     if not hasattr(os, "getuid"):

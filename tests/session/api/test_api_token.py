@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kafila.errors import SessionError
-from kafila.session.api.token import read_token, remove_token, token_dir, token_path, write_token
+from kafila.session.api.token import own_session_url, read_token, remove_token, token_dir, token_path, write_token
 
 pytestmark = pytest.mark.fast
 
@@ -82,3 +82,15 @@ def test_a_runtime_directory_another_user_made_first_is_a_clear_error(tmp_path: 
     with pytest.raises(SessionError, match=r"no private runtime directory for the chat API's token .*; set "
                                            r"XDG_RUNTIME_DIR to a directory only you can use \(mode 0700\)"):
         write_token(8711, "t1")
+
+
+def test_a_client_finds_the_session_that_moved_off_a_taken_port(runtime: Path) -> None:
+    # issue 34 item 5: a session that found 8711 taken serves on 8712; `kafila chat` kept talking to 8711
+    default = "http://127.0.0.1:8711"
+    assert own_session_url(default) == default  # no session of ours anywhere: the default (and its error)
+    older = write_token(8713, "older")
+    os.utime(older, (1, 1))
+    write_token(8712, "moved")
+    assert own_session_url(default) == "http://127.0.0.1:8712"  # the newest session of ours
+    write_token(8711, "here")
+    assert own_session_url(default) == default
