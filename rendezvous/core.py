@@ -56,7 +56,8 @@ that no second address has joined is dropped for a new one) and per network (/24
 members per session, datagram sizes, every request and probe per source address and per
 IP, creates and joins tighter still, relayed datagrams per member, the retry cache; silent
 members, sessions no second address joined, and idle sessions expire. Nothing is queued.
-Records are in rendezvous.state; every bound and the buckets that apply it in rendezvous.limits.
+Records are in rendezvous.state, the session table and its eviction in rendezvous.table, every bound and
+the buckets that apply it in rendezvous.limits.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -81,10 +82,11 @@ from kafila.errors import (
 )
 from kafila.net import registration, stun, wire
 from kafila.net.registration import MESSAGES
-from kafila.net.trust import SESSION_ID_LEN, random_b32, valid_session_id
+from kafila.net.trust import SESSION_ID_LEN, valid_session_id
 from rendezvous.cookies import Cookies
 from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, net_key
 from rendezvous.state import Member, Session, Stats
+from rendezvous.table import SessionTable
 
 __all__ = ["Addr", "Limits", "Member", "Out", "RendezvousCore", "Session", "Stats"]
 
@@ -102,13 +104,11 @@ class RendezvousCore:
             raise ValueError("the rendezvous needs at least one socket")
         self.sockets = list(sockets)
         self.limits = limits or Limits()
-        self.sessions: dict[str, Session] = {}
-        self.by_addr: dict[Addr, tuple[str, bytes]] = {}
+        self.table = SessionTable(self.limits)
+        self.sessions, self.by_addr = self.table.sessions, self.table.by_addr  # read by tests and the relay
         self.stats = Stats()
         self.limiter = RateLimiter(self.limits)
         self.cookies = Cookies(secret)
-        self._per_net: Counter[str] = Counter()  # live sessions per creator's network (net_key)
-        self._unjoined: OrderedDict[str, None] = OrderedDict()  # sessions no second address joined, idlest first
         # (src, request id) -> (when, digest of the request, reply): a retry is the same bytes
         self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes, bytes]] = OrderedDict()
         self._last_expiry = float("-inf")
@@ -280,21 +280,7 @@ class RendezvousCore:
             if not hmac.compare_digest(known.join_pub, join_pub):  # not that session's code
                 raise WrongJoinCode(MESSAGES["wrong_code"])
             return {"session": asked}  # another member of the forgotten session re-created it first
-        owner = net_key(src[0])
-        if self._per_net[owner] >= self.limits.max_sessions_per_net:
-            raise RendezvousBusy("too many sessions from this network; end one or try later", "full")
-        if len(self.sessions) >= self.limits.max_sessions:
-            if not self._unjoined:
-                raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
-            idlest = next(iter(self._unjoined))  # made for nothing, or waiting longest for its members
-            self._drop_session(idlest)
-            log.info("session %s dropped for a new one (full; no second address had joined it)", idlest)
-        sid = asked or random_b32(SESSION_ID_LEN)
-        while sid in self.sessions:
-            sid = random_b32(SESSION_ID_LEN)
-        self.sessions[sid] = Session(sid, join_pub, now, now, owner)
-        self._per_net[owner] += 1
-        self._unjoined[sid] = None
+        sid = self.table.add(join_pub, net_key(src[0]), now, asked).session_id
         log.info("session %s %s from %s:%d", sid, "created again" if asked else "created", *src)
         return {"session": sid}
 
@@ -312,12 +298,7 @@ class RendezvousCore:
         if len(s.members) >= self.limits.max_members:
             raise RendezvousBusy(f"session is full ({self.limits.max_members} members)", "full")
         m = Member(mid, src, local, now, reg_key=registration.new_reg_key())
-        s.members[mid] = m
-        if len(s.join_addrs) < 2:  # a second address makes it a session in use, never dropped for room
-            s.join_addrs.add(src)
-            if len(s.join_addrs) == 2:
-                self._unjoined.pop(s.session_id, None)
-        self._place(s, m, src, local, now)
+        self.table.joined(s, m, src, local, now)
         log.info("session %s: member %s joined from %s:%d", s.session_id, mid.hex()[:8], *src)
         return {"members": len(s.members), "reg": m.reg_key.hex()}
 
@@ -338,31 +319,15 @@ class RendezvousCore:
         m.nonce = None  # single use, spent even by a wrong MAC: one guess per challenge
         if not registration.mac_ok(m.reg_key, s.session_id, m.member_id, nonce, mac):
             raise RejoinRefused(MESSAGES["bad_mac"], "bad_mac")
-        self._place(s, m, src, local, now)
+        self.table.place(s, m, src, local, now)
         self.stats.rejoins += 1
         return {"members": len(s.members)}
-
-    def _place(self, s: Session, m: Member, src: Addr, local: Addr, now: float) -> None:
-        """Make src the member's relay address: one address, one membership, the newest wins."""
-        other = self.by_addr.get(src)
-        if other is not None and other != (s.session_id, m.member_id):
-            self._remove(other[0], other[1])
-        if self.by_addr.get(m.addr) == (s.session_id, m.member_id):
-            del self.by_addr[m.addr]
-        m.addr, m.local, m.last_seen = src, local, now
-        self.by_addr[src] = (s.session_id, m.member_id)
-        self._touch(s, now)
-
-    def _touch(self, s: Session, now: float) -> None:
-        s.last_active = now
-        if s.session_id in self._unjoined:
-            self._unjoined.move_to_end(s.session_id)
 
     def _op_announce(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
         ann = wire.get_str(body, "ann", 1300)
         m.announcement, m.last_seen = ann, now
-        self._touch(s, now)
+        self.table.touch(s, now)
         return {}
 
     def _op_list(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
@@ -384,12 +349,12 @@ class RendezvousCore:
     def _op_ping(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
         m.last_seen = now
-        self._touch(s, now)
+        self.table.touch(s, now)
         return {"obs": list(src)}
 
     def _op_leave(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
-        self._remove(s.session_id, m.member_id)
+        self.table.remove(s.session_id, m.member_id)
         return {}
 
     # ---- relay -------------------------------------------------------------------------------
@@ -415,43 +380,12 @@ class RendezvousCore:
 
     # ---- expiry ------------------------------------------------------------------------------
 
-    def _remove(self, sid: str, mid: bytes) -> None:
-        s = self.sessions.get(sid)
-        if s is None:
-            return
-        m = s.members.pop(mid, None)
-        if m is not None and self.by_addr.get(m.addr) == (sid, mid):
-            del self.by_addr[m.addr]
-
-    def _drop_session(self, sid: str) -> None:
-        s = self.sessions.pop(sid)
-        for mid in list(s.members):
-            m = s.members.pop(mid)
-            if self.by_addr.get(m.addr) == (sid, mid):
-                del self.by_addr[m.addr]
-        self._unjoined.pop(sid, None)
-        self._per_net[s.owner] -= 1
-        if self._per_net[s.owner] <= 0:
-            del self._per_net[s.owner]
-
     def expire(self, now: float) -> None:
         """Drop silent members and idle, unjoined or too-old sessions (at most once a second)."""
         if now - self._last_expiry < 1.0:
             return
         self._last_expiry = now
-        lim = self.limits
-        for sid, s in list(self.sessions.items()):
-            for mid, m in list(s.members.items()):
-                if now - m.last_seen > lim.member_timeout_s:
-                    log.info("session %s: member %s went silent, removed", sid, mid.hex()[:8])
-                    self._remove(sid, mid)
-            age = now - s.created
-            too_old = age > lim.session_max_age_s
-            unjoined = len(s.join_addrs) < 2 and age > lim.unjoined_session_ttl_s
-            idle = not s.members and now - s.last_active > lim.empty_session_ttl_s
-            if too_old or unjoined or idle:
-                self._drop_session(sid)
-                log.info("session %s expired (%s)", sid, "too old" if too_old else "unjoined" if unjoined else "idle")
+        self.table.expire(now)
         for key, (t, _, _) in list(self._replies.items()):
             if now - t < REPLY_CACHE_S:
                 break

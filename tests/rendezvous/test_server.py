@@ -93,7 +93,7 @@ async def test_a_member_the_rendezvous_forgot_registers_again() -> None:
             PeerEndpoint(bind=("127.0.0.1", 0), name="a", rendezvous_ping_s=0.05) as a:
         code = await a.create_session(rdv)
         first_key = a.rdv.reg_key
-        w.core._remove(code.session_id, a.member_id)  # as after a suspend longer than its member timeout
+        w.core.table.remove(code.session_id, a.member_id)  # as after a suspend longer than its member timeout
         await w.until(lambda core: a.member_id in core.sessions[code.session_id].members)
         m = w.core.sessions[code.session_id].members[a.member_id]
         assert m.addr == a.local_addr and m.reg_key != first_key
