@@ -29,7 +29,7 @@ from kafila.model.describe import describe_model
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
-from kafila.net.quic import Link
+from kafila.net.quic import Identity, Link
 from kafila.session.coordinator.builds import build_tag, wire_protocol
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement
 from kafila.session.delivery.cache_inventory import InUse
@@ -54,9 +54,11 @@ def member_measurements() -> dict[str, Any]:
 
 
 async def endpoint(stack: AsyncExitStack, rdv: tuple[str, int], name: str, code: str | None,
-                   announce: dict[str, Any]) -> tuple[PeerEndpoint, str]:
-    """A PeerEndpoint on loopback that joined the session `code` (or created it: None) and announced itself."""
-    ep = await stack.enter_async_context(PeerEndpoint(bind=LOOPBACK, name=name, idle_timeout_s=5.0))
+                   announce: dict[str, Any], identity: Identity | None = None) -> tuple[PeerEndpoint, str]:
+    """A PeerEndpoint on loopback that joined the session `code` (or created it: None) and announced itself
+    (with the certificate `identity`, when given: a second endpoint of one member)."""
+    ep = await stack.enter_async_context(PeerEndpoint(bind=LOOPBACK, identity=identity, name=name,
+                                                      idle_timeout_s=5.0))
     await ep.probe_nat(rdv)
     if code is None:
         code = str(await ep.create_session(rdv))
@@ -282,6 +284,8 @@ def host_stage(tmp: Path) -> tuple[Path, StageManifest]:
     return path, manifest_for(path)
 
 
-def assign(epoch: int, manifest: StageManifest) -> messages.Assign:
-    """ada's assignment of that stage: the body [0, 3) of a ring whose head is bo."""
-    return messages.Assign(epoch, ("bo", "ada"), "bo", {"bo": (3, 30), "ada": (0, 3)}, CONFIG, {}, "SmolLM2", manifest)
+def assign(epoch: int, manifest: StageManifest, fingerprints: dict[str, str] | None = None) -> messages.Assign:
+    """ada's assignment of that stage: the body [0, 3) of a ring whose head is bo (`fingerprints`: the
+    members' certificates, for a test that opens the ring's edges)."""
+    return messages.Assign(epoch, ("bo", "ada"), "bo", {"bo": (3, 30), "ada": (0, 3)}, CONFIG, {}, "SmolLM2", manifest,
+                           False, fingerprints or {"bo": "b" * 64, "ada": "a" * 64})

@@ -16,6 +16,7 @@ from kafila.engine.build import BuildIdentity
 from kafila.net.quic import ALPN
 from kafila.net.trust import ANNOUNCE_VERSION
 from kafila.session.protocol.frames import VERSION as FRAME_VERSION
+from kafila.session.protocol.messages import CONTROL_VERSION
 
 EXACT, MIXED = "exact", "mixed"
 
@@ -37,7 +38,7 @@ def build_differences(mine: str, theirs: str) -> list[str]:
 
 def wire_protocol() -> str:
     """The protocol versions this Kafila speaks, as announced (link ALPN, frames, announcements)."""
-    return f"{ALPN} frames/{FRAME_VERSION} announce/{ANNOUNCE_VERSION}"
+    return f"{ALPN} frames/{FRAME_VERSION} announce/{ANNOUNCE_VERSION} control/{CONTROL_VERSION}"
 
 
 @dataclass(frozen=True)

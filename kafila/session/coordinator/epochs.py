@@ -223,7 +223,12 @@ class Epochs(LossHandling):
                                             m.nat.value, self.joined[n].peer.rtt_ms)
         holders = tuple(n for n in order if claimed_hash(self.joined[n].peer.measurements) is not None)
         return messages.Roster(self.state.me or "host", model_label(self.model), measured, self.beside, holders,
-                               self._model_sha256, self.opts.strategy, self.opts.mixed_builds)
+                               self._model_sha256, self.opts.strategy, self.opts.mixed_builds,
+                               self._fingerprints(order))
+
+    def _fingerprints(self, order: list[str]) -> dict[str, str]:
+        """Each member's certificate fingerprint, as admitted: edges and the heir are found by it, not by name."""
+        return {n: self.joined[n].peer.fingerprint.hex() for n in order}
 
     async def _assign(self, plan: Placement) -> None:
         """Cut every member's stage and assign it, all at once: each member's delivery starts as soon as its
@@ -261,7 +266,7 @@ class Epochs(LossHandling):
             self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
         await self._tell(name, messages.Assign(
             self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-            self.state.plan or {}, model_label(self.model), j.manifest, cut_local))
+            self.state.plan or {}, model_label(self.model), j.manifest, cut_local, self._fingerprints(order)))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason).

@@ -17,13 +17,14 @@ log = logging.getLogger("kafila.member")
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] = frozenset(),
-                    name: str | None = None) -> VerifiedMember:
+                    name: str | None = None, fingerprint: bytes | None = None) -> VerifiedMember:
     """The session's host (its coordinator) among the verified members.
 
     The rendezvous answers requests and never pushes, so the member list is asked for again (backing
     off to once a second) until the host is on it. The host announces itself before its join code
-    exists, so the first answer almost always has it. After a takeover: the coordinator named `name`,
-    never one of the `gone` (a lost coordinator stays listed until the rendezvous drops it as silent).
+    exists, so the first answer almost always has it. After a takeover: the coordinator named `name` with
+    the certificate `fingerprint` (the heir's, from the roster: not whoever poses as it), never one of the
+    `gone` (a lost coordinator stays listed until the rendezvous drops it as silent).
     """
     delay = 0.05
     try:
@@ -31,7 +32,7 @@ async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] =
             while True:
                 for vm in (await ep.members()).verified:
                     if (vm.measurements.get("role") == "host" and vm.member_id not in gone
-                            and name in (None, vm.name)):
+                            and name in (None, vm.name) and fingerprint in (None, vm.fingerprint)):
                         return vm
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)

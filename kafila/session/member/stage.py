@@ -78,13 +78,13 @@ class MemberStage(MemberCore):
             await self._open_edges(order)
 
     async def _open_edges(self, order: tuple[str, ...]) -> None:
-        # members only: a host's coordinating endpoint may share its machine's name with the member beside it
+        # each ring member by the certificate the coordinator admitted: not whoever announced its name later
+        # (a restarted member, or one holding the code and posing as it); members only, as a host's
+        # coordinating endpoint may share its machine's name with the member beside it
+        admitted = self._assigned.fingerprints
         by_name: dict[str, VerifiedMember] = {}
         for vm in (await self.ep.members()).verified:
-            # a member restarted (a host's machine rejoining) is listed beside its dead self until the
-            # rendezvous drops that as silent: the newest announcement is the one alive
-            if vm.measurements.get("role") != "host" and (
-                    vm.name not in by_name or vm.issued_at > by_name[vm.name].issued_at):
+            if vm.measurements.get("role") != "host" and admitted.get(vm.name) == vm.fingerprint.hex():
                 by_name[vm.name] = vm
         missing = [n for n in order if n not in by_name]
         if missing:

@@ -29,6 +29,7 @@ from kafila.errors import KafilaError, SessionError
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.quic import Identity
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement, relay_events
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.member.host_link import find_host
@@ -72,10 +73,12 @@ def coordinator_options(opts: MemberOptions, assign: Assign, roster: Roster, exp
 
 
 async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member_state: SessionState,
-                     cache: StageCache, use: InUse | None, adopt: bool = False) -> int:
+                     cache: StageCache, use: InUse | None, adopt: bool = False,
+                     identity: Identity | None = None) -> int:
     """Run the session's coordination from this member's process until the session ends; returns its status.
 
     `adopt`: the ring of `assign` still serves (its coordinator held no stage): take it over as it is.
+    `identity`: the member's own certificate, which the survivors know from the roster and pin.
     """
     ring = list(assign.order) if adopt else survivors(roster, assign.order)
     host_opts = coordinator_options(opts, assign, roster, len(ring))
@@ -84,8 +87,8 @@ async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member
     state.role, state.me, state.coordinator, state.model = "host", opts.name, opts.name, roster.model
     relay_events(state, member_state, "coordinating: ")
     info = describe_model(host_opts.model)
-    async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
-                            allow_direct=opts.allow_direct) as ep:
+    async with PeerEndpoint(bind=opts.bind, identity=identity, name=opts.name,
+                            idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct) as ep:
         await ep.probe_nat(opts.rendezvous)
         await ep.join_session(opts.rendezvous, opts.code)
         await ep.announce(coordinator_announcement())
@@ -172,7 +175,9 @@ class Takeover(Serving):
             await self.control.close()
         if heir == self.opts.name:
             self._coordinating = self._tg.create_task(self._coordinate(self.assignment, self.roster, adopt))
-        found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir)
+        admitted = self.roster.fingerprints.get(heir)
+        found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir,
+                                bytes.fromhex(admitted) if admitted else None)
         self.control = await self.ep.connect(found)
         self._pending.clear()  # the lost coordinator's instructions are void
         self.state.log(f"connected to {heir}, which coordinates now")
@@ -180,7 +185,8 @@ class Takeover(Serving):
     async def _coordinate(self, assign: messages.Assign, roster: messages.Roster, adopt: bool) -> None:
         """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
         try:
-            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use, adopt)
+            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use, adopt,
+                                      self.ep.identity)
             self.state.log(f"coordination ended (status {status})")
         except KafilaError as exc:
             self.state.log(f"coordination failed: {exc}")

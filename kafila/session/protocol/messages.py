@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from kafila.errors import ProtocolError
@@ -96,6 +96,8 @@ from kafila.session.protocol.fields import MAX_NAME as MAX_NAME
 from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
 from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
+
+CONTROL_VERSION = 2  # 2: assign and roster carry the members' certificate fingerprints
 
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
 CHUNK_MAGIC = b"KFC1"
@@ -158,6 +160,9 @@ class Assign(Control):
     model: str
     stage: StageManifest
     cut_local: bool = False
+    # each ring member's certificate fingerprint (hex), as the coordinator admitted it: edges open to that
+    # member, not to whoever announced the same name later
+    fingerprints: dict[str, str] = field(default_factory=dict)
 
     @property
     def stage_seconds(self) -> dict[str, float]:
@@ -300,6 +305,7 @@ class Roster(Control):
     model_sha256: str | None = None
     strategy: str = "kafila"
     mixed_builds: bool = False
+    fingerprints: dict[str, str] = field(default_factory=dict)  # each member's, as admitted: the heir is found by it
 
 
 # the nested objects, each decoded into its dataclass above
@@ -315,7 +321,7 @@ _TTFT = record(TtftTime, {"prompt_tokens": integer(0, MAX_INDEX), "measured_s": 
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "assign": (Assign, {"epoch": EPOCH, "order": NAMES, "head": NAME, "ranges": map_of(block_range),
                         "config": context_config, "plan": plan, "model": TEXT, "stage": manifest,
-                        "cut_local": boolean}),
+                        "cut_local": boolean, "fingerprints": map_of(SHA256)}),
     "need": (Need, {"epoch": EPOCH, "chunks": list_of(integer(0, MAX_INDEX))}),
     "working": (Working, {"epoch": EPOCH, "step": NAME}),
     "loaded": (Loaded, {"epoch": EPOCH}),
@@ -335,7 +341,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "bye": (Bye, {"reason": TEXT}),
     "roster": (Roster, {"coordinator": NAME, "model": TEXT, "members": map_of(_MEASURED),
                         "beside": null_or(NAME), "holders": NAMES, "model_sha256": null_or(SHA256),
-                        "strategy": NAME, "mixed_builds": boolean}),
+                        "strategy": NAME, "mixed_builds": boolean, "fingerprints": map_of(SHA256)}),
 }
 
 
@@ -344,6 +350,8 @@ def _assign_consistent(msg: Assign) -> None:
         raise ProtocolError("'assign': the order must name each member once, the head first")
     if set(msg.ranges) != set(msg.order):
         raise ProtocolError("'assign': every member of the order needs a block range, and only they")
+    if set(msg.fingerprints) != set(msg.order):
+        raise ProtocolError("'assign': every member of the order needs its certificate fingerprint, and only they")
 
 
 def decode(raw: bytes) -> Control:

@@ -72,7 +72,9 @@ async def test_memory_during_delivery_does_not_grow_with_the_stage(
           f"{peak_big / 1e6:.1f} MB for {big / 1e6:.1f} MB")
     assert (sent_small, sent_big) == (small, big)
     assert peak_big < big / 2, f"delivery held {peak_big} bytes at once for a {big}-byte stage"
-    assert peak_big < peak_small + CHUNK_SIZE, f"peak {peak_small} → {peak_big} bytes for a 6× bigger stage"
+    # how many chunks are on their way at the peak is the machine's timing: 9.1 to 10.2 MB seen for the small
+    # stage alone on a loaded machine; a side that held the stage would add 30 MB for the big one
+    assert peak_big < peak_small + 4 * CHUNK_SIZE, f"peak {peak_small} → {peak_big} bytes for a 6× bigger stage"
 
 
 async def test_a_stage_travels_through_a_relayed_edge(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def test_an_assign_with_a_cut_local_that_is_not_a_boolean_is_refused() -> None:
 
     manifest = StageManifest("ab" * 32, 5, 1 << 20, ("cd" * 32,))
     obj = json.loads(m.encode(m.Assign(1, ("a",), "a", {"a": (0, 1)}, dict.fromkeys(m.CONFIG_KEYS, 1), {}, "x",
-                                       manifest, True)))
+                                       manifest, True, {"a": "e" * 64})))
     assert m.decode(json.dumps(obj).encode()).cut_local is True  # type: ignore[attr-defined]
     for bad in (1, "true", None):
         with pytest.raises(ProtocolError, match="cut_local must be true or false"):

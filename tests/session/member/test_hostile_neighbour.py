@@ -38,7 +38,8 @@ async def test_a_sequence_outside_the_slots_is_refused_and_its_sender_reported_l
                                                                                    seq: int) -> None:
     source, manifest = host_stage(tmp_path)
     async with member(tmp_path, "ada", others=["bo"]) as m:
-        await m.host.send(assign(1, manifest))
+        fps = {"ada": m.runtime.ep.identity.fingerprint.hex(), "bo": m.others["bo"].identity.fingerprint.hex()}
+        await m.host.send(assign(1, manifest, fps))
         need = await m.first(messages.Need)
         await send_stage(m.host.inbox.link, source, manifest, list(need.chunks))
         assert await m.first(messages.Loaded) == messages.Loaded(1)

@@ -43,7 +43,9 @@ def assigns(draw: st.DrawFn) -> m.Assign:
     ranges = {n: (i * 3, i * 3 + draw(st.integers(1, 3))) for i, n in enumerate(order)}
     config = {k: draw(st.integers(1, 4096)) for k in m.CONFIG_KEYS}
     plan = {"stage_seconds": {n: draw(seconds) for n in order}, "head": order[0]}
-    return m.Assign(draw(epochs), order, order[0], ranges, config, plan, draw(texts), draw(manifests()))
+    fingerprints = {n: draw(st.text("0123456789abcdef", min_size=64, max_size=64)) for n in order}
+    return m.Assign(draw(epochs), order, order[0], ranges, config, plan, draw(texts), draw(manifests()),
+                    draw(st.booleans()), fingerprints)
 
 
 events = st.one_of(
@@ -132,9 +134,12 @@ def test_deep_nesting_is_a_protocol_error() -> None:
     (b'{"t":"need","epoch":1,"chunks":[-1]}', r"chunks\[0\] must be an integer"),
     (b'{"t":"chat_evt","id":"a","dest":"b","evt":{"delta":"x"}}', "evt.tokens must be a list"),
     (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":"bo","model_sha256":null,'
-     b'"strategy":"kafila","mixed_builds":false}', "holders must be a list"),
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{}}', "holders must be a list"),
     (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":[],"model_sha256":"ab",'
-     b'"strategy":"kafila","mixed_builds":false}', "model_sha256 must be a string of 64"),
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{}}', "model_sha256 must be a string of 64"),
+    (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":[],"model_sha256":null,'
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{"a":"ab"}}',
+     r"fingerprints\['a'\] must be a string of 64"),
 ])
 def test_malformed_fields_are_named(raw: bytes, what: str) -> None:
     with pytest.raises(ProtocolError, match=what):
@@ -157,7 +162,7 @@ def test_assign_must_be_consistent(a: m.Assign) -> None:
 
 def test_a_manifest_with_zero_chunk_size_is_a_protocol_error() -> None:
     obj = json.loads(m.encode(m.Assign(1, ("a",), "a", {"a": (0, 1)}, dict.fromkeys(m.CONFIG_KEYS, 1), {}, "x",
-                                         StageManifest("0" * 64, 1, 1, ("0" * 64,)))))
+                                         StageManifest("0" * 64, 1, 1, ("0" * 64,)), False, {"a": "e" * 64})))
     obj["stage"]["chunk_size"] = 0
     with pytest.raises(ProtocolError, match="chunk_size"):
         m.decode(json.dumps(obj).encode())
