@@ -33,6 +33,7 @@ from kafila.net.quic import Identity, Link
 from kafila.session.coordinator.builds import build_tag, wire_protocol
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement
 from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.delivery.local_model import model_proof
 from kafila.session.delivery.stage_files import manifest_for
 from kafila.session.member.host_link import connect_host
 from kafila.session.member.runtime import MemberRuntime
@@ -132,6 +133,7 @@ class ScriptedMember:
     inbox: Inbox
     on_connect: OnConnect | None = None  # None: `ready` at once
     on_assign: OnAssign | None = None  # None: it holds the stage already, `loaded` at once
+    model: Path | None = None  # the file it proves it holds when asked (None: it answers a made-up proof)
     assignments: dict[int, messages.Assign] = field(default_factory=dict)
 
     async def send(self, msg: messages.Control) -> None:
@@ -152,6 +154,9 @@ class ScriptedMember:
             self.assignments[msg.epoch] = msg
             await self.send(messages.Need(msg.epoch, ()))
             await self.send(messages.Loaded(msg.epoch))
+        elif isinstance(msg, messages.Prove):
+            digest = model_proof(self.model, bytes.fromhex(msg.nonce)) if self.model else "0" * 64
+            await self.send(messages.Proof(digest))
         elif isinstance(msg, messages.Connect):
             if self.on_connect is None:
                 await self.send(messages.Ready(msg.epoch, None))
@@ -191,9 +196,11 @@ class Coordinated:
 @asynccontextmanager
 async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float = 120.0,
                       on_connect: dict[str, OnConnect] | None = None, on_assign: dict[str, OnAssign] | None = None,
-                      announced: dict[str, dict[str, Any]] | None = None) -> AsyncIterator[Coordinated]:
+                      announced: dict[str, dict[str, Any]] | None = None,
+                      models: dict[str, Path] | None = None) -> AsyncIterator[Coordinated]:
     """The real coordinator of a session of scripted members `names` (coordinate-only: it holds no stage);
-    `announced`: a member's measurements in place of member_measurements()'s."""
+    `announced`: a member's measurements in place of member_measurements()'s; `models`: the model file a
+    member proves it holds."""
     async with loopback_rendezvous() as rdv, AsyncExitStack() as stack:
         opts = HostOptions(model=model, rendezvous=rdv, members=len(names), coordinate_only=True, wait_s=WAIT_S,
                            concurrency=1, context=64, batch=32, api_port=None, bind=LOOPBACK,
@@ -209,7 +216,7 @@ async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float =
                 mep, _ = await endpoint(stack, rdv, name, code, (announced or {}).get(name, member_measurements()))
                 inbox = Inbox(await connect_host(mep, WAIT_S))
                 m = members[name] = ScriptedMember(name, mep, inbox, (on_connect or {}).get(name),
-                                                   (on_assign or {}).get(name))
+                                                   (on_assign or {}).get(name), model=(models or {}).get(name))
                 inbox.on_message = m.answer
                 readers.append(asyncio.create_task(inbox.read()))
             yield Coordinated(runtime, state, members, run)

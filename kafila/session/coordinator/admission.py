@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import secrets
 
 from kafila.errors import KafilaError, SessionError
 from kafila.net.quic import Link
@@ -15,7 +17,7 @@ from kafila.net.trust import VerifiedMember
 from kafila.session.coordinator.builds import judge_member
 from kafila.session.coordinator.core import CoordinatorCore, Joined
 from kafila.session.coordinator.epochs import planner_member
-from kafila.session.delivery.local_model import MODEL_KEY, judge_model
+from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
 from kafila.session.protocol import messages
 from kafila.session.state import MemberView, member_view
 
@@ -29,16 +31,36 @@ def unusable_measurements(peer: VerifiedMember) -> str | None:
     return None
 
 
+PROOF_TIMEOUT_S = 10.0  # a member that does not answer its model proof by then is refused
+
+
 class Admission(CoordinatorCore):
     """The coordinator's door: who joins the session, and waiting for them."""
 
-    async def _model_refusal(self, peer: VerifiedMember) -> str | None:
-        """Why a member's own model file (join --model) is refused: None when it has none or it is the host's."""
+    async def _model_refusal(self, peer: VerifiedMember, link: Link) -> str | None:
+        """Why a member's own model file (join --model) is refused: None when it has none, or it is the host's
+        and the member proves it holds it (a holder cuts its own stages and can become the heir)."""
         if MODEL_KEY not in peer.measurements:
             return None
         if self._model_sha256 is None:
             self._model_sha256 = await asyncio.to_thread(self.cache.source_hash, self.model)
-        return judge_model(self._model_sha256, peer.name, peer.measurements)
+        refusal = judge_model(self._model_sha256, peer.name, peer.measurements)
+        if refusal is not None:
+            return refusal
+        nonce = secrets.token_bytes(32)
+        expected = asyncio.create_task(asyncio.to_thread(model_proof, self.model, nonce))
+        why = "its proof does not match the host's file"
+        try:
+            await link.send(messages.encode(messages.Prove(nonce.hex())))
+            answer = messages.decode(await link.recv(timeout=PROOF_TIMEOUT_S))
+            if isinstance(answer, messages.Proof) and hmac.compare_digest(answer.digest, await expected):
+                return None
+        except (KafilaError, TimeoutError) as exc:
+            why = str(exc)[:120]
+        finally:
+            expected.cancel()
+        return (f"{peer.name} announced the host's model hash but did not prove it holds the file (pieces of it "
+                f"the host chose): {why}")
 
     async def _accept_loop(self) -> None:
         while True:
@@ -50,7 +72,7 @@ class Admission(CoordinatorCore):
             view = member_view(peer)
             verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
             refusal = verdict.reason if not verdict.admitted else \
-                unusable_measurements(peer) or await self._model_refusal(peer)
+                unusable_measurements(peer) or await self._model_refusal(peer, link)
             if refusal is not None:
                 reason = refusal
                 view.status, view.note = "refused", reason

@@ -10,6 +10,8 @@ be the host's model, so silently sending gigabytes instead would hide a mistake.
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 from kafila.errors import SessionError
 from kafila.model.cut import StageSpec
+from kafila.model.gguf_set import SHARD_NAME, GGUFSet
 from kafila.model.stage_cache import StageCache
 from kafila.session.delivery.stage_files import manifest_for, no_space
 from kafila.session.protocol.manifest import StageManifest
@@ -34,6 +37,39 @@ def claimed_hash(measurements: Mapping[str, Any]) -> str | None:
     """The model hash a member announced, or None when it holds no model of its own."""
     claim = measurements.get(MODEL_KEY)
     return claim if isinstance(claim, str) else None
+
+
+PROOF_READS = 16  # pieces of the file a proof reads (a guess of one 4 KiB piece never succeeds)
+PROOF_PIECE = 4096
+
+
+def model_proof(model: Path, nonce: bytes) -> str:
+    """SHA-256 (hex) of `nonce` and PROOF_READS pieces of the model (all files of a split set, as one stream) at
+    offsets the nonce chooses: only whoever holds the file can answer, and no earlier answer is any use."""
+    paths = GGUFSet(model).paths if SHARD_NAME.match(model.name) else [model]
+    sizes = [p.stat().st_size for p in paths]
+    total = sum(sizes)
+    h = hashlib.sha256(nonce)
+    for i in range(PROOF_READS):
+        pick = int.from_bytes(hmac.new(nonce, i.to_bytes(4, "big"), hashlib.sha256).digest()[:8], "big")
+        h.update(_read_stream(paths, sizes, pick % max(total - PROOF_PIECE, 1), PROOF_PIECE))
+    return h.hexdigest()
+
+
+def _read_stream(paths: list[Path], sizes: list[int], offset: int, n: int) -> bytes:
+    """`n` bytes from `offset` of the files read as one stream (fewer at its end)."""
+    out = bytearray()
+    for path, size in zip(paths, sizes, strict=True):
+        if offset >= size:
+            offset -= size
+            continue
+        with path.open("rb") as f:
+            f.seek(offset)
+            out += f.read(n - len(out))
+        offset = 0
+        if len(out) >= n:
+            break
+    return bytes(out)
 
 
 def judge_model(host_sha256: str, name: str, measurements: Mapping[str, Any]) -> str | None:

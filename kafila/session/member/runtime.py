@@ -18,6 +18,7 @@ from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
 from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.delivery.local_model import model_proof
 from kafila.session.member.core import log
 from kafila.session.member.stage import MemberStage
 from kafila.session.member.takeover import Takeover
@@ -44,6 +45,7 @@ class MemberRuntime(MemberStage, Takeover):
             messages.Chat: self._on_chat,
             messages.Bye: self._on_bye,
             messages.Roster: self._on_roster,
+            messages.Prove: self._on_prove,
         }
 
     async def run(self) -> int:
@@ -118,6 +120,12 @@ class MemberRuntime(MemberStage, Takeover):
         with contextlib.suppress(KafilaError):
             self.control.post(messages.encode(messages.ChatEvt(msg.id, msg.origin, {
                 "error": f"the chat reached {self.opts.name}, but {why}", "resumable": down})))
+
+    async def _on_prove(self, msg: messages.Prove) -> None:
+        """Show the coordinator we hold the model file we announced (it reads pieces of it too)."""
+        if self.opts.model is not None:
+            digest = await asyncio.to_thread(model_proof, self.opts.model, bytes.fromhex(msg.nonce))
+            await self.send_host(messages.Proof(digest))
 
     async def _on_roster(self, msg: messages.Roster) -> None:
         """The coordinator's state: kept, so that this member knows the ring without its host."""

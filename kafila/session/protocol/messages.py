@@ -97,7 +97,7 @@ from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
 from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
 
-CONTROL_VERSION = 2  # 2: assign and roster carry the members' certificate fingerprints
+CONTROL_VERSION = 2  # 2: assign and roster carry the members' fingerprints; prove/proof of a model file
 
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
 CHUNK_MAGIC = b"KFC1"
@@ -283,6 +283,20 @@ class Bye(_Reason):
 
 
 @dataclass(frozen=True)
+class Prove(Control):
+    """The coordinator asks a member that announced the host's model hash to prove it holds the file."""
+
+    T = "prove"
+    nonce: str  # hex: which bytes of the file to read (kafila.session.delivery.local_model.model_proof)
+
+
+@dataclass(frozen=True)
+class Proof(Control):
+    T = "proof"
+    digest: str  # the SHA-256 (hex) of the nonce and those bytes
+
+
+@dataclass(frozen=True)
 class Measured:
     """One member as the planner saw it: its measurements (kafila.planner.Member's numbers)."""
 
@@ -339,6 +353,8 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "chat": (Chat, {"id": NAME, "origin": NAME, "body": json_object}),
     "chat_evt": (ChatEvt, {"id": NAME, "dest": NAME, "evt": chat_event}),
     "bye": (Bye, {"reason": TEXT}),
+    "prove": (Prove, {"nonce": SHA256}),
+    "proof": (Proof, {"digest": SHA256}),
     "roster": (Roster, {"coordinator": NAME, "model": TEXT, "members": map_of(_MEASURED),
                         "beside": null_or(NAME), "holders": NAMES, "model_sha256": null_or(SHA256),
                         "strategy": NAME, "mixed_builds": boolean, "fingerprints": map_of(SHA256)}),

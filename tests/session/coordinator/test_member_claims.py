@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kafila.model.stage_cache import StageCache
+from kafila.session.delivery.local_model import MODEL_KEY, _read_stream, model_proof
 from kafila.session.protocol import messages
 from tests.session.scripted import ScriptedMember, coordinator, member_measurements
 from tests.synthetic import write_synthetic
@@ -54,3 +56,37 @@ async def test_a_need_with_repeated_indices_gets_each_chunk_once(tmp_path: Path)
             while len(ada.inbox.chunks) < len(wanted) or c.runtime.joined["ada"].sending:
                 await asyncio.sleep(0.05)
         assert sorted(ada.inbox.chunks) == wanted
+
+
+@pytest.mark.parametrize("holds", [True, False])
+async def test_a_member_claiming_the_model_must_prove_it_holds_the_file(tmp_path: Path, holds: bool) -> None:
+    # issue 34 item 6: a member announcing the host's model hash became a holder (it cuts its own stages, and
+    # can become the heir that sends survivors their stages) on its word alone
+    model = write_synthetic(tmp_path / "tiny.gguf", "llama", n_blocks=6)
+    claim = {**member_measurements(), MODEL_KEY: StageCache(tmp_path / "hashes").source_hash(model)}
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(model.read_bytes())
+    async with coordinator(tmp_path, model, ["ada", "bo"], announced={"bo": claim},
+                           models={"bo": copy} if holds else None) as c:
+        prove = await c.members["bo"].inbox.first(messages.Prove)
+        assert len(prove.nonce) == 64
+        if holds:
+            await c.reach("admitted")
+            assert c.state.members["bo"].status != "refused"
+        else:
+            refused = await c.members["bo"].inbox.first(messages.Refused)
+            assert refused.reason == ("bo announced the host's model hash but did not prove it holds the file "
+                                      "(pieces of it the host chose): its proof does not match the host's file")
+
+
+def test_a_proof_reads_a_split_model_as_one_stream(tmp_path: Path) -> None:
+    whole = bytes(range(256)) * 200  # 51,200 bytes
+    one = tmp_path / "m.gguf"
+    one.write_bytes(whole)
+    parts = [tmp_path / f"m-0000{i}.part" for i in (1, 2, 3)]
+    for part, (a, b) in zip(parts, ((0, 20000), (20000, 20001), (20001, len(whole))), strict=True):
+        part.write_bytes(whole[a:b])
+    sizes = [p.stat().st_size for p in parts]
+    for offset, n in ((19998, 5), (0, 4096), (51000, 4096), (20000, 1)):  # across files, at the start and end
+        assert _read_stream(parts, sizes, offset, n) == whole[offset:offset + n]
+    assert model_proof(one, bytes(32)) == model_proof(one, bytes(32)) != model_proof(one, b"\1" * 32)
