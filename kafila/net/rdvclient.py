@@ -20,6 +20,7 @@ from kafila.net.trust import JoinCode
 
 log = logging.getLogger("kafila.net")
 Addr = tuple[str, int]
+REANNOUNCE_S = 60.0  # a re-join publishes our announcement again once it is this old
 Body = dict[str, Any] | Callable[[bytes], dict[str, Any]]  # a request, or one made for the cookie it goes with
 
 
@@ -36,6 +37,7 @@ class RendezvousClient:
         # (when, cookie): the rendezvous's proof that our address reads its replies
         self._cookie: tuple[float, bytes] | None = None
         self._ops = 0  # the last counter of our signed ops under reg_key
+        self._announced_at = 0.0  # loop time of our latest announce
         self._stun_waiters: dict[bytes, asyncio.Future[stun.StunMessage]] = {}
         self._control_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
 
@@ -170,6 +172,9 @@ class RendezvousClient:
         try:
             try:
                 await registration.rejoin(self.request, code.session_id, self.member_id, reg_key)
+                if self.sealed is not None and \
+                        asyncio.get_running_loop().time() - self._announced_at > REANNOUNCE_S:
+                    await self.announce(self.sealed)  # what the rendezvous keeps of us is ours, whatever befell it
             except NotMember:
                 await self._register_again(code)
             except UnknownSession:
@@ -204,7 +209,7 @@ class RendezvousClient:
         if self.code is None:
             raise SessionError("join a session before announcing")
         await self.request(self._signed({"op": "announce", "ann": sealed}))
-        self.sealed = sealed
+        self.sealed, self._announced_at = sealed, asyncio.get_running_loop().time()
 
     async def list_page(self, start: int) -> dict[str, Any]:
         """One page of the session's member list, from entry `start`."""

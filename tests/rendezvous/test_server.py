@@ -99,3 +99,20 @@ async def test_a_member_the_rendezvous_forgot_registers_again() -> None:
         assert m.addr == a.local_addr and m.reg_key != first_key
         await w.until(lambda core: core.stats.rejoins >= 2)  # and it re-joins with the new key
         assert a.rdv.reg_key == m.reg_key and w.ops_from(a.local_addr).count("join") == 2
+
+
+async def test_a_member_publishes_its_announcement_again_once_it_is_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 34 item 3: what the rendezvous keeps of a member is put right by the member itself, in time
+    from kafila.net import rdvclient
+
+    monkeypatch.setattr(rdvclient, "REANNOUNCE_S", 0.2)
+    async with rendezvous() as (rdv, w), \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="a", rendezvous_ping_s=0.05) as a:
+        await a.probe_nat(rdv)
+        code = await a.create_session(rdv)
+        await a.announce({"bw": 1.0})
+        m = w.core.sessions[code.session_id].members[a.member_id]
+        mine = m.announcement
+        m.announcement = None  # lost (a rendezvous restored from an old state, say)
+        await w.until(lambda core: core.sessions[code.session_id].members[a.member_id].announcement == mine)
+        assert w.ops_from(a.local_addr).count("announce") >= 2
