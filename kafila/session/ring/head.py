@@ -50,7 +50,7 @@ from kafila.session.ring.stage_runtime import StageWorker
 log = logging.getLogger("kafila.head")
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: compared field by field, two would compare their requests' arrays
 class Job:
     """One chat request and the queue its events go to."""
 
@@ -146,7 +146,7 @@ class Head:
     def _abandon(self, job: Job) -> None:
         if job in self._waiting:
             self._waiting.remove(job)
-        elif any(j is job for j in self._active.values()):
+        elif job in self._active.values():
             job.abandoned = True
 
     def _make_request(self, job: Job, slot: int) -> Request:

@@ -50,14 +50,14 @@ def prompt(body):
         return body["messages"][-1]["content"]
     except (KeyError, IndexError, TypeError):
         return None
-async def gated(self, body):
+async def gated(self, body, owner=""):
     p = prompt(body)
     if p == {LONGER!r}:
         long_arrived.set()
         await short_started.wait()
     elif p == {SHORT!r}:
         await long_arrived.wait()
-    async with contextlib.aclosing(chat(self, body)) as events:
+    async with contextlib.aclosing(chat(self, body, owner)) as events:
         async for evt in events:
             if p == {SHORT!r}:
                 short_started.set()
