@@ -89,7 +89,6 @@ class Head:
         self._slots = Slots.empty(config.n_seq_max)
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
-        # frame id -> (its chunks, which rows want logits, when it was sent)
         # frame id -> (its chunks, rows wanting logits, sent at, (sequences, positions) as sent)
         self._in_flight: dict[int, tuple[list[Chunk], np.ndarray, int, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
         self._freeing: set[int] = set()  # slots whose free is going round the ring
