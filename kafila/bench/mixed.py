@@ -22,7 +22,7 @@ HELP = "one member on a second llama.cpp build: refused by default; mixed ring's
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Explain how a bicycle works.",
            "Name three colours."]
 MEMBERS = ("ada", "bo")  # bo runs on the second build
-REFUSAL_TIMEOUT_S = 180.0
+REFUSAL_TIMEOUT_S = 600.0  # the member on the second build probes first (its own build: no cached probe)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
