@@ -1,6 +1,10 @@
 """The member's link to its coordinator: the host found among the session's verified members, and connected.
 
 A coordinator that does not answer is passed over for another (a killed host stays listed for a while).
+Every member says in its announcement which coordinator it follows (COORD_KEY: the first 8 bytes of its
+certificate's fingerprint), and a member joining late follows the one most members follow: a member who
+holds the join code and announces itself as a host cannot draw the late joiners away from the session's
+real coordinator (it would need more members behind it than the real one has).
 """
 
 from __future__ import annotations
@@ -14,6 +18,18 @@ from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 
 log = logging.getLogger("kafila.member")
+COORD_KEY = "coord"  # the announcement's measurement naming the coordinator a member follows
+
+
+def coordinator_mark(fingerprint: bytes) -> str:
+    """How announcements name a coordinator: its certificate fingerprint's first 8 bytes, in hex."""
+    return fingerprint[:8].hex()
+
+
+async def announce_following(ep: PeerEndpoint, coordinator: VerifiedMember) -> None:
+    """Announce again, saying that this member follows `coordinator` (late joiners count such members)."""
+    if ep.me is not None:
+        await ep.announce({**ep.me.measurements, COORD_KEY: coordinator_mark(coordinator.fingerprint)})
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] = frozenset(),
@@ -30,10 +46,12 @@ async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] =
     try:
         async with asyncio.timeout(timeout_s):
             while True:
-                for vm in (await ep.members()).verified:
-                    if (vm.measurements.get("role") == "host" and vm.member_id not in gone
-                            and name in (None, vm.name) and fingerprint in (None, vm.fingerprint)):
-                        return vm
+                listed = (await ep.members()).verified
+                hosts = [vm for vm in listed if vm.measurements.get("role") == "host" and vm.member_id not in gone
+                         and name in (None, vm.name) and fingerprint in (None, vm.fingerprint)]
+                if hosts:  # the one most members follow (at the start: none yet, the first listed)
+                    votes = [vm.measurements.get(COORD_KEY) for vm in listed if vm.measurements.get("role") != "host"]
+                    return max(hosts, key=lambda vm: votes.count(coordinator_mark(vm.fingerprint)))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
     except TimeoutError:

@@ -14,7 +14,7 @@ from kafila.net.endpoint import PeerEndpoint
 from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery.local_model import model_claim
-from kafila.session.member.host_link import connect_host
+from kafila.session.member.host_link import announce_following, connect_host
 from kafila.session.member.measure import Emulation, cached_probe, measurements
 from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import MemberOptions
@@ -54,6 +54,7 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
         control = await connect_host(ep, opts.join_timeout_s)
         state.coordinator = control.peer.name
+        await announce_following(ep, control.peer)
         api = None
         if opts.api_port is not None:
             api = await ApiServer(state, port=opts.api_port).start_or_none()

@@ -32,7 +32,7 @@ from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Identity
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement, relay_events
 from kafila.session.delivery.cache_inventory import InUse
-from kafila.session.member.host_link import find_host
+from kafila.session.member.host_link import announce_following, find_host
 from kafila.session.member.serving import Serving
 from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.protocol import messages
@@ -179,6 +179,8 @@ class Takeover(Serving):
         found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir,
                                 bytes.fromhex(admitted) if admitted else None)
         self.control = await self.ep.connect(found)
+        with contextlib.suppress(KafilaError):  # the rendezvous may be away: the next re-announce says it
+            await announce_following(self.ep, found)
         self._pending.clear()  # the lost coordinator's instructions are void
         self.state.log(f"connected to {heir}, which coordinates now")
 
