@@ -320,7 +320,7 @@ class PeerEndpoint(LinkOwner):
             nat_class=self.nat_report.nat_class.value,
             mapped=self.nat_report.mapped,
             local=self._local_candidate(),
-            rtt_ms=self.nat_report.rtt_ms,
+            rtt_ms=None if self.nat_report.rtt_ms is None else round(self.nat_report.rtt_ms, 2),
             measurements=measurements or {},
             issued_at=now_wall(),
         )

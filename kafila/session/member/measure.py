@@ -84,6 +84,12 @@ def machine_id() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
 
 
+def _sig(x: float) -> float:
+    """`x` to 4 significant digits: a probe's noise is far larger, and 17 digits a number would crowd
+    the announcement's one datagram (e.g. 1.2345678901234567e-05 -> 1.235e-05)."""
+    return float(f"{x:.4g}")
+
+
 def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
     """The announcement's measurement block (kept small: it travels in one UDP datagram)."""
     t = emulation.throttle
@@ -95,16 +101,16 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         **gpu,
         "bw": round(result.bandwidth_bytes_per_s / t),
         "ubw": round(result.unembed_bandwidth_bytes_per_s / t),
-        "uo": result.unembed_s * t,  # the unembedding's fixed seconds besides its bytes
-        "disp": result.dispatch_s * t,
-        "blk": result.block_s * t,  # seconds per block per call besides its bytes (DESIGN §2c)
+        "uo": _sig(result.unembed_s * t),  # the unembedding's fixed seconds besides its bytes
+        "disp": _sig(result.dispatch_s * t),
+        "blk": _sig(result.block_s * t),  # seconds per block per call besides its bytes (DESIGN §2c)
         "mem": memory,
         # prefill at `prow` rows per call, the same three terms (the planner's TTFT, kafila.planner.ttft)
         "pbw": round(result.prefill_bandwidth_bytes_per_s / t),
-        "pdisp": result.prefill_dispatch_s * t,
-        "pblk": result.prefill_block_s * t,
+        "pdisp": _sig(result.prefill_dispatch_s * t),
+        "pblk": _sig(result.prefill_block_s * t),
         "prow": result.prefill_rows,
-        "patt": result.prefill_attn_s * t,  # per row, earlier position and unit of attention width
+        "patt": _sig(result.prefill_attn_s * t),  # per row, earlier position and unit of attention width
         # routed experts' rows per expert weight type (those no slower than dense left out)
         "pebw": {kind: round(rate / t) for kind, rate in result.expert_rates if rate > 0},
         "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
