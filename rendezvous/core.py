@@ -221,12 +221,12 @@ class RendezvousCore:
             self._replies.popitem(last=False)
         return [(reply, local, src)]
 
-    def _routable(self, body: dict[str, Any], src: Addr, now: float) -> None:
-        """Go on only for a source that echoed its cookie; else CookieNeeded carries one to echo."""
-        cookie = body.get("cookie")
-        if cookie is not None:
-            if self.cookies.valid(wire.get_hex(body, "cookie", registration.COOKIE_LEN), src, now):
-                return
+    def _routable(self, body: dict[str, Any], src: Addr, now: float) -> bytes:
+        """The cookie a source echoed, when valid for it; else CookieNeeded carries one to echo."""
+        if body.get("cookie") is not None:
+            cookie = wire.get_hex(body, "cookie", registration.COOKIE_LEN)
+            if self.cookies.valid(cookie, src, now):
+                return cookie
         raise CookieNeeded(self.cookies.issue(src, now).hex())
 
     def _admit_join(self, src: Addr, now: float) -> None:
@@ -285,12 +285,11 @@ class RendezvousCore:
         return {"session": sid}
 
     def _op_join(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
-        self._routable(body, src, now)
+        cookie = self._routable(body, src, now)
         self._admit_join(src, now)  # first: guessing session ids or codes costs join tokens
         s = self._session(body)
         mid = wire.get_hex(body, "member", wire.ID_LEN)
         proof = wire.get_hex(body, "proof", registration.PROOF_LEN)
-        cookie = wire.get_hex(body, "cookie", registration.COOKIE_LEN)  # the one _routable checked
         if not registration.proof_ok(s.join_pub, s.session_id, mid, cookie, proof):
             raise WrongJoinCode(MESSAGES["wrong_code"])
         if mid in s.members:  # a member id once registered is moved only by its key (rejoin)

@@ -39,13 +39,6 @@ def _first(group: BaseException) -> BaseException:
     return group
 
 
-def _leaves(group: BaseException) -> list[BaseException]:
-    """Every exception in a (nested) exception group."""
-    if isinstance(group, BaseExceptionGroup):
-        return [e for sub in group.exceptions for e in _leaves(sub)]
-    return [group]
-
-
 def admitted_slots(seqs: tuple[int, ...], slots: int) -> None:
     """NeighbourFault unless every sequence id is one of the session's `slots` (llama.cpp aborts on others)."""
     bad = [s for s in seqs if not 0 <= s < slots]
@@ -106,8 +99,9 @@ class Serving(MemberCore):
             raise SessionError(f"{self.opts.name} left the session: {reason}") from None
         except* (NetworkError, ProtocolError) as group:
             reason = "; ".join(str(e) for e in group.exceptions)
-            fault = any(isinstance(e, NeighbourFault) for e in _leaves(group))
-            peer = self._neighbour("prev") if fault else self._failed_peer()
+            prev = self.edges.prev if self.edges is not None else None
+            fault = group.subgroup(NeighbourFault) is not None  # that neighbour's input: it is the one lost
+            peer = prev.peer.name if fault and prev is not None else self._failed_peer()
             self.state.lost = f"{peer} lost: {reason}"
             self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
             self._fail_requests(f"member {peer} was lost: {reason}", lost=peer)
@@ -120,10 +114,6 @@ class Serving(MemberCore):
         if nxt is not None:
             with contextlib.suppress(KafilaError):
                 nxt.post(messages.encode(messages.Bye(why)))
-
-    def _neighbour(self, side: str) -> str:
-        link = getattr(self.edges, side, None) if self.edges is not None else None
-        return link.peer.name if link is not None else "a ring neighbour"
 
     def _failed_peer(self) -> str:
         for link in (self.edges.prev, self.edges.next) if self.edges else ():
