@@ -15,7 +15,9 @@ from kafila.model.gguf_set import GGUFSet
 
 # llama.cpp's default KV cache type is f16.
 KV_BYTES_PER_ELEMENT = 2
-BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")  # group 1: block index, group 2: the tensor within it
+# group 1: block index (as llama.cpp writes it: ASCII, no leading zero), group 2: the tensor within it (any
+# byte: a damaged name is still the block's weight, and llama.cpp refuses it by name when it loads)
+BLOCK_TENSOR = re.compile(r"^blk\.(0|[1-9][0-9]*)\.(.+)$", re.DOTALL)
 # Routed experts, stacked along the last axis (ffn_gate_exps, ffn_up_exps, ffn_down_exps and their biases);
 # shared experts (`_shexp`) and the router (`ffn_gate_inp`) are read by every token, like dense tensors.
 EXPERT_TENSOR = re.compile(r"^ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")

@@ -95,6 +95,16 @@ def check_accepted(path: Path) -> None:
     assert info.n_embd >= 1 and info.n_head >= 1
 
 
+def test_a_damaged_tensor_name_still_counts_in_its_block(synthetic_models: dict[str, Path], tmp_path: Path) -> None:
+    """Found by the fuzz test below: a newline in a block tensor's name ('blk.2.\\nttn_k.weight') dropped its bytes
+    from the block's size."""
+    raw = synthetic_models["qwen2"].read_bytes()
+    at = raw.index(b"blk.2.attn_k.weight") + len(b"blk.2.")
+    p = tmp_path / "damaged.gguf"
+    p.write_bytes(raw[:at] + b"\n" + raw[at + 1:])
+    check_accepted(p)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_damaged_header_is_model_error(synthetic_models: dict[str, Path], tmp_path: Path, data: st.DataObject) -> None:
