@@ -13,10 +13,11 @@ it goes straight to the peer (once a punch proved the path both ways) or through
 rendezvous relay, so an edge is usable over the relay at once and moves to the direct path
 without QUIC noticing; packets from either path reach the same connection.
 
-Limits against a flood of Initials (issue #13 item 5): an Initial creates a connection only
-when it comes from a listed peer, that peer has fewer than `max_pending_per_peer` connections
-still in their handshake (each ends by QUIC's idle timeout if it never completes), and
-something in it decrypted (a forged Initial is dropped before it counts); every connection's
+Limits against a flood of Initials (issue #13 item 5, issue #34 item 8): an Initial creates a
+connection only when it comes from a listed peer and carries the token of a Retry this core sent
+that peer along its path (kafila.net.retry: a forger that cannot receive there takes nothing),
+that peer has fewer than `max_pending_per_peer` connections still in their handshake (each ends
+by QUIC's idle timeout if it never completes), and something in it decrypted; every connection's
 ids are indexed per connection, so forgetting one costs O(its ids) (kafila.net.connections).
 """
 
@@ -28,7 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aioquic.buffer import Buffer
-from aioquic.quic.packet import QuicPacketType, pull_quic_header
+from aioquic.quic.packet import (
+    QuicHeader,
+    QuicPacketType,
+    QuicProtocolVersion,
+    encode_quic_retry,
+    pull_quic_header,
+)
 
 from kafila.errors import ProtocolError, SessionError
 from kafila.net import events as ev
@@ -38,6 +45,7 @@ from kafila.net.pmtu import DEFAULT_CEILING, PmtuConfig, PmtuSearch
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
 from kafila.net.rdvhealth import RendezvousHealth
+from kafila.net.retry import RetryTokens
 from kafila.net.trust import VerifiedMember
 
 log = logging.getLogger("kafila.net")
@@ -92,6 +100,7 @@ class EndpointCore:
         self._punchers: dict[bytes, Puncher] = {}
         self._reported: dict[bytes, PunchState] = {}  # the punch state last told to the caller, per peer
         self._conns = Connections()
+        self._retry = RetryTokens()  # Initials come back with one before they take a handshake slot
         self._out: list[tuple[bytes, Addr]] = []
         self._events: deque[ev.Event] = deque()
         self._next_ping: float | None = None
@@ -357,7 +366,7 @@ class EndpointCore:
             conn = self._conns.by_cid.get(header.destination_cid)
             if conn is None:
                 if header.packet_type == QuicPacketType.INITIAL and len(data) >= MIN_INITIAL:
-                    self._accept(member_id, header.destination_cid, data, now)
+                    self._initial(member_id, header, data, now)
                 return
         if conn.peer.member_id != member_id:
             return  # a connection id belonging to another peer: never cross edges
@@ -365,12 +374,25 @@ class EndpointCore:
         self._take_events(conn)
         self._conns.dirty.add(conn)
 
-    def _accept(self, member_id: bytes, dcid: bytes, data: bytes, now: float) -> None:
-        """A connection for a new Initial: only from a listed peer, within its bound of pending handshakes."""
-        peer = self.peers.get(member_id)
-        if peer is None or self.punch_key is None:
+    def _initial(self, member_id: bytes, header: QuicHeader, data: bytes, now: float) -> None:
+        """A new connection's Initial: answered with a Retry, or accepted once it carries our token."""
+        if member_id not in self.peers or self.punch_key is None:
             self._events.append(ev.PeerUnknown(member_id))  # a member not listed yet: its Initial will be resent
             return
+        if not header.token:  # the peer proves it receives on its path before it takes a handshake slot
+            token, retry_cid = self._retry.make(member_id, header.destination_cid, now)
+            self._send_to_peer(member_id, encode_quic_retry(header.version or QuicProtocolVersion.VERSION_1,
+                                                            retry_cid, header.source_cid, header.destination_cid,
+                                                            token))
+            return
+        original = self._retry.check(member_id, header.token, header.destination_cid, now)
+        if original is not None:  # else forged, stale or someone else's: dropped
+            self._accept(member_id, header.destination_cid, original, data, now)
+
+    def _accept(self, member_id: bytes, dcid: bytes, original: bytes, data: bytes, now: float) -> None:
+        """A connection for an Initial that came back with our token: within the peer's bound of pending
+        handshakes, and only when something in it decrypts."""
+        peer = self.peers[member_id]
         pending = self._conns.pending.setdefault(member_id, set())
         if len(pending) >= self.config.max_pending_per_peer:
             log.debug("Initial from %s dropped: %d handshakes already pending", peer.short_id, len(pending))
@@ -378,7 +400,8 @@ class EndpointCore:
         conn = PinnedQuicConnection(
             peer=peer,
             configuration=configuration(self.identity, False, self.config.idle_timeout_s),
-            original_destination_connection_id=dcid,
+            original_destination_connection_id=original,
+            retry_source_connection_id=dcid,
         )
         conn.receive_datagram(data, vaddr(member_id), now)
         out = conn.datagrams_to_send(now)

@@ -112,6 +112,11 @@ class PinnedQuicConnection(QuicConnection):
         self.mtu_outcomes: list[tuple[int, int, bool]] = []
 
     def _initialize(self, peer_cid: bytes) -> None:
+        # A Retry starts the handshake again (RFC 9002 §6.3: loss recovery and congestion state reset), but
+        # aioquic 1.7.2 replaces the packet spaces without discarding them: the first Initial stayed in bytes
+        # in flight for the connection's life, shrinking the congestion window by a datagram for good.
+        for space in self._loss.spaces:
+            self._loss.discard_space(space)
         super()._initialize(peer_cid)
         if not self._is_client:
             # aioquic has no public switch to ask for a client certificate (aioquic#541); this
