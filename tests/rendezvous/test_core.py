@@ -211,9 +211,14 @@ def test_a_stranger_gets_only_bounded_answers_to_itself(data: bytes, sock: int) 
     if not isinstance(frame, wire.Control):
         assert out == [] and not c.sessions  # relay envelopes, answers, QUIC, garbage: silence, no state
         return
-    if not out:  # refused, and even a refusal cut to its code would have been larger than the request
+    if not out:  # refused, and even the shortest answer would have been larger than the request: a refusal cut
+        # to its code, or (an op that makes state, without a cookie) the cookie it must echo first
         longest = max(len(json.dumps({"ok": False, "code": code}, separators=(",", ":"))) for code in RENDEZVOUS_CODES)
-        assert len(data) < 5 + longest and not c.sessions
+        ask_cookie = wire.encode_control(wire.RESPONSE, frame.request_id,
+                                         {"ok": False, "code": "cookie", "cookie": "00" * registration.COOKIE_LEN})
+        assert not c.sessions
+        assert len(data) < 5 + longest or (frame.body.get("op") in registration.COOKIE_OPS
+                                           and len(data) < len(ask_cookie))
         return
     ((reply, via, _dst),) = out
     answer = wire.decode(reply)
