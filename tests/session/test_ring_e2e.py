@@ -84,19 +84,26 @@ def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
     from kafila.engine.reference import ReferenceContext
     from kafila.engine.stage import ContextConfig, Rows
 
-    ref = ReferenceContext(model, ContextConfig(n_ctx_per_seq=512, n_seq_max=4, n_batch=128))
-    ours: dict[int, str] = {}
-    theirs: dict[int, str] = {}
+    config = ContextConfig(n_ctx_per_seq=512, n_seq_max=4, n_batch=128)
+    ref = ReferenceContext(model, config)
+    ours: dict[tuple[int, int], str] = {}  # by (ring, frame): a re-planned ring (a drift on a loaded machine) counts anew
+    theirs: dict[tuple[int, int], str] = {}
+    ring = 0
     try:
         for line in trace_path.read_text().splitlines():
             e = json.loads(line)
-            if "tokens" in e:
+            if "ring" in e:
+                ring += 1
+                if ring > 1:  # its stages start with empty caches
+                    ref.close()
+                    ref = ReferenceContext(model, config)
+            elif "tokens" in e:
                 rows = Rows(np.array(e["seqs"], np.int32), np.array(e["positions"], np.int32),
                             np.array(e["want"], bool))
                 logits = ref.run(np.array(e["tokens"], np.int32), rows)
-                theirs[e["frame"]] = hashlib.sha256(logits.tobytes()).hexdigest()
+                theirs[ring, e["frame"]] = hashlib.sha256(logits.tobytes()).hexdigest()
             elif "logits" in e:
-                ours[e["logits"]] = e["sha256"]
+                ours[ring, e["logits"]] = e["sha256"]
             elif "free" in e:
                 ref.free(e["free"])
             elif "trim" in e:  # a slot kept for a new request: positions from `keep` on dropped

@@ -140,6 +140,7 @@ class Serving(MemberCore):
             with open(path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
 
+        write({"ring": list(self._assigned.order)})  # a new ring (a re-plan's too): every stage's cache is empty
         return write
 
     async def _stage_loop(self, inbox: asyncio.Queue[bytes]) -> None:
