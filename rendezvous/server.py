@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import cast
 
 from kafila.errors import NetworkError
+from kafila.net.udp import SOCKET_BUFFER
 from rendezvous.core import Addr, Limits, RendezvousCore
 
 log = logging.getLogger("kafila.rendezvous")
@@ -27,6 +29,19 @@ class _Socket(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         log.debug("socket %s: %s", self.local, exc)  # ICMP errors from vanished members: harmless
+
+
+def _large_buffers(sock: _Socket) -> None:
+    """Kernel buffers as large as the members' (kafila.net.udp): the default 208 KiB holds a few hundred
+    datagrams, and a burst of joins outran it (the loopback load test lost ~100 datagrams a run,
+    among them a probe that was then never answered)."""
+    assert sock.transport is not None
+    raw = sock.transport.get_extra_info("socket")
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            raw.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)  # the kernel caps it at net.core.[rw]mem_max
+        except OSError as exc:
+            log.debug("socket %s: buffer size not set: %s", sock.local, exc)
 
 
 class RendezvousServer:
@@ -61,6 +76,7 @@ class RendezvousServer:
                     sock = _Socket(self, (ip, p))
                     await loop.create_datagram_endpoint(lambda s=sock: s, local_addr=(ip, p))  # type: ignore[misc]
                     self._sockets[(ip, p)] = sock
+                    _large_buffers(sock)
         except OSError as exc:
             self.close()
             raise NetworkError(f"cannot bind the rendezvous on {ips} ports {port},{port + 1}: {exc}") from None

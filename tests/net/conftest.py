@@ -41,3 +41,4 @@ def rendezvous_proc() -> Iterator[tuple[tuple[str, int], subprocess.Popen[str]]]
     finally:
         proc.popen.kill()
         proc.popen.wait(timeout=10)
+        print("rendezvous output (its stats each second):", *proc.lines[-40:], sep="\n")  # shown when a test fails

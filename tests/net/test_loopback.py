@@ -209,7 +209,7 @@ async def test_load_50_sessions_of_5_members(rendezvous_proc) -> None:
     """250 members in 50 sessions at once, while probes go on: every member sees its 5, every probe is answered.
 
     No wall-clock bound (how fast is `kafila bench`'s job; on a loaded machine the members' own loop
-    is the slow part): probes may take 5 s. The bound on the rendezvous' memory growth stays, since
+    is the slow part): a probe may take three tries of 2 s. The bound on the rendezvous' memory growth stays, since
     memory does not depend on the machine's load: 250 members' records are far below 40 MB, so only a
     leak can pass it.
     """
@@ -225,8 +225,10 @@ async def test_load_50_sessions_of_5_members(rendezvous_proc) -> None:
 
     async def prober(ep: PeerEndpoint) -> None:
         while not stop.is_set():
-            ans = await ep.rdv.stun_request(rdv, 0, 5.0, 1)
-            assert ans is not None, "the rendezvous stopped answering probes under load"
+            # sent up to 3 times, as a STUN client does: on a machine whose net.core.rmem_max is the kernel's
+            # default, a burst of joins can still overflow the rendezvous's socket buffer, and UDP drops
+            ans = await ep.rdv.stun_request(rdv, 0, 2.0, 3)
+            assert ans is not None, "the rendezvous stopped answering probes under load (3 tries in 6 s)"
             answered[0] += 1
             await asyncio.sleep(0.05)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from kafila.net import wire
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.udp import SOCKET_BUFFER
 from rendezvous.core import Addr, RendezvousCore
 from rendezvous.server import RendezvousServer
 from tests.rendezvous.inprocess import start_on_free_pair
@@ -116,3 +119,18 @@ async def test_a_member_publishes_its_announcement_again_once_it_is_old(monkeypa
         m.announcement = None  # lost (a rendezvous restored from an old state, say)
         await w.until(lambda core: core.sessions[code.session_id].members[a.member_id].announcement == mine)
         assert w.ops_from(a.local_addr).count("announce") >= 2
+
+
+async def test_its_sockets_have_the_members_buffer_size() -> None:
+    """A burst of joins outran the kernel's default 208 KiB receive buffer (datagrams lost, a probe unanswered):
+    every socket asks for the members' size, as far as net.core.[rw]mem_max lets it (Linux reports twice what
+    it grants)."""
+    server = await start_on_free_pair(lambda port: RendezvousServer("127.0.0.1", port))
+    try:
+        for option, cap in ((socket.SO_RCVBUF, "rmem_max"), (socket.SO_SNDBUF, "wmem_max")):
+            granted = 2 * min(SOCKET_BUFFER, int(Path(f"/proc/sys/net/core/{cap}").read_text()))
+            for sock in server._sockets.values():
+                assert sock.transport is not None
+                assert sock.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, option) == granted
+    finally:
+        server.close()
