@@ -86,7 +86,8 @@ def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
 
     config = ContextConfig(n_ctx_per_seq=512, n_seq_max=4, n_batch=128)
     ref = ReferenceContext(model, config)
-    ours: dict[tuple[int, int], str] = {}  # by (ring, frame): a re-planned ring (a drift on a loaded machine) counts anew
+    # by (ring, frame): a re-planned ring (a drift on a loaded machine) numbers its frames anew
+    ours: dict[tuple[int, int], str] = {}
     theirs: dict[tuple[int, int], str] = {}
     ring = 0
     try:
