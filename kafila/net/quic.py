@@ -28,6 +28,7 @@ import datetime
 import hashlib
 import ssl
 import struct
+from collections import deque
 from typing import TYPE_CHECKING
 
 from aioquic import tls as quic_tls
@@ -208,7 +209,11 @@ class Link:
         self.conn = conn
         self.peer: VerifiedMember = conn.peer
         self.is_client = conn._is_client
-        self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._inbox: deque[bytes] = deque()
+        # recv() calls waiting for a message (or the end); a plain future each, woken by _wake: a ring stage's
+        # every frame passes here, and a recv() built on Queue.get with a close watcher cost two tasks and an
+        # asyncio.wait a message
+        self._waiters: list[asyncio.Future[None]] = []
         self._buf = bytearray()
         self._need: int | None = None
         self._handshake_done = False
@@ -259,7 +264,8 @@ class Link:
 
     def _on_message(self, msg: bytes) -> None:
         if self.ready.is_set():
-            self._inbox.put_nowait(msg)
+            self._inbox.append(msg)
+            self._wake()
         elif not self.is_client and msg == HELLO:
             self._write(WELCOME)
             self.ready.set()
@@ -274,6 +280,12 @@ class Link:
             self.closed = reason
         self._closed_event.set()
         self._progress.set()  # a blocked send() wakes to raise
+        self._wake()  # and a waiting recv()
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # -- public API -----------------------------------------------------------------------
 
@@ -316,23 +328,19 @@ class Link:
 
     async def recv(self, timeout: float | None = None) -> bytes:
         """The next whole message; NetworkError once the peer is gone (within the idle timeout)."""
-        if not self._inbox.empty():
-            return self._inbox.get_nowait()
-        self._check()
-        getter = asyncio.ensure_future(self._inbox.get())
-        closer = asyncio.ensure_future(self._closed_event.wait())
         try:
-            done, _ = await asyncio.wait({getter, closer}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closer.cancel()
-            if not getter.done():
-                getter.cancel()
-        if getter in done:
-            return getter.result()
-        if not done:
-            raise TimeoutError(f"no message from {self.peer.name} within {timeout} s")
-        self._check()
-        raise NetworkError("link closed")
+            async with asyncio.timeout(timeout):
+                while not self._inbox:  # messages that arrived before the end are still read
+                    self._check()
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._waiters.append(waiter)
+                    try:
+                        await waiter
+                    finally:
+                        self._waiters.remove(waiter)
+        except TimeoutError:
+            raise TimeoutError(f"no message from {self.peer.name} within {timeout} s") from None
+        return self._inbox.popleft()
 
     async def close(self) -> None:
         """Close the connection (the peer's recv raises NetworkError)."""

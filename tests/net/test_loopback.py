@@ -362,3 +362,30 @@ async def test_post_queues_past_the_high_mark_at_once_and_in_order() -> None:
             assert unacked_bytes(link.conn) > SEND_BUFFER_HIGH  # a send() would be waiting here
             async with asyncio.timeout(120):
                 assert await incoming.recv() == big and await incoming.recv() == b"bye"
+
+
+async def test_recv_reads_what_arrived_before_the_end_shares_messages_and_times_out() -> None:
+    """A link's recv(): concurrent readers each get one message, a timeout is a TimeoutError, and messages that
+    arrived before the peer closed are read before the NetworkError."""
+    async with inprocess_rendezvous() as (rdv, _, _):
+        async with two_members(rdv) as (a, b):
+            link = await a.connect(other(a, b.member_id))
+            incoming = await b.accept()
+            with pytest.raises(TimeoutError, match="no message"):
+                await incoming.recv(timeout=0.2)
+            readers = [asyncio.ensure_future(incoming.recv(timeout=10)) for _ in range(2)]
+            await asyncio.sleep(0)  # both wait before anything arrives
+            await link.send(b"one")
+            await link.send(b"two")
+            assert sorted(await asyncio.gather(*readers)) == [b"one", b"two"]
+            for m in (b"three", b"four"):
+                await link.send(m)
+            while len(incoming._inbox) < 2:  # both arrived
+                await asyncio.sleep(0.01)
+            await link.close()
+            while incoming.closed is None:
+                await asyncio.sleep(0.01)
+            assert [await incoming.recv(), await incoming.recv()] == [b"three", b"four"]
+            with pytest.raises(NetworkError, match="closed"):
+                await incoming.recv(timeout=5)
+            assert incoming._waiters == []
