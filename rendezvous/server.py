@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Callable
 from typing import cast
 
 from kafila.errors import NetworkError
-from kafila.net.udp import SOCKET_BUFFER
+from kafila.net.udp import set_buffers
 from rendezvous.core import Addr, Limits, RendezvousCore
 
 log = logging.getLogger("kafila.rendezvous")
@@ -36,12 +35,10 @@ def _large_buffers(sock: _Socket) -> None:
     datagrams, and a burst of joins outran it (the loopback load test lost ~100 datagrams a run,
     among them a probe that was then never answered)."""
     assert sock.transport is not None
-    raw = sock.transport.get_extra_info("socket")
-    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
-            raw.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)  # the kernel caps it at net.core.[rw]mem_max
-        except OSError as exc:
-            log.debug("socket %s: buffer size not set: %s", sock.local, exc)
+    try:
+        set_buffers(sock.transport.get_extra_info("socket"))  # the kernel caps them at net.core.[rw]mem_max
+    except OSError as exc:
+        log.debug("socket %s: buffer size not set: %s", sock.local, exc)
 
 
 class RendezvousServer:

@@ -44,6 +44,12 @@ def _never_fragment(sock: socket.socket) -> None:
             log.debug("cannot set don't-fragment: %s", exc)
 
 
+def set_buffers(sock: socket.socket) -> None:
+    """Ask for SOCKET_BUFFER-sized kernel receive and send buffers on `sock` (OSError when refused)."""
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+
+
 def route_payload_limit(addr: Addr) -> int | None:
     """The largest UDP payload the local route toward `addr` carries whole: its MTU less the IPv4 (20) and UDP
     (8) headers, as the kernel knows it (the interface's, or a smaller one learnt from ICMP); None where the
@@ -71,8 +77,7 @@ class UdpSocket:
         try:
             self.sock.setblocking(False)
             _never_fragment(self.sock)
-            for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                self.sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            set_buffers(self.sock)
             self.sock.bind(bind)
         except OSError:
             self.sock.close()
