@@ -6,21 +6,16 @@ chunk k is still in later stages (kafila/session/ring/head.py), with at most D f
 stages in ring order after the head, then the head's own stage; after the last chunk the head
 unembeds its last row and samples the first token.
 
-Every term below is a lower bound on when the last chunk can leave the head's stage, and TTFT is their
-maximum plus the unembedding:
-
-- the flow-shop critical path (stages are FIFO servers, links pure delays): the longest path through
-  the chunk × stage grid, T[k][i] = max(T[k−1][i], T[k][i−1]) + t[k][i], plus every link's latency
-  once (any path crosses each link once). For a ring whose stages run on machines of their own and a
-  window that does not bind, this is the exact completion time (the grid's longest path is the flow
-  shop's makespan);
-- each machine that runs several stages (members may share one machine: the demo runs three on one):
-  its stages do not compute in parallel, so it must do all its chunks' compute (the part of a stage
-  time that is compute: emulated slow-downs are sleeps and overlap), after chunk 1 reaches its first
-  stage and before the last chunk leaves its last stage;
-- the window: frame k cannot be sent before frame k−D came back, which takes at least a lap
-  (the non-head stages plus every link), so the laps of chunks C−1−D, C−1−2D, … pass before the last
-  chunk is sent.
+TTFT is when the last chunk leaves the head's stage, plus the unembedding, found by stepping through the
+prefill event by event (a few thousand events for the longest prompts): each stage is a first-come
+first-served server; a link delays a chunk by its one-way latency; members on one machine (the demo
+runs three on one) take turns on its cores, first come first served, for the compute part of a call
+(an emulated slow-down is a sleep after it, which overlaps other stages' compute as a slower machine
+would: kafila/session/ring/compute_turn.py); and the head sends chunk k only once fewer than D frames
+are out. Closed forms are only bounds here: the flow shop's longest path is exact for machines of their
+own and an open window, but with shared machines how the calls interleave decides the rest (on 20,000
+random rings the bounds fell as low as 0.69 of the simulation, and a slowed Qwen3-30B-A3B ring took
+1.3× what they said).
 
 A stage's time for r rows is interpolated between its one-row (decode) time and its B-row (prefill)
 time, both predicted by the cost model from the member's probe (straight lines: a chunk of r rows
@@ -34,15 +29,15 @@ doubled its prefill; on an 8B model's wide blocks it is a few percent. The head'
 last layer, whose FFN llama.cpp computes only for the rows that return logits (it drops the others right
 after that layer's attention): a chunk pays those weights at one row's cost, not its rows' (on a 3-block
 file of Qwen3-32B's shapes about a quarter of the prompt's compute; on the real 64-layer model about 1 %).
-
-With stages sharing machines the maximum is still a lower bound, but not exact: how calls on one
-machine interleave decides the rest (on 20,000 random rings with the head's window, the prediction
-was at least 0.74 of an event-by-event simulation; tests/planner/test_ttft.py).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -107,29 +102,7 @@ class TtftModel:
         `start`: positions of the conversation already in the cache, which the prompt's rows attend to."""
         if prompt_tokens < 1:
             raise PlanInputError(f"ttft: a prompt has at least one token, got {prompt_tokens}")
-        B, st = self.n_batch, self.stages
-        rows = _chunk_rows(prompt_tokens, B)
-        C = len(rows)
-        t = [[s.seconds(r, B, start + k * B) for s in st] for k, r in enumerate(rows)]  # chunk k at stage i
-        links = sum(s.link_s for s in st)
-        bounds = [links + _critical_path(t)]
-        by_machine: dict[str, list[int]] = {}
-        for j, s in enumerate(st):
-            if s.machine:
-                by_machine.setdefault(s.machine, []).append(j)
-        for js in by_machine.values():
-            if len(js) < 2:
-                continue
-            a, z = js[0], js[-1]
-            work = sum(st[j].compute_s(r, B, start + k * B) for j in js for k, r in enumerate(rows))
-            sleep_z = t[-1][z] - st[z].compute_s(rows[-1], B, start + (C - 1) * B)
-            before = sum(t[0][:a]) + sum(s.link_s for s in st[:a + 1])  # links between its stages may overlap
-            after = sleep_z + sum(t[-1][z + 1:]) + sum(s.link_s for s in st[z + 1:])
-            bounds.append(before + work + after)
-        # the last chunk waits for chunk C−1−D to come back, which waited for C−1−2D, ...: a lap each
-        laps = sum(sum(t[k][:-1]) + links for k in range(C - 1 - self.depth, -1, -self.depth))
-        bounds.append(laps + sum(t[-1][:-1]) + links + t[-1][-1])
-        return max(bounds) + self.unembed_s
+        return _Prefill(self, _chunk_rows(prompt_tokens, self.n_batch), start).run() + self.unembed_s
 
     def stage_prefill(self, prompt_tokens: int) -> dict[str, tuple[float, float]]:
         """Each stage's seconds over all chunks of a P-token prompt: (as slowed, compute alone); their sum is
@@ -158,14 +131,81 @@ def _chunk_rows(prompt_tokens: int, n_batch: int) -> list[int]:
     return [min(n_batch, prompt_tokens - k * n_batch) for k in range(math.ceil(prompt_tokens / n_batch))]
 
 
-def _critical_path(t: list[list[float]]) -> float:
-    """Longest path through the chunk × stage grid of call times t[k][i] (chunk k at stage i)."""
-    done = [0.0] * len(t[0])  # when each stage finished the previous chunk
-    for row in t:
-        ready = 0.0
-        for i, seconds in enumerate(row):
-            ready = done[i] = max(done[i], ready) + seconds
-    return done[-1]
+class _Prefill:
+    """One prompt's chunks stepped through the ring in time order (the module's docstring says what is modelled)."""
+
+    def __init__(self, model: TtftModel, rows: list[int], start: int) -> None:
+        B, self.stages = model.n_batch, model.stages
+        # (seconds, compute seconds) of chunk k at stage i
+        self.calls = [[(s.seconds(r, B, start + k * B), s.compute_s(r, B, start + k * B)) for s in self.stages]
+                      for k, r in enumerate(rows)]
+        self.window = model.depth
+        self.sent = self.out = 0  # chunks the head sent, and those not yet back at its own stage
+        self.queued: list[deque[int]] = [deque() for _ in self.stages]
+        self.idle = [True] * len(self.stages)
+        self.turns: dict[str, deque[tuple[int, int]]] = {}  # a machine's calls waiting for its cores
+        self.computing: set[str] = set()  # machines whose cores a call holds
+        self.events: list[tuple[float, int, Callable[..., None], tuple[int, int]]] = []
+        self.order = itertools.count()  # events at one instant happen in the order they were scheduled
+        self.finished = 0.0
+
+    def run(self) -> float:
+        """When the last chunk leaves the head's stage."""
+        self._send(0.0)
+        while self.events:
+            t, _, step, (i, k) = heapq.heappop(self.events)
+            step(t, i, k)
+        return self.finished
+
+    def _at(self, t: float, step: Callable[[float, int, int], None], i: int, k: int) -> None:
+        heapq.heappush(self.events, (t, next(self.order), step, (i, k)))
+
+    def _send(self, t: float) -> None:
+        while self.sent < len(self.calls) and self.out < self.window:
+            self._at(t + self.stages[0].link_s, self._arrive, 0, self.sent)
+            self.sent += 1
+            self.out += 1
+
+    def _arrive(self, t: float, i: int, k: int) -> None:
+        self.queued[i].append(k)
+        self._take(t, i)
+
+    def _take(self, t: float, i: int) -> None:
+        if not self.idle[i] or not self.queued[i]:
+            return
+        k = self.queued[i].popleft()
+        self.idle[i] = False
+        if i == len(self.stages) - 1:  # the head's own stage takes its frame back: the window has room
+            self.out -= 1
+            self._send(t)
+        machine = self.stages[i].machine
+        if machine:
+            self.turns.setdefault(machine, deque()).append((i, k))
+            self._grant(t, machine)
+        else:
+            self._at(t + self.calls[k][i][1], self._computed, i, k)
+
+    def _grant(self, t: float, machine: str) -> None:
+        if machine in self.computing or not self.turns[machine]:
+            return
+        i, k = self.turns[machine].popleft()
+        self.computing.add(machine)
+        self._at(t + self.calls[k][i][1], self._computed, i, k)
+
+    def _computed(self, t: float, i: int, k: int) -> None:
+        if machine := self.stages[i].machine:
+            self.computing.discard(machine)
+            self._grant(t, machine)
+        seconds, compute = self.calls[k][i]
+        self._at(t + seconds - compute, self._done, i, k)  # an emulated slow-down sleeps off the cores
+
+    def _done(self, t: float, i: int, k: int) -> None:
+        self.idle[i] = True
+        if i + 1 < len(self.stages):
+            self._at(t + self.stages[i + 1].link_s, self._arrive, i + 1, k)
+        elif k == len(self.calls) - 1:
+            self.finished = t
+        self._take(t, i)
 
 
 def window_depth(m: int) -> int:
