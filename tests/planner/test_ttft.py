@@ -1,5 +1,5 @@
 """TTFT prediction against an event-by-event simulation of the head's pipelined prefill (written here,
-independently of the formula): stages are FIFO servers, a machine computes one stage call at a time
+independently of the planner's): stages are FIFO servers, a machine computes one stage call at a time
 (first come, first served), emulated slow-downs sleep without the machine, links delay, and the head
 keeps at most `depth` frames between its send and its own stage taking them back."""
 
