@@ -1,6 +1,10 @@
 """Running a stage inside a ring: one llama.cpp call per activation frame, off the event loop.
 
-The event loop keeps receiving and sending while llama.cpp computes in a worker thread. Rows of
+The event loop keeps receiving and sending while llama.cpp computes in a worker thread. Every call goes
+through that one thread, short decode steps too, although the hand-over there and back costs a hop
+~280 µs: llama.cpp's OpenMP build gives each calling thread a team of its own, and with two teams on 2
+cores (decode steps on the loop's thread, prompt chunks on the worker) libgomp stops spinning at its
+barriers and every call of both took ~2× as long (2026-12-05: 1.8 → 3.5 ms on a Qwen3-30B-A3B block). Rows of
 different requests share a call because the head packs every ready request into one frame; stages
 never regroup frames, so every stage computes exactly the batches the head formed, in the same
 order, and the ring's numbers equal one llama.cpp context fed those batches (llama.cpp's results
