@@ -35,6 +35,18 @@ class ComputeTurn:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self.release()
+
+    def try_take(self) -> bool:
+        """Take the turn if no other stage holds it, without waiting; True when taken (then `release` it)."""
+        assert self._fd is not None, "the turn was closed"
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
         assert self._fd is not None
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 

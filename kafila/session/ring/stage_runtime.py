@@ -1,10 +1,13 @@
 """Running a stage inside a ring: one llama.cpp call per activation frame, off the event loop.
 
 The event loop keeps receiving and sending while llama.cpp computes in a worker thread. Every call goes
-through that one thread, short decode steps too, although the hand-over there and back costs a hop
-~280 µs: llama.cpp's OpenMP build gives each calling thread a team of its own, and with two teams on 2
-cores (decode steps on the loop's thread, prompt chunks on the worker) libgomp stops spinning at its
-barriers and every call of both took ~2× as long (2026-12-05: 1.8 → 3.5 ms on a Qwen3-30B-A3B block). Rows of
+through that one thread, short decode steps too: llama.cpp's OpenMP build gives each calling thread a
+team of its own, and with two teams on 2 cores (decode steps on the loop's thread, prompt chunks on the
+worker) libgomp stops spinning at its barriers and every call of both took ~2× as long (2026-12-05:
+1.8 → 3.5 ms on a Qwen3-30B-A3B block). A short decode step is waited for right here, the loop blocked:
+its end then wakes this thread directly instead of through the loop (its self-pipe, selector, future
+callbacks and a task step), which cut a Qwen3-30B-A3B-shaped ring's time outside llama.cpp from ~2.9 to
+~2.45 ms a token (three runs each). Rows of
 different requests share a call because the head packs every ready request into one frame; stages
 never regroup frames, so every stage computes exactly the batches the head formed, in the same
 order, and the ring's numbers equal one llama.cpp context fed those batches (llama.cpp's results
@@ -18,12 +21,20 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
 from kafila.engine.stage import Rows, StageEngine
-from kafila.session.protocol.frames import Frame
+from kafila.session.protocol.frames import Frame, Phase
 from kafila.session.ring.compute_turn import ComputeTurn
+
+# A decode step whose last one took less than this is waited for with the event loop blocked. The loop then
+# neither reads nor acknowledges for that long: far below a link's idle timeout (5 s); past ~25 ms a sender
+# may send a probe packet meanwhile, which costs a datagram, not the link.
+BLOCKING_NS = 50_000_000
+
+T = TypeVar("T")
 
 
 class StageWorker:
@@ -39,13 +50,19 @@ class StageWorker:
         self.throttle = throttle
         self.turn = turn
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafila-stage")
+        self._queued = 0  # calls handed to the worker thread through the loop and not yet back
+        self._decode_ns: int | None = None  # the last decode step's time
 
     async def run(self, frame: Frame, want: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """One llama.cpp call on a frame's rows; its output and the call's time in ns (throttle included)."""
         h = frame.header
         rows = Rows(np.asarray(h.seqs, np.int32), np.asarray(h.positions, np.int32),
                     want if want is not None else np.zeros(h.rows, bool))
-        out, spent = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed, frame.rows, rows)
+        short = h.phase == Phase.DECODE and self._decode_ns is not None and self._decode_ns < BLOCKING_NS
+        done = self._blocking(frame.rows, rows) if short else None
+        out, spent = done if done is not None else await self._through_loop(self._timed, frame.rows, rows)
+        if h.phase == Phase.DECODE:
+            self._decode_ns = spent
         throttle = self.throttle() if callable(self.throttle) else self.throttle
         if throttle > 1.0:  # emulated slower machine: wait as long as the extra compute would take
             t0 = time.perf_counter_ns()
@@ -53,17 +70,35 @@ class StageWorker:
             spent += time.perf_counter_ns() - t0
         return out, spent
 
-    def _timed(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int]:
+    def _blocking(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int] | None:
+        """The call on the worker thread, waited for with the loop blocked; None when the worker has calls
+        queued or another stage on this machine holds the cores (the loop must not wait behind them)."""
+        if self._queued or (self.turn is not None and not self.turn.try_take()):
+            return None
+        try:
+            return self._executor.submit(self._timed, embd, rows, False).result()
+        finally:
+            if self.turn is not None:
+                self.turn.release()
+
+    async def _through_loop(self, fn: Callable[..., T], *args: object) -> T:
+        self._queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self._queued -= 1
+
+    def _timed(self, embd: np.ndarray, rows: Rows, take_turn: bool = True) -> tuple[np.ndarray, int]:
         # timed on the stage's thread, once its turn came: the hand-over between threads and the wait
         # for another stage on this machine are not this stage's compute (nor multiplied by a throttle)
-        with self.turn or contextlib.nullcontext():
+        with self.turn if take_turn and self.turn is not None else contextlib.nullcontext():
             t0 = time.perf_counter_ns()
             return self.engine.run(embd, rows), time.perf_counter_ns() - t0
 
     async def free(self, seq: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
         # on the stage's thread, so it never races a running call
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.free, seq, keep)
+        await self._through_loop(self.engine.free, seq, keep)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
