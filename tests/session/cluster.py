@@ -165,6 +165,14 @@ class Cluster:
                         for name, args in members}
         self.procs += self.members.values()
 
+    def join(self, name: str, args: list[str] | None = None) -> Proc:
+        """Start one more member, joining the session now (a friend arriving late)."""
+        proc = Proc(name, ["join", self.code, "--rendezvous", self.rdv, "--name", name, "--api-port", "-1",
+                           *(args or [])], {**self.env, **self.member_env.get(name, {})})
+        self.members[name] = proc
+        self.procs.append(proc)
+        return proc
+
     def headers(self, url: str | None = None) -> dict[str, str]:
         """What an API asks of a client (the host's, or the one at `url`): JSON, and the bearer token from its file."""
         from kafila.session.api.token import read_token

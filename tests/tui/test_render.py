@@ -121,3 +121,5 @@ def test_a_new_plan_around_a_drifting_member_says_who_and_by_how_much() -> None:
     assert lines[0] == ("planned again: cy ran 4.0× slower than planned (16.00 ms a call, predicted 4.00 ms); "
                         "slowest stage 16.00 ms → 7.00 ms predicted")
     assert lines[1].startswith("planned again: bo ran 2.5× faster than planned") and "→" not in lines[1]
+    joined = replans_text([{"member": "dee", "why": "joined", "was_bottleneck_s": 0.012, "bottleneck_s": 0.009}])
+    assert joined.plain == "planned again: dee joined; slowest stage 12.00 ms → 9.00 ms predicted"

@@ -1,7 +1,9 @@
 """Members arriving at the coordinator: each is admitted to the session or refused (another llama.cpp build,
-another model file, a name taken, a ring already planned), and the coordinator waits until enough have come.
+another model file, a name taken), and the coordinator waits until enough have come.
 
-A member lost earlier that comes back (a restarted host's machine) is held for the next plan.
+A member that comes while a ring serves (a friend arriving late, or a lost member's restarted machine) is
+held: the coordinator plans it in when that cuts the slowest stage enough (epochs._until_change), or at
+the next plan.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session.coordinator.builds import judge_member
 from kafila.session.coordinator.core import CoordinatorCore, Joined
-from kafila.session.coordinator.epochs import planner_member
+from kafila.session.coordinator.epochs import GAIN, planner_member
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
 from kafila.session.protocol import messages
-from kafila.session.state import MemberView, member_view
+from kafila.session.state import member_view
 
 
 def unusable_measurements(peer: VerifiedMember) -> str | None:
@@ -81,35 +83,25 @@ class Admission(CoordinatorCore):
                 with contextlib.suppress(KafilaError):
                     await link.send(messages.encode(messages.Refused(reason)))
                 continue
-            if peer.name in self.departed and peer.name not in self.joined:
-                self.builds.add(peer.name, verdict)
-                self._hold(peer, link, view)  # a lost member back (a restarted host's machine): the next plan has it
-                continue
-            if peer.name in self.joined or (self.state.plan is not None and self.state.phase == "admitted"):
+            if peer.name in self.joined:
                 with contextlib.suppress(KafilaError):
-                    why = "a member of that name is already in the session (join with another --name)" \
-                        if peer.name in self.joined else \
-                        "the session is already planned"
-                    await link.send(messages.encode(messages.Refused(why)))
+                    await link.send(messages.encode(messages.Refused(
+                        "a member of that name is already in the session (join with another --name)")))
                 continue
             self.joined[peer.name] = Joined(peer, link)
             self.builds.add(peer.name, verdict)
+            came = "rejoined" if peer.name in self.departed else "joined"
+            self.departed.discard(peer.name)
+            if self.state.plan is None:
+                self.state.log(f"{peer.name} {came} ({len(self.joined)}/{self.expected})")
+            else:  # after the first plan: held until a plan takes it in
+                view.note = f"{came} after planning: planned in when that cuts the slowest stage"
+                self.state.log(f"{peer.name} {came} the session; planned in when that cuts the slowest stage by "
+                               f"{GAIN:.0%}, or at the next plan")
+                self.arrivals.put_nowait(peer.name)
             self.state.upsert_member(view)
-            self.state.log(f"{peer.name} joined ({len(self.joined)}/{self.expected})")
             self._tg.create_task(self._recv_loop(peer.name, link))
             self._arrived.set()
-
-    def _hold(self, peer: VerifiedMember, link: Link, view: MemberView) -> None:
-        """Take back a member lost earlier; while a ring serves it waits, unplanned, for the next plan."""
-        self.departed.discard(peer.name)
-        self.joined[peer.name] = Joined(peer, link)
-        waiting = self.state.phase == "admitted"
-        if waiting:
-            view.note = "rejoined: the next re-plan includes it"
-        self.state.upsert_member(view)
-        self.state.log(f"{peer.name} rejoined the session" + ("; the next re-plan includes it" if waiting else ""))
-        self._tg.create_task(self._recv_loop(peer.name, link))
-        self._arrived.set()
 
     @property
     def expected(self) -> int:

@@ -74,6 +74,8 @@ class CoordinatorCore:
         self.epoch = 0
         self.plan: Plan | None = None
         self._arrived = asyncio.Event()
+        # members that came after the first plan (late, or lost and back): each is planned in when worth it
+        self.arrivals: asyncio.Queue[str] = asyncio.Queue()
         self.my_build = build_tag(build_identity())
         # one handler per control message type a member sends (HostRuntime fills it from every part)
         self._handlers: dict[type[messages.Control], Callable[[Joined, Any], None]] = {}

@@ -33,7 +33,7 @@ from kafila.session.state import EdgeView, StageStats, expert_rates
 from kafila.session.stoppable import run_stoppable
 
 EXIT_REJECTED = 3
-GAIN = 0.1  # a drifting member is planned around when that cuts the slowest stage by this much
+GAIN = 0.1  # a drifting member is planned around, a newcomer planned in, when that cuts the slowest stage this much
 
 
 def model_label(model: Path) -> str:
@@ -162,20 +162,26 @@ class Epochs(LossHandling):
         return await self._until_change()
 
     async def _until_change(self) -> int | None:
-        """Serve until a member is lost, or drifts from its plan so far that a new plan is worth it; that ends
-        the epoch (None: plan again)."""
+        """Serve until a member is lost, drifts from its plan so far that a new plan is worth it, or one arrives
+        that a new plan is worth taking in; that ends the epoch (None: plan again)."""
         while True:
             loss = asyncio.ensure_future(self._next_loss())
             drift = asyncio.ensure_future(self.drifted.get())
+            arrival = asyncio.ensure_future(self.arrivals.get())
             try:
-                await asyncio.wait({loss, drift}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({loss, drift, arrival}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for f in (loss, drift):
+                for f in (loss, drift, arrival):
                     f.cancel()
+            # an item taken here and not acted on is no loss: the next plan, whatever calls for it, has everyone
             if loss.done() and not loss.cancelled():  # a loss first: the plan must do without the member anyway
                 return await self._on_lost(*loss.result())
-            if self._worth_planning_again(drift.result()):
-                return await self._on_drift(drift.result())
+            if drift.done() and not drift.cancelled():
+                if self._worth_planning_again(drift.result()):
+                    return await self._on_drift(drift.result())
+            elif arrival.result() in self.joined and arrival.result() not in self.order:
+                if (gain := self._worth_taking_in(arrival.result())) is not None:
+                    return await self._on_arrival(arrival.result(), *gain)
 
     def _worth_planning_again(self, drift: Drift) -> bool:
         """Whether a plan with the drifting member at its measured speed cuts the slowest stage by GAIN or more
@@ -193,18 +199,46 @@ class Epochs(LossHandling):
                        f"{(new.bottleneck_seconds or 0.0) * 1e3:.1f} ms planned again)")
         return False
 
-    async def _on_drift(self, drift: Drift) -> int | None:
-        """End this epoch to plan again with the drifting member at the speed it shows (None: plan again).
+    def _worth_taking_in(self, name: str) -> tuple[float, float] | None:
+        """(slowest stage now, with the waiting members) when a plan that takes them in cuts it by GAIN or more;
+        None when it does not (the member waits for the next plan)."""
+        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
 
-        Requests in flight end as after a loss, resumable: the API servers send them to the new ring, which
-        rebuilds them token for token."""
-        self._replanning = True
-        reason = drift.text()
+        def slowest(names: list[str]) -> float | None:
+            members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
+            placement = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
+            return placement.bottleneck_seconds if placement.feasible else None
+
+        now, new = slowest(self.order), slowest(sorted(self.joined))
+        if now is not None and new is not None and new <= (1 - GAIN) * now:
+            return now, new
+        with_it = f"{new * 1e3:.1f} ms" if new is not None else "no feasible plan"
+        self.state.log(f"{name} waits for the next plan: a plan with it would not cut the slowest stage by {GAIN:.0%} "
+                       f"({(now or 0.0) * 1e3:.1f} ms now, {with_it} with it)")
+        return None
+
+    async def _on_arrival(self, name: str, now: float, new: float) -> int | None:
+        """End this epoch to plan the members who arrived while it served in (None: plan again)."""
+        self.state.replans.append({"member": name, "why": "joined", "was_bottleneck_s": now})
+        await self._plan_again(f"{name} joined: slowest stage {now * 1e3:.1f} ms, {new * 1e3:.1f} ms with it")
+        return None
+
+    async def _on_drift(self, drift: Drift) -> int | None:
+        """End this epoch to plan again with the drifting member at the speed it shows (None: plan again)."""
         self.speed[drift.member] = self.speed.get(drift.member, 1.0) * drift.factor
         self.drift.planned_again(drift.member, asyncio.get_running_loop().time())
         was = max((s.measured_s or s.predicted_s for s in self.state.stages.values()), default=0.0)
         self.state.replans.append({"member": drift.member, "predicted_s": drift.predicted_s,
                                    "measured_s": drift.measured_s, "was_bottleneck_s": was})
+        await self._plan_again(drift.text())
+        return None
+
+    async def _plan_again(self, reason: str) -> None:
+        """End this epoch though nobody was lost.
+
+        Requests in flight end as after a loss, resumable: the API servers send them to the new ring, which
+        rebuilds them token for token."""
+        self._replanning = True
         self.state.set_phase("planning", f"planning again: {reason}")
         if self.forwarder is not None:
             self.forwarder.fail_all(f"the ring is planned again: {reason}")
@@ -212,7 +246,6 @@ class Epochs(LossHandling):
             self.api.chat = None
         for name in list(self.joined):
             await self._tell(name, messages.Replan(reason, self.epoch))
-        return None
 
     def _roster(self, order: list[str]) -> messages.Roster:
         """Who serves and what each measured, as the planner saw them (replicated to every member)."""

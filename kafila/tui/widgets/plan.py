@@ -113,14 +113,18 @@ def ttft_text(placement: dict[str, Any], seen: dict[str, Any] | None = None) -> 
 
 
 def replans_text(replans: list[dict[str, Any]]) -> Text:
-    """Each time the ring was planned again around a member that ran slower (or faster) than planned."""
+    """Each time the ring was planned again though nobody was lost: around a member that ran slower (or faster)
+    than planned, or to take in one that joined while it served."""
     t = Text()
     for r in replans:
-        factor = r["measured_s"] / r["predicted_s"] if r.get("predicted_s") else 0.0
-        way = f"{factor:.1f}× slower" if factor >= 1 else f"{1 / factor:.1f}× faster" if factor else "off its plan"
         t.append("planned again: ", style="bold yellow")
-        t.append(f"{r['member']} ran {way} than planned ({ms(r['measured_s'])} ms a call, "
-                 f"predicted {ms(r['predicted_s'])} ms); slowest stage {ms(r.get('was_bottleneck_s'))} ms")
+        if r.get("why") == "joined":
+            t.append(f"{r['member']} joined; slowest stage {ms(r.get('was_bottleneck_s'))} ms")
+        else:
+            factor = r["measured_s"] / r["predicted_s"] if r.get("predicted_s") else 0.0
+            way = f"{factor:.1f}× slower" if factor >= 1 else f"{1 / factor:.1f}× faster" if factor else "off its plan"
+            t.append(f"{r['member']} ran {way} than planned ({ms(r['measured_s'])} ms a call, "
+                     f"predicted {ms(r['predicted_s'])} ms); slowest stage {ms(r.get('was_bottleneck_s'))} ms")
         if r.get("bottleneck_s") is not None:
             t.append(f" → {ms(r['bottleneck_s'])} ms predicted")
         t.append("\n")
