@@ -42,6 +42,8 @@ def print_report(r: dict[str, Any], out: Any) -> None:
     """One model's tables: stage delivery, peak memory, decode and TTFT, replies, stage times, targets."""
     from rich.table import Table
 
+    from kafila.bench.scale_ring import head_ttft
+
     ring, slow, local, quic = r["ring"], r["ring_slowed"], r["local"], r["aioquic"]
     weights = "random weights, Q4_0" if r["random_weights"] else "real weights"
     out.print(f"{r['shape']}, {r['blocks']} blocks, {r['model_bytes'] / 1e6:.0f} MB ({weights}); "
@@ -72,10 +74,12 @@ def print_report(r: dict[str, Any], out: Any) -> None:
     floor = r.get("pipe_floor") or {}
     table.add_row("decode ms/token (median)", f"{dec:.1f}" if dec else "—", f"{local['decode_ms_per_token']:.1f}",
                   f"pipe floor {floor['ms_per_token']:.1f}" if floor else "")
-    for label, t in (("TTFT s, no slow-down", ring["ttft"]), (f"TTFT s, slow-downs {r['throttles']}", slow["ttft"])):
+    for label, which in (("TTFT s, no slow-down", ring), (f"TTFT s, slow-downs {r['throttles']}", slow)):
+        t, at_head = which["ttft"], head_ttft(which["ttft"])
+        pred = which.get("plan_ttft_s")
         table.add_row(f"{label} ({local['prompt_tokens']} tokens)",
-                      f"{t['ttft_s']:.1f}" if t.get("ok") else f"failed: {t.get('error')}", f"{local['ttft_s']:.1f}",
-                      "")
+                      f"{t['ttft_s']:.2f}" if t.get("ok") else f"failed: {t.get('error')}", f"{local['ttft_s']:.2f}",
+                      (f"at the head {at_head:.2f}" if at_head else "") + (f", predicted {pred:.2f}" if pred else ""))
     out.print(table)
     out.print(f"llama-cpp-python's greedy reply ({local.get('reply_tokens')} tokens): {local.get('reply')!r}")
     for key, label in (("ring", "ring without slow-downs"), ("ring_slowed", "ring with slow-downs")):

@@ -150,6 +150,12 @@ def stage_errors(stages: dict[str, Any], alone_ms: dict[str, float]) -> dict[str
     return out
 
 
+def head_ttft(ttft: dict[str, Any]) -> float | None:
+    """The TTFT the head measured: from the prompt's arrival there, the interval the plan predicts (and the
+    dashboard shows beside it). The client's `ttft_s` adds the API's hop to the head and back."""
+    return ((ttft.get("stats") or {}).get("ttft") or {}).get("measured_s")
+
+
 def predicted_ttft(plan: dict[str, Any], prompt_tokens: int | None) -> float | None:
     """The plan's predicted time to first token for a prompt of `prompt_tokens` (None: it predicts none)."""
     from kafila.planner.ttft import predicted_ttft as predict

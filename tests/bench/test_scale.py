@@ -118,7 +118,10 @@ def check_run(doc: dict[str, Any], cache: Path) -> None:
     assert t["delivery_vs_aioquic"]["met"] == (t["delivery_vs_aioquic"]["value"] >= 0.9)
     assert t["stage_time_error"]["met"] == (t["stage_time_error"]["value"] <= 0.10)
     for key, run in (("ttft_prediction_error", ring), ("ttft_slowed_prediction_error", doc["ring_slowed"])):
-        pred, measured = run["plan_ttft_s"], run["ttft"]["ttft_s"]  # both rings' plans predict TTFT
+        # both rings' plans predict TTFT, from the prompt's arrival at the head, which the head measures: the
+        # client's own TTFT is later by the API's hop to the head and back
+        pred, measured = run["plan_ttft_s"], run["ttft"]["stats"]["ttft"]["measured_s"]
+        assert 0 < measured < run["ttft"]["ttft_s"]
         assert close(t[key]["value"], abs(pred - measured) / measured) and t[key]["met"] == (t[key]["value"] <= 0.25)
     for target in t.values():
         assert set(target) == {"value", "target", "met"}
