@@ -315,6 +315,44 @@ class Cluster:
             raise AssertionError("unclean stop:\n" + "\n".join(problems))
 
 
+def reply_text(chunks: list[tuple[float, Any]]) -> str:
+    """The text of a streamed reply (Cluster.stream_chat's chunks), which must have ended whole, with no error."""
+    assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), chunks[-3:]
+    return "".join(ch["delta"].get("content") or "" for _, c in chunks[:-1] for ch in c.get("choices", []))
+
+
+class BackToBack:
+    """Replies to one prompt streamed one after another in a thread until the block ends: a ring that is always
+    decoding (`streaming` is set once the first has `streaming_after` characters of text)."""
+
+    def __init__(self, cluster: Cluster, content: str, max_tokens: int, streaming_after: int = 1) -> None:
+        self.replies: list[list[tuple[float, Any]]] = []
+        self.streaming = threading.Event()
+        self._stop = threading.Event()
+
+        def decode() -> None:
+            while not self._stop.is_set():
+                self.replies.append(cluster.stream_chat(content, max_tokens, REPLY_TIMEOUT_S, self.streaming,
+                                                        streaming_after=streaming_after))
+
+        self._worker = threading.Thread(target=decode)
+
+    def __enter__(self) -> BackToBack:
+        self._worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._worker.join(REPLY_TIMEOUT_S)
+
+    def more(self, n: int, timeout: float = REPLY_TIMEOUT_S) -> None:
+        """Until `n` more replies have ended than now."""
+        target, deadline = len(self.replies) + n, time.monotonic() + timeout
+        while len(self.replies) < target and self._worker.is_alive():
+            assert time.monotonic() < deadline, f"fewer than {n} more replies within {timeout:.0f} s"
+            time.sleep(0.2)
+
+
 def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, reference: str, context: Any) -> str:
     """Check a streamed reply (Cluster.stream_chat's chunks) that a loss at `killed_at` cut and the ring resumed.
 

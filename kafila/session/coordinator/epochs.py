@@ -128,7 +128,7 @@ class Epochs(LossHandling):
             self.api.chat = self.forwarder.chat
         for n in order:
             await self._tell(n, messages.Admit(self.epoch))
-            self.state.update_member(n, status="serving")
+            self.state.update_member(n, status="serving", note="")  # a late joiner's wait is over
         roster = self._roster(order)
         for n in order:  # the coordinator's state, so that the ring outlives the host (kafila.session.member.takeover)
             await self._tell(n, roster)

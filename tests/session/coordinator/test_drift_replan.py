@@ -9,16 +9,13 @@ the replies cut by the new plan go on with exactly llama.cpp's tokens.
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kafila.session.coordinator.drift import HOLD_S
 from tests.conftest import llama_cpp_reply
-from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.session.cluster import BackToBack, Cluster, reply_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -27,38 +24,20 @@ STORY = "Tell me a long story about a dragon."
 TOKENS = 64
 
 
-def text_of(chunks: list[tuple[float, Any]]) -> str:
-    assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), chunks[-3:]
-    return "".join(ch["delta"].get("content") or "" for _, c in chunks[:-1] for ch in c.get("choices", []))
-
-
 def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm: Path) -> None:
     reference = llama_cpp_reply(smollm, STORY, TOKENS, 1024)
     members = [("ada", []), ("bo", []), ("cy", ["--throttle-schedule", f"0:1,{SLOW_AT}:4"])]
     with Cluster(tmp_path, members) as cluster:
         before = cluster.wait_phase({"admitted"})["plan"]
-        replies: list[list[tuple[float, Any]]] = []
-        stop = threading.Event()
-
-        def decode() -> None:  # the ring decodes all along: a drift is measured only while it computes
-            while not stop.is_set():
-                replies.append(cluster.stream_chat(STORY, TOKENS, REPLY_TIMEOUT_S))
-
-        worker = threading.Thread(target=decode)
-        worker.start()
-        try:
+        # the ring decodes all along: a drift is measured only while it computes
+        with BackToBack(cluster, STORY, TOKENS) as decoding:
             # another member may be planned around first: a probe that predicted its stage far off (seen once:
             # the head 1.9x faster than predicted) is a drift too
             state = cluster.wait_state(cluster.url, lambda s: any(r["member"] == "cy" for r in s["replans"]),
                                        SLOW_AT + 2 * HOLD_S + 120)
             after = cluster.wait_phase({"admitted"}, 240)
-            n_after, deadline = len(replies), time.monotonic() + 240
-            while len(replies) < n_after + 2 and worker.is_alive():  # replies served on after it
-                assert time.monotonic() < deadline, "no reply after the new plan"
-                time.sleep(0.5)
-        finally:
-            stop.set()
-            worker.join(REPLY_TIMEOUT_S)
+            decoding.more(2, 240)  # replies served on after it
+        replies = decoding.replies
         replan = next(r for r in state["replans"] if r["member"] == "cy")
         assert replan["measured_s"] >= 1.5 * replan["predicted_s"], (replan, cluster.host.output[-3000:])
         blocks = {p: {n: r[1] - r[0] for n, r in plan["ranges"].items()} for p, plan in
@@ -67,7 +46,7 @@ def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm
         assert after["plan"]["stage_seconds"]["cy"] > 0
         assert any("planned again" in text for _, text in after["events"]), after["events"][-5:]
         # no reply failed: each one, cut by the new plan or not, is llama.cpp's text
-        assert replies and all(text_of(r) == reference for r in replies), [text_of(r) for r in replies]
+        assert replies and all(reply_text(r) == reference for r in replies), [reply_text(r) for r in replies]
         cut = [r for r in replies if any("notice" in (c.get("kafila") or {}) for _, c in r[:-1])]
         assert all("planned again" in next(c["kafila"]["notice"] for _, c in r[:-1] if "notice" in c.get("kafila", {}))
                    for r in cut), cut

@@ -9,15 +9,12 @@ less than 10 % here, where a call's fixed costs weigh as much as a few blocks: i
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import llama_cpp_reply
-from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.session.cluster import REPLY_TIMEOUT_S, BackToBack, Cluster, reply_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -26,44 +23,24 @@ TOKENS = 150
 JOIN_AFTER_CHARS = 120  # about 30 tokens of the reply have arrived when the fifth member starts
 
 
-def text_of(chunks: list[tuple[float, Any]]) -> str:
-    assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), chunks[-3:]
-    return "".join(ch["delta"].get("content") or "" for _, c in chunks[:-1] for ch in c.get("choices", []))
-
-
 def test_a_fifth_member_joining_mid_reply_is_planned_in_and_the_reply_goes_on(tmp_path: Path, smollm: Path) -> None:
     reference = llama_cpp_reply(smollm, STORY, TOKENS, 1024)
     with Cluster(tmp_path, [(n, ["--throttle", "2"]) for n in ("ada", "bo", "cy", "dee")]) as cluster:
         before = cluster.wait_phase({"admitted"})["plan"]
-        replies: list[list[tuple[float, Any]]] = []
-        streaming, stop = threading.Event(), threading.Event()
-
-        def decode() -> None:  # replies back to back: the new plan cuts one of them (the gaps are milliseconds)
-            while not stop.is_set():
-                replies.append(cluster.stream_chat(STORY, TOKENS, REPLY_TIMEOUT_S, streaming,
-                                                   streaming_after=JOIN_AFTER_CHARS))
-
-        worker = threading.Thread(target=decode)
-        worker.start()
-        try:
-            assert streaming.wait(REPLY_TIMEOUT_S), "no reply streamed"
+        # replies back to back: the new plan cuts one of them (the gaps between them are milliseconds)
+        with BackToBack(cluster, STORY, TOKENS, JOIN_AFTER_CHARS) as replies:
+            assert replies.streaming.wait(REPLY_TIMEOUT_S), "no reply streamed"
             cluster.join("eve")
             state = cluster.wait_state(cluster.url, lambda s: s["phase"] == "admitted" and "eve" in s["plan"]["order"],
                                        240)
-            n_after, deadline = len(replies), time.monotonic() + REPLY_TIMEOUT_S
-            while len(replies) < n_after + 2 and worker.is_alive():  # replies served on the five-member ring
-                assert time.monotonic() < deadline, "no reply after the new plan"
-                time.sleep(0.2)
-        finally:
-            stop.set()
-            worker.join(REPLY_TIMEOUT_S)
+            replies.more(2)  # served on the five-member ring
         replan = next(r for r in state["replans"] if r["member"] == "eve")
         assert replan["why"] == "joined" and replan["bottleneck_s"] <= 0.9 * replan["was_bottleneck_s"], replan
         ranges = state["plan"]["ranges"]
         assert max(e - a for n, (a, e) in ranges.items() if n != "eve") < \
             max(e - a for a, e in before["ranges"].values()), (before["ranges"], ranges)
         # no reply failed: each one, cut by the new plan or not, is llama.cpp's text; the cut one says why
-        assert all(text_of(r) == reference for r in replies), \
-            ([text_of(r) for r in replies], cluster.host.output[-3000:])
-        notices = [c["kafila"]["notice"] for r in replies for _, c in r[:-1] if "notice" in c.get("kafila", {})]
+        assert all(reply_text(r) == reference for r in replies.replies), \
+            ([reply_text(r) for r in replies.replies], cluster.host.output[-3000:])
+        notices = [c["kafila"]["notice"] for r in replies.replies for _, c in r[:-1] if "notice" in c.get("kafila", {})]
         assert len(notices) == 1 and "eve joined" in notices[0], notices
