@@ -166,14 +166,6 @@ def test_a_second_member_of_the_same_name_is_refused(ring: Cluster) -> None:
     assert ring.state()["phase"] == "admitted"  # the ring serving goes on
 
 
-def test_a_join_after_planning_is_refused(ring: Cluster) -> None:
-    out = run_kafila("join", ring.code, "--rendezvous", ring.rdv, "--name", "dora", "--api-port", "-1",
-                     env=ring.env, timeout=240)
-    assert out.returncode == 1, out.stderr
-    assert "refused: the session is already planned" in out.stderr, out.stderr
-    assert "dora" not in ring.state()["plan"]["order"]
-
-
 # A member whose llama.cpp build is not the host's: the real `kafila join`, with the build it announces
 # changed in that process only (the libraries' hash, as a different llama.cpp would give). Its probe is
 # the cached one of this machine's real build, so the member reaches the host at once.

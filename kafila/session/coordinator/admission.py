@@ -1,9 +1,9 @@
 """Members arriving at the coordinator: each is admitted to the session or refused (another llama.cpp build,
 another model file, a name taken), and the coordinator waits until enough have come.
 
-A member that comes while a ring serves (a friend arriving late, or a lost member's restarted machine) is
-held: the coordinator plans it in when that cuts the slowest stage enough (epochs._until_change), or at
-the next plan.
+A member that comes after the first plan (a friend arriving late, or a lost member's restarted machine) is
+held: the coordinator plans it in when that cuts the slowest stage enough (epochs._until_change), then or
+at any later plan (epochs._plan_over).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class Admission(CoordinatorCore):
                 view.note = f"{came} after planning: planned in when that cuts the slowest stage"
                 self.state.log(f"{peer.name} {came} the session; planned in when that cuts the slowest stage by "
                                f"{GAIN:.0%}, or at the next plan")
+                self.held.add(peer.name)
                 self.arrivals.put_nowait(peer.name)
             self.state.upsert_member(view)
             self._tg.create_task(self._recv_loop(peer.name, link))

@@ -74,8 +74,10 @@ class CoordinatorCore:
         self.epoch = 0
         self.plan: Plan | None = None
         self._arrived = asyncio.Event()
-        # members that came after the first plan (late, or lost and back): each is planned in when worth it
+        # members that came after the first plan (late, or lost and back): each is planned in when worth it,
+        # held out of plans until then (a slow one must not hold back a fast one that comes after it)
         self.arrivals: asyncio.Queue[str] = asyncio.Queue()
+        self.held: set[str] = set()
         self.my_build = build_tag(build_identity())
         # one handler per control message type a member sends (HostRuntime fills it from every part)
         self._handlers: dict[type[messages.Control], Callable[[Joined, Any], None]] = {}

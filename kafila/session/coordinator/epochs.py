@@ -83,7 +83,7 @@ class Epochs(LossHandling):
         """Plan and serve once; None to plan again (after a loss), else the exit status."""
         self.epoch += 1
         self._replanning = False
-        names = sorted(self.joined)
+        names = self._plan_over()
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
         workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
@@ -179,7 +179,7 @@ class Epochs(LossHandling):
             if drift.done() and not drift.cancelled():
                 if self._worth_planning_again(drift.result()):
                     return await self._on_drift(drift.result())
-            elif arrival.result() in self.joined and arrival.result() not in self.order:
+            elif arrival.result() in self.held:
                 if (gain := self._worth_taking_in(arrival.result())) is not None:
                     return await self._on_arrival(arrival.result(), *gain)
 
@@ -199,26 +199,39 @@ class Epochs(LossHandling):
                        f"{(new.bottleneck_seconds or 0.0) * 1e3:.1f} ms planned again)")
         return False
 
-    def _worth_taking_in(self, name: str) -> tuple[float, float] | None:
-        """(slowest stage now, with the waiting members) when a plan that takes them in cuts it by GAIN or more;
-        None when it does not (the member waits for the next plan)."""
+    def _slowest(self, names: list[str]) -> float | None:
+        """The slowest stage of the plan over `names` (None: no feasible plan)."""
         workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
+        members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
+        placement = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
+        return placement.bottleneck_seconds if placement.feasible else None
 
-        def slowest(names: list[str]) -> float | None:
-            members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
-            placement = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
-            return placement.bottleneck_seconds if placement.feasible else None
+    def _plan_over(self) -> list[str]:
+        """Who the next plan is over: every member not held, and each held one (in name order) whose joining
+        cuts the slowest stage by GAIN or more, or without whom there is no feasible plan."""
+        names = sorted(n for n in self.joined if n not in self.held)
+        for n in sorted(self.held):
+            now = self._slowest(names) if names else None
+            new = self._slowest([*names, n])
+            if now is None or (new is not None and new <= (1 - GAIN) * now):
+                names.append(n)
+                self.held.discard(n)
+        return sorted(names)
 
-        now, new = slowest(self.order), slowest(sorted(self.joined))
+    def _worth_taking_in(self, name: str) -> tuple[float, float] | None:
+        """(slowest stage now, with `name`) when a plan that takes it into the serving ring cuts the slowest
+        stage by GAIN or more; None when it does not (it stays held: a later plan may take it)."""
+        now, new = self._slowest(self.order), self._slowest([*self.order, name])
         if now is not None and new is not None and new <= (1 - GAIN) * now:
             return now, new
         with_it = f"{new * 1e3:.1f} ms" if new is not None else "no feasible plan"
-        self.state.log(f"{name} waits for the next plan: a plan with it would not cut the slowest stage by {GAIN:.0%} "
+        self.state.log(f"{name} waits: a plan with it would not cut the slowest stage by {GAIN:.0%} "
                        f"({(now or 0.0) * 1e3:.1f} ms now, {with_it} with it)")
         return None
 
     async def _on_arrival(self, name: str, now: float, new: float) -> int | None:
-        """End this epoch to plan the members who arrived while it served in (None: plan again)."""
+        """End this epoch to plan the member who arrived while it served in (None: plan again)."""
+        self.held.discard(name)
         self.state.replans.append({"member": name, "why": "joined", "was_bottleneck_s": now})
         await self._plan_again(f"{name} joined: slowest stage {now * 1e3:.1f} ms, {new * 1e3:.1f} ms with it")
         return None
@@ -350,6 +363,7 @@ class Epochs(LossHandling):
             edge = ready.result().edge if ready is not None and ready.done() else None
             if a != b and edge is not None:
                 actual = {"direct": "direct", "relay": "relayed"}.get(edge.actual, "failed")
-                self.state.set_edge(a, b, actual, edge.ready_ms)
+                self.state.set_edge(a, b, actual, edge.ready_ms, edge.rtt_ms)
+                rtt = f", round trip {edge.rtt_ms:.1f} ms" if edge.rtt_ms is not None else ""
                 self.state.log(f"edge {a} → {b}: predicted {self.state.predicted[a][b]}, {actual}"
-                               f" (usable after {edge.ready_ms} ms)")
+                               f" (usable after {edge.ready_ms} ms{rtt})")

@@ -37,6 +37,7 @@ class LossHandling(CoordinatorCore):
             who, reason = await self.lost.get()
             if who in self.joined and self.order and who not in self.order and self.state.phase == "admitted":
                 waiting = self.joined.pop(who)
+                self.held.discard(who)
                 self.departed.add(who)
                 self.state.update_member(who, status="lost", note=reason)
                 self.state.log(f"{who}, waiting for the next plan, left: {reason}")

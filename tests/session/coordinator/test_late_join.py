@@ -2,9 +2,9 @@
 the slowest stage by 10 % or more; the reply streaming meanwhile goes on with exactly llama.cpp's tokens.
 
 Real processes on loopback: a coordinate-only host and four members serving SmolLM2's 30 blocks, each
-emulating a machine 2x slower than this one, and a fifth, at this machine's speed, started mid-reply: it
-can take the most blocks, so the host plans again. (A fifth as slow as the others cuts the slowest stage by
-less than 10 % here, where a call's fixed costs weigh as much as a few blocks: it would wait.)
+emulating a machine 2x slower than this one. First a member 8x slower joins: even one block of it would
+be the slowest stage, so it waits. Then one at this machine's speed, mid-reply: it can take the most
+blocks, so the host plans again, without the slow one (which must not hold the fast one back).
 """
 
 from __future__ import annotations
@@ -30,12 +30,17 @@ def test_a_fifth_member_joining_mid_reply_is_planned_in_and_the_reply_goes_on(tm
         # replies back to back: the new plan cuts one of them (the gaps between them are milliseconds)
         with BackToBack(cluster, STORY, TOKENS, JOIN_AFTER_CHARS) as replies:
             assert replies.streaming.wait(REPLY_TIMEOUT_S), "no reply streamed"
+            cluster.join("fay", ["--throttle", "8"])
+            waits = cluster.wait_state(cluster.url, lambda s: any("fay waits" in text for _, text in s["events"]),
+                                       240)
+            assert waits["phase"] == "admitted" and waits["plan"]["order"] == before["order"], waits["events"][-5:]
             cluster.join("eve")
             state = cluster.wait_state(cluster.url, lambda s: s["phase"] == "admitted" and "eve" in s["plan"]["order"],
                                        240)
             replies.more(2)  # served on the five-member ring
         replan = next(r for r in state["replans"] if r["member"] == "eve")
         assert replan["why"] == "joined" and replan["bottleneck_s"] <= 0.9 * replan["was_bottleneck_s"], replan
+        assert "fay" not in state["plan"]["order"] and [r["member"] for r in state["replans"]] == ["eve"]
         ranges = state["plan"]["ranges"]
         assert max(e - a for n, (a, e) in ranges.items() if n != "eve") < \
             max(e - a for a, e in before["ranges"].values()), (before["ranges"], ranges)
