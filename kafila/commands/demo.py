@@ -16,6 +16,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--throttle", default="1,2,4",
                    help="EMULATION: slow-down of each member, comma-separated (default 1,2,4: three members)")
     p.add_argument("--memory", default=None, help="EMULATION: memory cap in GB of each member, comma-separated")
+    p.add_argument("--link-delay", default=None, metavar="MS[,MS,...]",
+                   help="EMULATION: one-way delay in ms of every datagram a member sends, one for all or one each")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
     p.add_argument("--api-port", type=int, default=8711, help="the chat API port (default 8711; 0: any free one)")
@@ -29,15 +31,22 @@ def configure(p: argparse.ArgumentParser) -> None:
 def _members(args: argparse.Namespace) -> tuple:
     from kafila.errors import KafilaError
     from kafila.session.launch.demo import DemoMember
+    from kafila.session.options import MAX_LINK_DELAY_MS
 
     names = ["ada", "bo", "cy", "dee", "eve", "fay", "gus", "hal"]
     try:
         throttles = [float(t) for t in args.throttle.split(",")]
         mems = [float(m) if m else None for m in args.memory.split(",")] if args.memory else [None] * len(throttles)
+        delays = [float(d) for d in args.link_delay.split(",")] if args.link_delay else [0.0]
     except ValueError:
-        raise KafilaError("--throttle and --memory take comma-separated numbers") from None
+        raise KafilaError("--throttle, --memory and --link-delay take comma-separated numbers") from None
     if not 1 <= len(throttles) <= len(names) or len(mems) != len(throttles) or min(throttles) < 1:
         raise KafilaError(f"give 1 to {len(names)} throttles (each >= 1), and as many --memory values")
+    if len(delays) == 1:
+        delays *= len(throttles)
+    if len(delays) != len(throttles) or not all(0 <= d <= MAX_LINK_DELAY_MS for d in delays):
+        raise KafilaError(f"give one --link-delay for every member or one per member, each 0 to "
+                          f"{MAX_LINK_DELAY_MS:g} ms")
     other = None
     if args.other_build is not None:
         from kafila.engine.variant import is_built, variant_dir
@@ -47,8 +56,8 @@ def _members(args: argparse.Namespace) -> tuple:
             raise KafilaError(f"--other-build names a member of this demo ({', '.join(names[:len(throttles)])})")
         if not is_built(other):
             raise KafilaError("the second llama.cpp build is not there: run `make llama-variant` first")
-    return tuple(DemoMember(n, t, m, other if n == args.other_build else None)
-                 for n, t, m in zip(names, throttles, mems, strict=False))
+    return tuple(DemoMember(n, t, m, other if n == args.other_build else None, d)
+                 for n, t, m, d in zip(names, throttles, mems, delays, strict=False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
                               "network_share": stats.get("network_share"), "builds": state.builds,
                               # this reply's time to first token beside the plan's for as many prompt tokens
                               "ttft": stats.get("ttft"),
+                              # one token's time: predicted with the edges' measured round trips, and measured
+                              "token_time": {**(state.token_time() or {}), "measured_s":
+                                             1 / stats["tokens_per_s"] if stats.get("tokens_per_s") else None},
                               "members": {n: {"emulated": m.emulated} for n, m in state.members.items()}}))
         else:
             sys.stdout.write("\n")

@@ -31,6 +31,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--throttle-schedule", default=None, metavar="S:F,...",
                    help="EMULATION: from S seconds after first serving on, run F times slower (e.g. 0:1,60:4)")
     p.add_argument("--memory", type=float, default=None, metavar="GB", help="EMULATION: report at most this memory")
+    p.add_argument("--link-delay", type=float, default=0.0, metavar="MS",
+                   help="EMULATION: send every datagram this many ms late (a member far away: its links see the RTT)")
 
 
 def read_join_code(given: str | None, stdin: TextIO | None = None, environ: Mapping[str, str] | None = None,
@@ -69,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
     code = read_join_code(args.code)
     if args.throttle < 1.0:
         raise SessionError(f"--throttle must be at least 1 (it emulates a slower machine), got {args.throttle}")
+    from kafila.session.options import MAX_LINK_DELAY_MS
+
+    if not 0 <= args.link_delay <= MAX_LINK_DELAY_MS:
+        raise SessionError(f"--link-delay is milliseconds from 0 to {MAX_LINK_DELAY_MS}, got {args.link_delay:g}")
     from kafila.session.member.throttle import parse_schedule
 
     schedule = parse_schedule(args.throttle_schedule) if args.throttle_schedule else ()
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     trace = os.environ.get("KAFILA_TRACE")  # tests: where the head records its batches
     opts = MemberOptions(
         code=str(code), rendezvous=parse_addr(args.rendezvous), name=args.name,
-        api_port=None if args.api_port < 0 else args.api_port, memory_gb=args.memory,
+        api_port=None if args.api_port < 0 else args.api_port, memory_gb=args.memory, link_delay_ms=args.link_delay,
         throttle=schedule[0][1] if schedule else args.throttle, throttle_schedule=schedule,
         threads=args.threads, model=Path(args.model) if args.model else None,
         trace_path=Path(trace) if trace else None,

@@ -52,9 +52,12 @@ class PeerEndpoint(LinkOwner):
         rendezvous_ping_s: float = 5.0,
         clock: Callable[[], float] | None = None,
         on_rendezvous: Callable[[str | None], None] | None = None,
+        link_delay_s: float = 0.0,
     ) -> None:
-        """`on_rendezvous` hears why the rendezvous is unreachable when it is lost, and None when it is back."""
+        """`on_rendezvous` hears why the rendezvous is unreachable when it is lost, and None when it is back;
+        `link_delay_s` (EMULATION) holds every datagram sent that long, as a link to a far member would."""
         self.bind, self.name = bind, name
+        self.link_delay_s = link_delay_s
         self.identity = identity or Identity(name)
         self.member_id = secrets.token_bytes(wire.ID_LEN)
         self.allow_direct = allow_direct
@@ -110,7 +113,7 @@ class PeerEndpoint(LinkOwner):
     async def __aenter__(self) -> PeerEndpoint:
         loop = asyncio.get_running_loop()
         try:
-            self._socket = UdpSocket(loop, self.bind, self._on_batch)
+            self._socket = UdpSocket(loop, self.bind, self._on_batch, self.link_delay_s)
         except OSError as exc:
             raise NetworkError(f"cannot bind UDP {self.bind[0]}:{self.bind[1]}: {exc}") from None
         self.local_addr = self._socket.local_addr

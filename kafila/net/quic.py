@@ -231,6 +231,13 @@ class Link:
         """'direct' or 'relay': how packets to this peer travel right now."""
         return self._owner.path_to(self.peer.member_id)
 
+    @property
+    def rtt_ms(self) -> float | None:
+        """QUIC's smoothed round-trip time to the peer so far (None before a sample). Internal attributes of
+        aioquic 1.7.2's loss recovery (pinned)."""
+        loss = self.conn._loss
+        return loss._rtt_smoothed * 1e3 if loss._rtt_initialized else None
+
     # -- events from the endpoint --------------------------------------------------------
 
     def on_handshake(self) -> None:

@@ -33,6 +33,7 @@ class EdgeReport:
     ready_ms: float | None  # connect() call -> both pins checked and a message can flow
     direct_ms: float | None  # connect() call -> direct path proven (None if it stayed relayed)
     error: str | None = None
+    rtt_ms: float | None = None  # the link's round trip once its path settled (QUIC's smoothed estimate)
 
     @property
     def unsafe(self) -> bool:
@@ -82,8 +83,10 @@ async def verify_edge(
     actual = await ep.settle_path(peer)
     direct_at = ep.direct_since(peer.member_id)
     direct_ms = (direct_at - t0) * 1000.0 if actual == "direct" and direct_at else None
+    rtt = link.rtt_ms
     rep = EdgeReport(me.short_id, peer.short_id, me.nat_class.value, peer.nat_class.value, predicted, actual,
-                     round(ready_ms, 2), None if direct_ms is None else round(max(direct_ms, 0.0), 2))
+                     round(ready_ms, 2), None if direct_ms is None else round(max(direct_ms, 0.0), 2),
+                     rtt_ms=None if rtt is None else round(rtt, 3))
     log.info("edge %s -> %s: predicted %s, actual %s, ready %.1f ms", rep.src, rep.dst, predicted, actual, ready_ms)
     return link, rep
 

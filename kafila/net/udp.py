@@ -13,6 +13,7 @@ import asyncio
 import logging
 import socket
 import sys
+from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger("kafila.net")
@@ -67,12 +68,19 @@ def route_payload_limit(addr: Addr) -> int | None:
 
 
 class UdpSocket:
-    """A non-blocking UDP socket on an event loop; `on_batch` gets [(data, addr), ...] per wake-up."""
+    """A non-blocking UDP socket on an event loop; `on_batch` gets [(data, addr), ...] per wake-up.
+
+    `delay_s` (EMULATION): every datagram leaves that much later, in the order it was sent, as over a link to a
+    far member (this kernel has no netem); the peers' QUIC then measures the round trip a WAN would have.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, bind: Addr,
-                 on_batch: Callable[[list[tuple[bytes, Addr]]], None]) -> None:
+                 on_batch: Callable[[list[tuple[bytes, Addr]]], None], delay_s: float = 0.0) -> None:
         self._loop = loop
         self._on_batch = on_batch
+        self.delay_s = delay_s
+        self._held: deque[tuple[float, bytes, Addr]] = deque()  # (when it leaves, datagram, to)
+        self._release: asyncio.TimerHandle | None = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setblocking(False)
@@ -102,9 +110,29 @@ class UdpSocket:
             self._on_batch(batch)
 
     def sendto(self, data: bytes, addr: Addr) -> None:
-        """Send now, or drop when the kernel's buffer is full (UDP semantics; QUIC retransmits)."""
+        """Send now (or after the emulated delay), or drop when the kernel's buffer is full (UDP semantics; QUIC
+        retransmits)."""
         if self.closed:
             return
+        if self.delay_s > 0:
+            self._held.append((self._loop.time() + self.delay_s, data, addr))
+            if self._release is None:
+                self._release = self._loop.call_at(self._held[0][0], self._send_held)
+            return
+        self._send(data, addr)
+
+    def _send_held(self) -> None:
+        self._release = None
+        _, data, addr = self._held.popleft()  # the one this timer was set for (asyncio may fire a hair early)
+        self._send(data, addr)
+        now = self._loop.time()
+        while self._held and self._held[0][0] <= now:
+            _, data, addr = self._held.popleft()
+            self._send(data, addr)
+        if self._held:
+            self._release = self._loop.call_at(self._held[0][0], self._send_held)
+
+    def _send(self, data: bytes, addr: Addr) -> None:
         try:
             self.sock.sendto(data, addr)
         except (BlockingIOError, InterruptedError):
@@ -115,5 +143,8 @@ class UdpSocket:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._release is not None:
+                self._release.cancel()
+            self._held.clear()
             self._loop.remove_reader(self.sock.fileno())
             self.sock.close()

@@ -21,6 +21,10 @@ def parse_addr(text: str, default_port: int = DEFAULT_RENDEZVOUS[1]) -> tuple[st
         raise SessionError(f"cannot use rendezvous address {text!r}: expected HOST:PORT") from None
 
 
+# EMULATION: the longest one-way delay `--link-delay` adds (a round trip of 2 s; a link's idle timeout is 5 s)
+MAX_LINK_DELAY_MS = 1000.0
+
+
 @dataclass(frozen=True)
 class MemberOptions:
     """How `kafila join` takes part in a session."""
@@ -34,6 +38,7 @@ class MemberOptions:
     # emulated slow-down changing while serving: (seconds since first serving, factor), from (0, throttle)
     throttle_schedule: tuple[tuple[float, float], ...] = ()
     memory_gb: float | None = None  # emulated memory cap
+    link_delay_ms: float = 0.0  # emulated one-way delay of every datagram this member sends (a far member)
     cache_dir: Path | None = None
     join_timeout_s: float = 60.0
     link_idle_timeout_s: float = 5.0  # a silent peer is declared lost after this long

@@ -78,6 +78,7 @@ class EdgeView:
     predicted: str  # "direct" | "relay"
     state: str = "pending"  # one of EDGE_STATES
     ready_ms: float | None = None
+    rtt_ms: float | None = None  # measured once verified (QUIC's estimate)
 
     @property
     def wrong(self) -> bool:
@@ -164,12 +165,22 @@ class SessionState:
             setattr(view, key, value)
         self.changed()
 
-    def set_edge(self, a: str, b: str, state: str, ready_ms: float | None = None) -> None:
+    def set_edge(self, a: str, b: str, state: str, ready_ms: float | None = None, rtt_ms: float | None = None) -> None:
         assert state in EDGE_STATES, state
         for e in self.edges:
             if (e.a, e.b) == (a, b):
-                e.state, e.ready_ms = state, ready_ms
+                e.state, e.ready_ms, e.rtt_ms = state, ready_ms, rtt_ms
         self.changed()
+
+    def token_time(self) -> dict[str, float] | None:
+        """One token's time round the ring as the plan predicts it with the edges' measured round trips: its
+        stages' times plus half of each edge's round trip (None before a plan or with an edge unmeasured)."""
+        stages = (self.plan or {}).get("stage_seconds")
+        if not stages or any(e.rtt_ms is None for e in self.edges):
+            return None
+        edges = sum(e.rtt_ms or 0.0 for e in self.edges) / 2e3
+        return {"stages_s": sum(float(t) for t in stages.values()), "edges_s": edges,
+                "predicted_s": sum(float(t) for t in stages.values()) + edges}
 
     # -- recording ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

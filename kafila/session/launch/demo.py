@@ -45,6 +45,7 @@ class DemoMember:
     throttle: float = 1.0
     memory_gb: float | None = None
     llama_path: Path | None = None  # a second llama-cpp-python build to run on (kafila.engine.variant)
+    link_delay_ms: float = 0.0  # every datagram it sends leaves this much later (a member far away)
 
 
 DEFAULT_MEMBERS = (DemoMember("ada", 1.0), DemoMember("bo", 2.0), DemoMember("cy", 4.0))
@@ -194,6 +195,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                                 m.name, "--api-port", "-1", "--throttle", str(m.throttle), "--threads", str(threads)]
                         if m.memory_gb is not None:
                             argv += ["--memory", str(m.memory_gb)]
+                        if m.link_delay_ms:
+                            argv += ["--link-delay", str(m.link_delay_ms)]
                         member_env = {**env, JOIN_CODE_ENV: state.code}
                         if m.llama_path is not None:
                             member_env = env_for(m.llama_path, {**os.environ, **member_env})

@@ -32,7 +32,7 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
 
 
 async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCache, use: InUse) -> int:
-    emulation = Emulation(opts.throttle, opts.memory_gb)
+    emulation = Emulation(opts.throttle, opts.memory_gb, opts.link_delay_ms)
     claim: dict[str, str] = {}
     if opts.model is not None:
         state.set_phase("measuring", f"hashing {opts.model} (once per file: the hash is cached)")
@@ -41,7 +41,8 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
     state.set_phase("measuring", "measuring this machine")
     result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
-                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous) as ep:
+                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous,
+                            link_delay_s=opts.link_delay_ms / 1e3) as ep:
         report = await ep.probe_nat(opts.rendezvous)
         meas = {**measurements(result, emulation), "role": "member", **claim}
         await ep.join_session(opts.rendezvous, opts.code)

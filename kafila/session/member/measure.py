@@ -35,6 +35,7 @@ class Emulation:
 
     throttle: float = 1.0
     memory_gb: float | None = None
+    link_delay_ms: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         d: dict[str, float] = {}
@@ -42,6 +43,8 @@ class Emulation:
             d["throttle"] = self.throttle
         if self.memory_gb is not None:
             d["memory_gb"] = self.memory_gb
+        if self.link_delay_ms:
+            d["link_delay_ms"] = self.link_delay_ms
         return d
 
 

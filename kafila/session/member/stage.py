@@ -100,7 +100,7 @@ class MemberStage(MemberCore):
         if len(order) > 1 and self.edges.next is None:
             await self._report_edge_failure(succ, r.error if r is not None and r.error else "no link")
             return
-        edge = None if r is None else messages.EdgeOutcome(r.predicted, r.actual, r.ready_ms, r.error)
+        edge = None if r is None else messages.EdgeOutcome(r.predicted, r.actual, r.ready_ms, r.error, r.rtt_ms)
         await self.send_host(messages.Ready(self._assigned.epoch, edge))
         self.state.update_member(self.opts.name, status="ready")
 

@@ -88,7 +88,8 @@ async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member
     relay_events(state, member_state, "coordinating: ")
     info = describe_model(host_opts.model)
     async with PeerEndpoint(bind=opts.bind, identity=identity, name=opts.name,
-                            idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct) as ep:
+                            idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct,
+                            link_delay_s=opts.link_delay_ms / 1e3) as ep:
         await ep.probe_nat(opts.rendezvous)
         await ep.join_session(opts.rendezvous, opts.code)
         await ep.announce(coordinator_announcement())

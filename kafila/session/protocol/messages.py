@@ -21,7 +21,7 @@ that may be null; fields this build does not know are ignored):
                               with a step the host cannot watch (each second; kafila.session.member.heartbeat)
     loaded    member → host   epoch (stage received, verified and loaded into llama.cpp)
     connect   host → member   epoch (every stage is loaded: open the ring edges now)
-    ready     member → host   epoch, edge {predicted, actual, ready_ms|null, error|null}|null
+    ready     member → host   epoch, edge {predicted, actual, ready_ms|null, error|null, rtt_ms|null}|null
                               (its outgoing ring edge; null for a ring of one)
     admit     host → member   epoch
     reject    host → member   reason (the planner's text)
@@ -129,6 +129,7 @@ class EdgeOutcome:
     actual: str  # "direct", "relay" or "failed"
     ready_ms: float | None
     error: str | None
+    rtt_ms: float | None = None  # its round trip as QUIC measured it (emulated link delays included)
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ class Roster(Control):
 
 # the nested objects, each decoded into its dataclass above
 _EDGE = record(EdgeOutcome, {"predicted": NAME, "actual": NAME, "ready_ms": null_or(SECONDS),
-                             "error": null_or(TEXT)})
+                             "error": null_or(TEXT), "rtt_ms": null_or(SECONDS)})
 _MEASURED = record(Measured, {"bw": number(0.0, 1e15), "disp": SECONDS, "mem": integer(0, 1 << 60),
                              "ubw": number(0.0, 1e15), "nat": NAME, "rtt_ms": null_or(SECONDS)})
 _STAGE_TIME = record(StageTime, {"predicted_s": SECONDS, "measured_s": null_or(SECONDS)})
