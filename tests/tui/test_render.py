@@ -7,12 +7,13 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from kafila.session.state import EdgeView, SessionState
 from kafila.tui.format import range_bar, sparkline, value_bar
 from kafila.tui.widgets.admission import progress_text, split_rejection
 from kafila.tui.widgets.plan import bottleneck_member, replans_text, total_blocks, ttft_text
-from kafila.tui.widgets.reachability import matrix_cell, ring_edges
+from kafila.tui.widgets.reachability import edges_table, matrix_cell, ring_edges
 from tests.tui import states
 
 pytestmark = pytest.mark.fast
@@ -123,3 +124,14 @@ def test_a_new_plan_around_a_drifting_member_says_who_and_by_how_much() -> None:
     assert lines[1].startswith("planned again: bo ran 2.5× faster than planned") and "→" not in lines[1]
     joined = replans_text([{"member": "dee", "why": "joined", "was_bottleneck_s": 0.012, "bottleneck_s": 0.009}])
     assert joined.plain == "planned again: dee joined; slowest stage 12.00 ms → 9.00 ms predicted"
+
+
+def test_the_edges_table_shows_each_verified_edges_round_trip() -> None:
+    state = SessionState()
+    state.edges = [EdgeView("ada", "bo", "direct"), EdgeView("bo", "ada", "direct")]
+    state.set_edge("ada", "bo", "direct", 12.4, 41.25)  # a member 20 ms away each way (--link-delay 20)
+    console = Console(width=120, record=True)
+    console.print(edges_table(state))
+    rows = [line.split() for line in console.export_text().splitlines() if "→" in line]
+    assert rows[0][1:5] == ["direct", "direct", "12", "41.2"], rows
+    assert rows[1][1:5] == ["direct", "pending", "—", "—"], rows  # not verified yet: no round trip to show

@@ -63,14 +63,16 @@ def matrix_table(state: SessionState) -> Table:
 
 
 def edges_table(state: SessionState) -> Table:
-    """The ring's edges in ring order: predicted, verified, time to ready, and whether the guess held."""
+    """The ring's edges in ring order: predicted, verified, time to ready, round trip, and whether the guess held."""
     index = {name: i + 1 for i, name in enumerate(member_order(state))}
     table = Table(box=None, padding=(0, 1), show_edge=False, pad_edge=False,
-                  title="ring edges, verified with real packets", title_justify="left", title_style="bold")
-    table.add_column("edge", no_wrap=True)
+                  title="ring edges, verified with real packets (times in ms)", title_justify="left",
+                  title_style="bold")
+    table.add_column("edge", no_wrap=True, min_width=4)
     table.add_column("predicted", no_wrap=True, min_width=9)
     table.add_column("verified", no_wrap=True, min_width=8)
-    table.add_column("ready ms", justify="right", no_wrap=True, min_width=8)
+    table.add_column("ready", justify="right", no_wrap=True, min_width=5)
+    table.add_column("rtt", justify="right", no_wrap=True, min_width=5)  # QUIC's, once the edge is verified
     table.add_column("", no_wrap=True, min_width=7)
     table.add_column("members", no_wrap=True, overflow="ellipsis", ratio=1)
     for e in state.edges:
@@ -85,7 +87,8 @@ def edges_table(state: SessionState) -> Table:
         table.add_row(f"{index.get(e.a, '?')}→{index.get(e.b, '?')}",
                       Text(e.predicted, style=PREDICTED_STYLE.get(e.predicted, "")),
                       Text(e.state, style=VERIFIED_STYLE.get(e.state, "")),
-                      "—" if e.ready_ms is None else f"{e.ready_ms:.0f}", verdict, f"{e.a} → {e.b}")
+                      "—" if e.ready_ms is None else f"{e.ready_ms:.0f}",
+                      "—" if e.rtt_ms is None else f"{e.rtt_ms:.1f}", verdict, f"{e.a} → {e.b}")
     return table
 
 
