@@ -40,7 +40,9 @@ def test_a_fifth_member_joining_mid_reply_is_planned_in_and_the_reply_goes_on(tm
             replies.more(2)  # served on the five-member ring
         replan = next(r for r in state["replans"] if r["member"] == "eve")
         assert replan["why"] == "joined" and replan["bottleneck_s"] <= 0.9 * replan["was_bottleneck_s"], replan
-        assert "fay" not in state["plan"]["order"] and [r["member"] for r in state["replans"]] == ["eve"]
+        # (on a loaded machine a stage may also drift from its plan and be planned around: not an arrival)
+        assert "fay" not in state["plan"]["order"] and \
+            [r["member"] for r in state["replans"] if r.get("why") == "joined"] == ["eve"], state["replans"]
         ranges = state["plan"]["ranges"]
         assert max(e - a for n, (a, e) in ranges.items() if n != "eve") < \
             max(e - a for a, e in before["ranges"].values()), (before["ranges"], ranges)
@@ -48,4 +50,4 @@ def test_a_fifth_member_joining_mid_reply_is_planned_in_and_the_reply_goes_on(tm
         assert all(reply_text(r) == reference for r in replies.replies), \
             ([reply_text(r) for r in replies.replies], cluster.host.output[-3000:])
         notices = [c["kafila"]["notice"] for r in replies.replies for _, c in r[:-1] if "notice" in c.get("kafila", {})]
-        assert len(notices) == 1 and "eve joined" in notices[0], notices
+        assert sum("eve joined" in n for n in notices) == 1 and all("planned again" in n for n in notices), notices
