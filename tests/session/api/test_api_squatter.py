@@ -15,10 +15,19 @@ import pytest
 from aiohttp import web
 
 from kafila.session.api.client import ApiClient, ApiNotYours
-from kafila.session.api.token import TOKEN_ENV, token_path, write_token
+from kafila.session.api.token import TOKEN_ENV, token_dir, token_path, write_token
 from tests.session.api_fixtures import start_server
 
 pytestmark = pytest.mark.fast
+
+
+@pytest.fixture(autouse=True)
+def own_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token files of this test's own: a killed session's token left in the user's runtime directory for the
+    port the squatter drew would give the client a token to try (seen: 132 stale files after killed loops)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir(mode=0o700)  # platformdirs falls back to /tmp/runtime-UID when it does not exist
+    assert token_dir() == tmp_path / "run" / "kafila"
 
 
 @pytest.fixture
