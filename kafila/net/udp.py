@@ -123,10 +123,9 @@ class UdpSocket:
 
     def _send_held(self) -> None:
         self._release = None
-        _, data, addr = self._held.popleft()  # the one this timer was set for (asyncio may fire a hair early)
-        self._send(data, addr)
-        now = self._loop.time()
-        while self._held and self._held[0][0] <= now:
+        # the datagram this timer was set for leaves even if asyncio fired a hair early
+        until = max(self._held[0][0], self._loop.time())
+        while self._held and self._held[0][0] <= until:
             _, data, addr = self._held.popleft()
             self._send(data, addr)
         if self._held:

@@ -178,9 +178,9 @@ class SessionState:
         stages = (self.plan or {}).get("stage_seconds")
         if not stages or any(e.rtt_ms is None for e in self.edges):
             return None
+        compute = sum(float(t) for t in stages.values())
         edges = sum(e.rtt_ms or 0.0 for e in self.edges) / 2e3
-        return {"stages_s": sum(float(t) for t in stages.values()), "edges_s": edges,
-                "predicted_s": sum(float(t) for t in stages.values()) + edges}
+        return {"stages_s": compute, "edges_s": edges, "predicted_s": compute + edges}
 
     # -- recording ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -97,7 +97,7 @@ class Admission(CoordinatorCore):
             else:  # after the first plan: held until a plan takes it in
                 view.note = f"{came} after planning: planned in when that cuts the slowest stage"
                 self.state.log(f"{peer.name} {came} the session; planned in when that cuts the slowest stage by "
-                               f"{GAIN:.0%}, or at the next plan")
+                               f"{GAIN:.0%}, now or at a later plan")
                 self.held.add(peer.name)
                 self.arrivals.put_nowait(peer.name)
             self.state.upsert_member(view)

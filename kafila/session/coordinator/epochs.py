@@ -36,6 +36,11 @@ EXIT_REJECTED = 3
 GAIN = 0.1  # a drifting member is planned around, a newcomer planned in, when that cuts the slowest stage this much
 
 
+def cuts_enough(now: float | None, new: float | None) -> bool:
+    """Whether a new plan's slowest stage `new` is GAIN or more below `now` (None: no feasible plan)."""
+    return now is not None and new is not None and new <= (1 - GAIN) * now
+
+
 def model_label(model: Path) -> str:
     """The name a user sees for a model: its file's stem (a GGUF's general.name is often a raw slug), without a
     split set's `-00001-of-0000N`; an Ollama blob is named by its digest, so there general.name it is."""
@@ -187,22 +192,21 @@ class Epochs(LossHandling):
         """Whether a plan with the drifting member at its measured speed cuts the slowest stage by GAIN or more
         (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
         speed = {**self.speed, drift.member: self.speed.get(drift.member, 1.0) * drift.factor}
-        members = [planner_member(self.joined[n].peer, speed.get(n, 1.0)) for n in self.order if n in self.joined]
-        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
-        new = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
+        new = self._slowest([n for n in self.order if n in self.joined], speed)
         planned = (self.state.plan or {}).get("stage_seconds", {})
         now = max((float(t) * (drift.factor if n == drift.member else 1.0) for n, t in planned.items()), default=0.0)
-        if new.feasible and new.bottleneck_seconds is not None and new.bottleneck_seconds <= (1 - GAIN) * now:
+        if cuts_enough(now, new):
             return True
         self.drift.dismiss(drift.member, asyncio.get_running_loop().time())
-        self.state.log(f"{drift.text()}; a new plan would not help (slowest stage {now * 1e3:.1f} ms now, "
-                       f"{(new.bottleneck_seconds or 0.0) * 1e3:.1f} ms planned again)")
+        again = f"{new * 1e3:.1f} ms planned again" if new is not None else "no feasible plan"
+        self.state.log(f"{drift.text()}; a new plan would not help (slowest stage {now * 1e3:.1f} ms now, {again})")
         return False
 
-    def _slowest(self, names: list[str]) -> float | None:
-        """The slowest stage of the plan over `names` (None: no feasible plan)."""
+    def _slowest(self, names: list[str], speed: dict[str, float] | None = None) -> float | None:
+        """The slowest stage of the plan over `names` at their measured speeds (or `speed`); None: no feasible plan."""
+        speed = self.speed if speed is None else speed
         workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
-        members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
+        members = [planner_member(self.joined[n].peer, speed.get(n, 1.0)) for n in names]
         placement = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
         return placement.bottleneck_seconds if placement.feasible else None
 
@@ -210,19 +214,21 @@ class Epochs(LossHandling):
         """Who the next plan is over: every member not held, and each held one (in name order) whose joining
         cuts the slowest stage by GAIN or more, or without whom there is no feasible plan."""
         names = sorted(n for n in self.joined if n not in self.held)
+        now = self._slowest(names) if names else None
         for n in sorted(self.held):
-            now = self._slowest(names) if names else None
             new = self._slowest([*names, n])
-            if now is None or (new is not None and new <= (1 - GAIN) * now):
+            if now is None or cuts_enough(now, new):
                 names.append(n)
                 self.held.discard(n)
+                now = new
         return sorted(names)
 
     def _worth_taking_in(self, name: str) -> tuple[float, float] | None:
         """(slowest stage now, with `name`) when a plan that takes it into the serving ring cuts the slowest
         stage by GAIN or more; None when it does not (it stays held: a later plan may take it)."""
         now, new = self._slowest(self.order), self._slowest([*self.order, name])
-        if now is not None and new is not None and new <= (1 - GAIN) * now:
+        if cuts_enough(now, new):
+            assert now is not None and new is not None
             return now, new
         with_it = f"{new * 1e3:.1f} ms" if new is not None else "no feasible plan"
         self.state.log(f"{name} waits: a plan with it would not cut the slowest stage by {GAIN:.0%} "
