@@ -47,13 +47,16 @@ def parse_split(text: str | None, n_blocks: int) -> list[StageSpec]:
 
 
 def pack(chunks: list[Chunk]) -> tuple[np.ndarray, Rows]:
-    """Tokens and row descriptions for several requests' chunks sharing one call."""
+    """Tokens and row descriptions for several requests' chunks sharing one call (a drafted row in a
+    step of its own: ubatch.py)."""
     tokens = np.concatenate([np.asarray(c.tokens, np.int32) for c in chunks])
     seq = np.concatenate([np.full(len(c.tokens), c.seq, np.int32) for c in chunks])
     pos = np.concatenate([np.arange(c.start_pos, c.start_pos + len(c.tokens), dtype=np.int32) for c in chunks])
-    want = np.concatenate([np.arange(len(c.tokens)) == len(c.tokens) - 1 if c.wants_logits
-                           else np.zeros(len(c.tokens), bool) for c in chunks])
-    return tokens, Rows(seq, pos, want)
+    want = np.concatenate([np.arange(len(c.tokens)) >= len(c.tokens) - c.logit_rows for c in chunks])
+    drafted = any(c.draft for c in chunks)
+    step = np.concatenate([np.maximum(np.arange(len(c.tokens)) - (len(c.tokens) - c.draft - 1), 0)
+                           for c in chunks]) if drafted else None
+    return tokens, Rows(seq, pos, want, step)
 
 
 @dataclass(frozen=True)
@@ -93,13 +96,13 @@ def take_batch(requests: Iterable[Request], budget: int) -> Batch | None:
 
 
 def logit_rows(chunks: Iterable[Chunk], logits: np.ndarray) -> Iterator[tuple[Chunk, np.ndarray | None]]:
-    """Each chunk with its row of `logits` (one per chunk that wanted logits, in order), or None."""
+    """Each chunk with its row of `logits` (in order: one per chunk that wanted logits, a verification's draft +
+    1 rows together), or None."""
     i = 0
     for chunk in chunks:
-        row = None
-        if chunk.wants_logits:
-            row, i = logits[i], i + 1
-        yield chunk, row
+        n = chunk.logit_rows
+        yield chunk, (None if not n else logits[i] if not chunk.draft else logits[i : i + n])
+        i += n
 
 
 class LocalChain:
@@ -144,6 +147,9 @@ class LocalChain:
             out.append((r, r.complete(c, row)))
             if r.done:
                 self.free(r.seq)
+            elif r.trim_from is not None:  # a draft's rejected rows
+                self.free(r.seq, r.trim_from)
+                r.trimmed()
         return out
 
     def run(self, requests: list[Request]) -> Iterator[tuple[Request, str]]:

@@ -24,7 +24,7 @@ class ReferenceContext:
 
     def run(self, tokens: np.ndarray, rows: Rows) -> np.ndarray:
         """Logits of the wanted rows, the batch cut into calls as the stages cut theirs (ubatch.py)."""
-        calls = ubatches(rows.seq)
+        calls = ubatches(rows.seq, rows.step)
         parts = [self._call(tokens[i], Rows(rows.seq[i], rows.pos[i], rows.want[i])) for i in calls]
         return in_batch_order(calls, rows.want, parts)
 

@@ -4,6 +4,14 @@ Transport-free, so the local chain and the ring scheduler drive requests the sam
 `take(budget)` hands out the next chunk (a prefill slice of the prompt, or the last sampled token),
 `complete(logits)` consumes the logits of the chunk's last row when it asked for them.
 
+Speculation: with a `drafter`, a decode step may carry drafted tokens after the last sampled one
+(`Chunk.draft` of them); every row's logits come back, and the request keeps the drafted tokens its
+own sampler agrees with, plus the sampler's token after them (DESIGN §5b). A draft from lookup is one
+token, so sampling the target's row and comparing is exactly speculative sampling (accept with
+probability p(x), else a token from p without x): the sampler draws once per generated token on the
+same logits as without speculation, and the reply is the same, seed for seed. The rows after the
+first disagreement are dropped from every stage's KV cache (`trim_from`).
+
 Prefill chunks may be taken while earlier ones are still being computed (a ring pipelines one
 prompt across its stages: every stage computes frames in the order the head sent them, so chunk
 k+1 always follows chunk k into the KV cache); a decode step waits for the logits before it.
@@ -11,7 +19,9 @@ k+1 always follows chunk k into the KV cache); a decode step waits for the logit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +38,27 @@ class Chunk:
     tokens: list[int]
     start_pos: int
     wants_logits: bool  # True when the last row's logits are needed for sampling
+    draft: int = 0  # the last `draft` tokens are drafted: the logits of the last draft + 1 rows are needed
+
+    @property
+    def logit_rows(self) -> int:
+        """How many rows' logits the chunk needs (its last ones)."""
+        return self.draft + 1 if self.wants_logits else 0
+
+
+MAX_DRAFT = 16  # drafted tokens one step may carry (a frame's u8 step field allows 255)
+
+
+class Drafter(Protocol):
+    """Proposes the tokens likely to follow a request's tokens (speculation.py, lookup.py)."""
+
+    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """At most `limit` tokens guessed to follow `tokens` (none: decode one token plainly)."""
+        ...
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """How many of the last draft's tokens the target agreed with."""
+        ...
 
 
 @dataclass
@@ -52,6 +83,8 @@ class Request:
     # chunks it was computed in (its prompt's, then one row per token), so its numbers come out the same.
     replay: list[int] = field(default_factory=list)
     cuts: list[int] = field(default_factory=list)  # the lengths of the prompt chunks handed out so far
+    drafter: Drafter | None = None  # None: no speculation
+    trim_from: int | None = None  # rejected rows from this position on are still in the stages' KV caches
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.vocab)
@@ -82,14 +115,24 @@ class Request:
             tokens = self.prompt[start : start + n]
             self.cuts.append(len(tokens))
             last = start + len(tokens) == len(self.prompt)
-        elif self.pending or not self.generated:
-            return None  # the next token is being computed
+        elif self.pending or not self.generated or self.trim_from is not None:
+            return None  # the next token is being computed (or the rows of its rejected draft dropped)
         else:
-            tokens = [self.generated[-1]]
-            last = True
+            tokens = [self.generated[-1], *self._draft(start, budget)]
+            self.sent += len(tokens)
+            self.pending += 1
+            return Chunk(self.seq, tokens, start, True, len(tokens) - 1)
         self.sent += len(tokens)
         self.pending += 1
         return Chunk(self.seq, tokens, start, last)
+
+    def _draft(self, start: int, budget: int) -> list[int]:
+        """The drafter's tokens for a decode step at `start`: no more than the reply, the context and the frame
+        hold (a verification keeps at most the draft plus one token)."""
+        room = min(budget - 1, self.max_tokens - len(self.generated) - 1, self.n_ctx - 2 - start, MAX_DRAFT)
+        if self.drafter is None or room <= 0:
+            return []
+        return self.drafter.draft(self.prompt + self.generated, room)[:room]
 
     @property
     def replaying(self) -> bool:
@@ -113,14 +156,37 @@ class Request:
         return (self.prompt + self.generated)[: self.fed]
 
     def complete(self, chunk: Chunk, logits: np.ndarray | None) -> str:
-        """Record a finished chunk; with logits, sample the next token. Returns new text."""
+        """Record a finished chunk; with logits (one row, or a verification's draft + 1), sample the next
+        token(s). Returns new text."""
         self.pending -= 1
-        self.fed += len(chunk.tokens)
+        self.fed += len(chunk.tokens) - chunk.draft
         if not chunk.wants_logits:
             return ""
         if logits is None:
             raise EngineError("a chunk that wanted logits finished without them")
-        token = self.sampler.sample(logits)
+        if not chunk.draft:
+            return self._sampled(self.sampler.sample(logits))
+        drafted = chunk.tokens[-chunk.draft:]
+        piece, kept = "", 0
+        for row in logits:
+            token = self.sampler.sample(row)
+            piece += self._sampled(token)
+            if self.done or kept == len(drafted) or token != drafted[kept]:
+                break
+            kept += 1
+            self.fed += 1  # the drafted token is the one sampled: its row's KV cache is the reply's
+        if self.drafter is not None:
+            self.drafter.verified(len(drafted), kept)
+        if self.fed < self.sent:
+            self.trim_from, self.sent = self.fed, self.fed
+        return piece
+
+    def trimmed(self) -> None:
+        """The rejected rows are on their way out of every stage's cache (a trim went ahead of the next frame)."""
+        self.trim_from = None
+
+    def _sampled(self, token: int) -> str:
+        """Take one sampled token: the end, or the next token of the reply (text, less any stop string)."""
         if self.vocab.is_end(token):
             self.finish_reason = "stop"
             return self._stopped(self.text.flush())

@@ -55,6 +55,7 @@ class Rows:
     seq: np.ndarray  # int32 (n,)
     pos: np.ndarray  # int32 (n,)
     want: np.ndarray  # bool (n,): rows whose logits the head must return (body stages: ignored)
+    step: np.ndarray | None = None  # int (n,): a drafted row's place in its verification (ubatch.py); None: all 0
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -174,7 +175,7 @@ class StageEngine:
             raise EngineError(f"a stage call carries 1..{self.config.n_batch} rows, got {n}")
         self._check_seqs(rows.seq)
         want = rows.want if self.final else np.ones(n, bool)
-        calls = ubatches(rows.seq)
+        calls = ubatches(rows.seq, rows.step)
         parts = [self._call(embd[i], Rows(rows.seq[i], rows.pos[i], want[i])) for i in calls]
         return in_batch_order(calls, want, parts)
 

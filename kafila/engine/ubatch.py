@@ -7,6 +7,11 @@ of each. Any other batch it would reorder and cut itself, and a body stage, whic
 rows from the graph, could not tell whose row is whose; a request's chunk cut in two would also get
 other numbers than whole. So a stage cuts its rows into such calls itself; llama.cpp then keeps each
 call whole and in order.
+
+A drafted token's row (speculation, `step` > 0) is a call of its own, after the rows of the step before:
+rows of one sequence in one call are not those rows computed one per call (DESIGN §5b), so verifying k
+drafted tokens in one call would not be greedy-exact; one call per step keeps every row's numbers those
+of a plain decode step, while the k+1 rows still cross the network once.
 """
 
 from __future__ import annotations
@@ -14,15 +19,23 @@ from __future__ import annotations
 import numpy as np
 
 
-def ubatches(seq: np.ndarray) -> list[np.ndarray]:
-    """Batch indices of each call, in the order they run.
+def ubatches(seq: np.ndarray, step: np.ndarray | None = None) -> list[np.ndarray]:
+    """Batch indices of each call, in the order they run: step 0's calls, then step 1's, ...
 
-    A sequence's rows (one request's chunk) always go into one call, whole and in order, so its numbers
-    do not depend on what shares the frame: calls join only consecutive sequences with as many rows
-    each (the decode rows of consecutive slots, one row each, share one call and one weight read).
+    Within a step, a sequence's rows (one request's chunk) always go into one call, whole and in order, so
+    its numbers do not depend on what shares the frame: calls join only consecutive sequences with as many
+    rows each (the decode rows of consecutive slots, one row each, share one call and one weight read).
     """
+    seq = np.asarray(seq)
+    if step is None or not np.any(step):
+        return _calls(seq, np.arange(len(seq)))
+    return [c for s in np.unique(step) for c in _calls(seq, np.flatnonzero(step == s))]
+
+
+def _calls(seq: np.ndarray, index: np.ndarray) -> list[np.ndarray]:
+    """The calls of one step's rows (`index` into the batch)."""
     rows: dict[int, list[int]] = {}
-    for i, s in enumerate(np.asarray(seq).tolist()):
+    for i, s in zip(index.tolist(), seq[index].tolist(), strict=True):
         rows.setdefault(s, []).append(i)
     calls: list[list[int]] = []
     last: tuple[int, int] | None = None  # the previous sequence and its row count

@@ -71,4 +71,5 @@ class HostOptions:
     replan: bool = True  # after losing a member, plan again over the others when the model still fits
     mixed_builds: bool = False  # admit members whose llama.cpp build differs (the ring is then not bit-exact)
     stall_s: float = 120.0  # a member showing no progress this long before admission is lost (not a deadline)
+    speculate: str = "auto"  # the head's speculation: auto, lookup or off (session/ring/speculation.py)
     strategy: str = "kafila"  # which split to serve: "kafila", or a baseline ("uniform", "memory") for benchmarks

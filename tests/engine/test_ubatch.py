@@ -46,3 +46,22 @@ def test_outputs_go_back_in_batch_order(seq: list[int], data: st.DataObject) -> 
     parts = [idx[want[idx]].astype(np.float32).reshape(-1, 1) for idx in calls]
     out = in_batch_order(calls, want, parts)
     assert out[:, 0].tolist() == np.flatnonzero(want).tolist()
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=40))
+def test_each_step_is_computed_after_the_one_before_in_calls_of_its_own(rows: list[tuple[int, int]]) -> None:
+    seqs, steps = np.array([s for s, _ in rows]), np.array([t for _, t in rows])
+    calls = ubatches(seqs, steps)
+    assert sorted(np.concatenate(calls).tolist()) == list(range(len(rows)))
+    order = [int(steps[c[0]]) for c in calls]
+    assert all(len(set(steps[c].tolist())) == 1 for c in calls)  # no call mixes steps
+    assert order == sorted(order)  # a drafted row's call after the calls of the rows before it
+    within = [np.flatnonzero(steps == s)[c] for s in sorted(set(steps.tolist())) for c in ubatches(seqs[steps == s])]
+    assert [c.tolist() for c in calls] == [c.tolist() for c in within]  # within a step, as without steps
+
+
+def test_a_verification_beside_decode_rows() -> None:
+    # slot 1 verifies two drafted tokens beside slots 0 and 2's decode rows: step 0 is one call of three
+    # rows, then one row a call
+    seqs, steps = np.array([0, 1, 1, 1, 2]), np.array([0, 0, 1, 2, 0])
+    assert [c.tolist() for c in ubatches(seqs, steps)] == [[0, 1, 4], [2], [3]]

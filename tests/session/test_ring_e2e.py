@@ -100,7 +100,7 @@ def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
                     ref = ReferenceContext(model, config)
             elif "tokens" in e:
                 rows = Rows(np.array(e["seqs"], np.int32), np.array(e["positions"], np.int32),
-                            np.array(e["want"], bool))
+                            np.array(e["want"], bool), np.array(e["steps"]) if e.get("steps") else None)
                 logits = ref.run(np.array(e["tokens"], np.int32), rows)
                 theirs[ring, e["frame"]] = hashlib.sha256(logits.tobytes()).hexdigest()
             elif "logits" in e:

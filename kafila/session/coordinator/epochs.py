@@ -318,7 +318,8 @@ class Epochs(LossHandling):
             self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
         await self._tell(name, messages.Assign(
             self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-            self.state.plan or {}, model_label(self.model), j.manifest, cut_local, self._fingerprints(order)))
+            self.state.plan or {}, model_label(self.model), j.manifest, cut_local, self._fingerprints(order),
+            self.opts.speculate))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason).

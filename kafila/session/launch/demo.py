@@ -66,6 +66,7 @@ class DemoOptions:
     fresh_probe: bool = False  # measure again even when a recent probe is cached
     threads: int | None = None  # llama.cpp threads per member (default: the cores shared out among them)
     mixed_builds: bool = False  # the host admits members of another llama.cpp build (then not bit-exact)
+    speculate: str = "auto"  # the head's speculation (session/ring/speculation.py)
 
     def member_threads(self) -> int:
         """Threads per member: members on one machine compute at once, and ggml's threads spin-wait at
@@ -179,6 +180,7 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                     model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
                     concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port,
                     cache_dir=cache.root, strategy=opts.strategy, mixed_builds=opts.mixed_builds,
+                    speculate=opts.speculate,
                     coordinate_only=True,  # the ring is the emulated members: the host's own would be a fourth
                 ), state))
                 code_wait = tg.create_task(code_known.wait())

@@ -71,7 +71,7 @@ class Serving(MemberCore):
                     nxt = self.edges.next
                     self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
                                      nxt.send if nxt is not None else None, inbox, self._trace_writer(),
-                                     self._ttft_model())
+                                     self._ttft_model(), self._assigned.speculate)
                     if self.api:
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())

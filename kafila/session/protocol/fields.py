@@ -18,6 +18,7 @@ MAX_NAME = 255
 MAX_TEXT = 64 * 1024
 MAX_INDEX = (1 << 31) - 1
 CONFIG_KEYS = ("n_ctx_per_seq", "n_seq_max", "n_batch")
+SPECULATION_MODES = ("auto", "lookup", "off")  # the head's (session/ring/speculation.py)
 
 Check = Callable[[Any, str], Any]
 
@@ -45,6 +46,15 @@ def string(max_len: int, min_len: int = 0) -> Check:
     def check(v: Any, where: str) -> str:
         if not isinstance(v, str) or not min_len <= len(v) <= max_len:
             raise ProtocolError(f"{where} must be a string of {min_len} to {max_len} characters")
+        return v
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    """One of the given strings."""
+    def check(v: Any, where: str) -> str:
+        if v not in choices or not isinstance(v, str):
+            raise ProtocolError(f"{where} must be one of {', '.join(choices)}")
         return v
     return check
 

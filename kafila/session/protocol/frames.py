@@ -7,7 +7,7 @@ Layout (little-endian, because the rows are little-endian float32 straight from 
 
     offset  size        field
     0       4           magic b"KFA1"
-    4       1           version (2)
+    4       1           version (3)
     5       1           phase: 0 prefill, 1 decode
     6       1           dtype: 0 float32 (the only one for now)
     7       1           n_times: number of per-stage compute times that follow the positions
@@ -16,6 +16,8 @@ Layout (little-endian, because the rows are little-endian float32 straight from 
     20      4           u32 width (n_embd)
     24      4*rows      u32 position of each row
     ...     2*rows      u16 KV-cache sequence of each row (rows of several requests share a frame)
+    ...     rows        u8 step of each row: 0, or a drafted token's place in its verification (each step
+                        is computed in calls of its own, after the step before: engine/ubatch.py)
     ...     8*n_times   u64 compute time of each stage so far, nanoseconds (appended hop by hop)
     ...     4*rows*width  float32 rows, row-major
 
@@ -33,7 +35,7 @@ import numpy as np
 from kafila.errors import ProtocolError
 
 MAGIC = b"KFA1"
-VERSION = 2
+VERSION = 3
 MAX_ROWS = 1 << 16
 MAX_WIDTH = 1 << 16
 MAX_TIMES = 64
@@ -62,6 +64,7 @@ class ActivationHeader:
     dtype: int = 0
     stage_times_ns: tuple[int, ...] = ()
     seqs: tuple[int, ...] = ()  # one per row
+    steps: tuple[int, ...] = ()  # one per row; () when every row is step 0 (no drafted rows)
 
     @property
     def payload_bytes(self) -> int:
@@ -80,7 +83,7 @@ class Frame:
         """The next stage's frame: this stage's output rows, its compute time appended."""
         h = self.header
         out = ActivationHeader(h.frame_id, h.phase, h.positions, rows.shape[0], rows.shape[1], h.dtype,
-                               (*h.stage_times_ns, time_ns), h.seqs)
+                               (*h.stage_times_ns, time_ns), h.seqs, h.steps)
         return Frame(out, rows)
 
 
@@ -91,6 +94,9 @@ def encode(frame: Frame) -> bytes:
         raise ValueError(f"unsupported dtype code {header.dtype}")
     if len(header.positions) != header.rows or len(header.seqs) != header.rows:
         raise ValueError("one position and one sequence per row are required")
+    steps = header.steps or (0,) * header.rows
+    if len(steps) != header.rows:
+        raise ValueError("one step per row (or none) is required")
     in_bounds = 0 <= header.rows <= MAX_ROWS and 0 <= header.width <= MAX_WIDTH
     if not in_bounds or len(header.stage_times_ns) > MAX_TIMES:
         raise ValueError("frame shape out of bounds")
@@ -103,6 +109,7 @@ def encode(frame: Frame) -> bytes:
         head,
         struct.pack(f"<{header.rows}I", *header.positions),
         struct.pack(f"<{header.rows}H", *header.seqs),
+        bytes(steps),
         struct.pack(f"<{len(header.stage_times_ns)}Q", *header.stage_times_ns),
         payload,
     ])
@@ -125,15 +132,17 @@ def decode(buf: bytes | memoryview) -> Frame:
     if rows > MAX_ROWS or width > MAX_WIDTH or n_times > MAX_TIMES:
         raise ProtocolError(f"activation shape {rows}x{width} (or {n_times} stage times) out of bounds")
     o = _FIXED.size
-    need = o + 6 * rows + 8 * n_times + rows * width * DTYPES[dtype].itemsize
+    need = o + 7 * rows + 8 * n_times + rows * width * DTYPES[dtype].itemsize
     if len(mv) != need:
         raise ProtocolError(f"activation frame is {len(mv)} bytes, its header says {need}")
     positions = struct.unpack_from(f"<{rows}I", mv, o)
     o += 4 * rows
     seqs = struct.unpack_from(f"<{rows}H", mv, o)
     o += 2 * rows
+    steps = tuple(mv[o : o + rows]) if any(mv[o : o + rows]) else ()
+    o += rows
     times = struct.unpack_from(f"<{n_times}Q", mv, o)
     o += 8 * n_times
     header = ActivationHeader(frame_id, Phase(phase), tuple(positions), rows, width, dtype, tuple(times),
-                              tuple(seqs))
+                              tuple(seqs), steps)
     return Frame(header, np.frombuffer(mv[o:], dtype=DTYPES[dtype]).reshape(rows, width))

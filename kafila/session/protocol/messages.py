@@ -75,6 +75,7 @@ from kafila.session.protocol.fields import (
     NAMES,
     SECONDS,
     SHA256,
+    SPECULATION_MODES,
     TEXT,
     Check,
     block_range,
@@ -89,6 +90,7 @@ from kafila.session.protocol.fields import (
     map_of,
     null_or,
     number,
+    one_of,
     plan,
     record,
 )
@@ -164,6 +166,7 @@ class Assign(Control):
     # each ring member's certificate fingerprint (hex), as the coordinator admitted it: edges open to that
     # member, not to whoever announced the same name later
     fingerprints: dict[str, str] = field(default_factory=dict)
+    speculate: str = "off"  # the head's speculation mode (session/ring/speculation.py)
 
     @property
     def stage_seconds(self) -> dict[str, float]:
@@ -336,7 +339,7 @@ _TTFT = record(TtftTime, {"prompt_tokens": integer(0, MAX_INDEX), "measured_s": 
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "assign": (Assign, {"epoch": EPOCH, "order": NAMES, "head": NAME, "ranges": map_of(block_range),
                         "config": context_config, "plan": plan, "model": TEXT, "stage": manifest,
-                        "cut_local": boolean, "fingerprints": map_of(SHA256)}),
+                        "cut_local": boolean, "fingerprints": map_of(SHA256), "speculate": one_of(*SPECULATION_MODES)}),
     "need": (Need, {"epoch": EPOCH, "chunks": list_of(integer(0, MAX_INDEX))}),
     "working": (Working, {"epoch": EPOCH, "step": NAME}),
     "loaded": (Loaded, {"epoch": EPOCH}),

@@ -45,6 +45,7 @@ from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatR
 from kafila.session.ring.reply_stream import paced
 from kafila.session.ring.ring_stats import RingStats
 from kafila.session.ring.slots import Slots
+from kafila.session.ring.speculation import RequestDrafter, Speculator
 from kafila.session.ring.stage_runtime import StageWorker
 
 log = logging.getLogger("kafila.head")
@@ -79,6 +80,7 @@ class Head:
         inbox: asyncio.Queue[bytes],
         trace: Callable[[dict[str, Any]], None] | None = None,
         ttft: TtftModel | None = None,
+        speculate: str = "off",
     ) -> None:
         self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
         self.order = order
@@ -87,6 +89,7 @@ class Head:
         self.stats = RingStats(predicted)
         self.ttft = ttft  # the plan's TTFT model: the prediction beside each measured first token
         self._slots = Slots.empty(config.n_seq_max)
+        self.speculator = Speculator(speculate, self.stats.circuit_costs, lambda: max(len(self._active) - 1, 0))
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, rows wanting logits, sent at, (sequences, positions) as sent)
@@ -163,7 +166,8 @@ class Head:
         replay = self._replay(chat, len(prompt))
         # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
-                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay)
+                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
+                          drafter=self.speculator.drafter())
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
@@ -245,11 +249,13 @@ class Head:
         rows = batch.rows
         embd = self.embedder.rows(batch.tokens)
         fid = next(self._frame_ids)
+        steps = () if rows.step is None else tuple(rows.step.tolist())
         header = ActivationHeader(fid, Phase.DECODE if batch.decode_only else Phase.PREFILL,
-                                  tuple(rows.pos.tolist()), embd.shape[0], embd.shape[1], seqs=tuple(rows.seq.tolist()))
+                                  tuple(rows.pos.tolist()), embd.shape[0], embd.shape[1], seqs=tuple(rows.seq.tolist()),
+                                  steps=steps)
         if self.trace:
             self.trace({"frame": fid, "tokens": batch.tokens.tolist(), "seqs": rows.seq.tolist(),
-                        "positions": rows.pos.tolist(), "want": rows.want.tolist()})
+                        "positions": rows.pos.tolist(), "want": rows.want.tolist(), "steps": list(steps)})
         self._in_flight[fid] = (list(batch.chunks), rows.want, time.perf_counter_ns(), (header.seqs, header.positions))
         msg = frames.encode(Frame(header, embd))
         if self.send_next is None:
@@ -282,7 +288,7 @@ class Head:
             self.trace({"logits": frame.header.frame_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
         if frame.header.phase == Phase.DECODE:
             self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
-                           arrived - sent + head_ns)
+                           arrived - sent + head_ns, max(frame.header.steps, default=0) + 1)
         for chunk, row in logit_rows(taken, logits):
             slot = chunk.seq
             job = self._active.get(slot)
@@ -299,10 +305,13 @@ class Head:
                 job.events.put_nowait({"error": f"the head failed on this request: {exc}", "status": 500})
                 await self._free(slot)
                 continue
+            if job.request.trim_from is not None:  # a draft's rejected rows: gone before its next rows go in
+                await self._trim(slot, job.request.trim_from)
+                job.request.trimmed()
             new = job.request.generated[before:]
             if new and not job.token_times:
                 self._first_token(job)
-            if new:
+            for _ in new:
                 self.stats.count_token()
                 job.token_times.append(time.perf_counter())
             if piece or new:
@@ -336,6 +345,10 @@ class Head:
                 "prompt_tokens": len(job.request.prompt), "cached_tokens": job.request.cached,
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
+        drafter = job.request.drafter
+        if isinstance(drafter, RequestDrafter):
+            done["speculation"] = {"mode": self.speculator.mode, "drafted": drafter.drafted,
+                                   "accepted": drafter.accepted}
         job.events.put_nowait({"done": done})
         del self._active[slot]
         self._slots.put(slot, job.request.held, job.owner)  # kept on every stage for its owner's next turn

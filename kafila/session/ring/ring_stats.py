@@ -27,16 +27,28 @@ class RingStats:
     predicted: dict[str, float]
     times: dict[str, deque[float]] = field(default_factory=dict)
     shares: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # a circuit's s outside compute
     tokens: int = 0
     window_start: float = field(default_factory=time.perf_counter)
     tokens_per_s: float | None = None
     ttft: messages.TtftTime | None = None  # the latest request's time to first token, beside the plan's
 
-    def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int) -> None:
+    def add(self, names: list[str], times_ns: tuple[int, ...], round_trip_ns: int, steps: int = 1) -> None:
+        """One decode frame's figures: each stage's compute time, the whole circuit's; `steps`: the frame's
+        compute steps (a verification's drafted rows are calls of their own), so a stage's time per step."""
         for name, t in zip(names, times_ns, strict=False):
-            self.times.setdefault(name, deque(maxlen=STATS_WINDOW)).append(t / 1e9)
+            self.times.setdefault(name, deque(maxlen=STATS_WINDOW)).append(t / steps / 1e9)
         if round_trip_ns > 0:
-            self.shares.append(max(round_trip_ns - sum(times_ns), 0) / round_trip_ns)
+            gap = max(round_trip_ns - sum(times_ns), 0)
+            self.shares.append(gap / round_trip_ns)
+            self.gaps.append(gap / 1e9)
+
+    def circuit_costs(self) -> tuple[float, float] | None:
+        """(median seconds of a circuit outside compute, seconds of one compute step round the ring); None
+        before a decode frame came back."""
+        if not self.gaps:
+            return None
+        return statistics.median(self.gaps), sum(self.measured.values())
 
     @property
     def measured(self) -> dict[str, float]:

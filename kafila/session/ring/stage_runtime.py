@@ -57,7 +57,7 @@ class StageWorker:
         """One llama.cpp call on a frame's rows; its output and the call's time in ns (throttle included)."""
         h = frame.header
         rows = Rows(np.asarray(h.seqs, np.int32), np.asarray(h.positions, np.int32),
-                    want if want is not None else np.zeros(h.rows, bool))
+                    want if want is not None else np.zeros(h.rows, bool), np.asarray(h.steps) if h.steps else None)
         short = h.phase == Phase.DECODE and self._decode_ns is not None and self._decode_ns < BLOCKING_NS
         done = self._blocking(frame.rows, rows) if short else None
         out, spent = done if done is not None else await self._through_loop(self._timed, frame.rows, rows)

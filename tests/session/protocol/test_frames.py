@@ -42,8 +42,10 @@ def test_a_stage_passes_its_rows_on_with_its_time_appended() -> None:
 def test_round_trip_property(fid: int, phase: Phase, n: int, width: int, times: list[int], data: st.DataObject) -> None:
     pos = tuple(data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=n, max_size=n)))
     seqs = tuple(data.draw(st.lists(st.integers(0, 0xFFFF), min_size=n, max_size=n)))
+    steps = tuple(data.draw(st.lists(st.integers(0, 255), min_size=n, max_size=n)))
+    steps = steps if any(steps) else ()  # the header's way of saying every row is step 0
     rows = np.arange(n * width, dtype=np.float32).reshape(n, width)
-    h = ActivationHeader(fid, phase, pos, n, width, 0, tuple(times), seqs)
+    h = ActivationHeader(fid, phase, pos, n, width, 0, tuple(times), seqs, steps)
     back = frames.decode(frames.encode(Frame(h, rows)))
     assert back.header == h and np.array_equal(back.rows, rows)
 
@@ -52,7 +54,7 @@ def check_accepted(buf: bytes, frame: Frame) -> None:
     """A frame decode() accepted: within the documented bounds, every field where the layout in the module's
     docstring puts it (read here by hand, little-endian), and it encodes to the very bytes it came from."""
     h = frame.header
-    assert buf[:5] == b"KFA1\x02" and buf[5] == int(h.phase) in (0, 1) and buf[6] == h.dtype == 0
+    assert buf[:5] == b"KFA1\x03" and buf[5] == int(h.phase) in (0, 1) and buf[6] == h.dtype == 0
     rows, width, n_times = (int.from_bytes(buf[o:o + n], "little") for o, n in ((16, 4), (20, 4), (7, 1)))
     assert (h.rows, h.width, len(h.stage_times_ns)) == (rows, width, n_times)
     assert rows <= 1 << 16 and width <= 1 << 16 and n_times <= 64
@@ -62,6 +64,9 @@ def check_accepted(buf: bytes, frame: Frame) -> None:
     o += 4 * rows
     assert h.seqs == tuple(int.from_bytes(buf[o + 2 * i:o + 2 * i + 2], "little") for i in range(rows))
     o += 2 * rows
+    steps = tuple(buf[o:o + rows])
+    assert h.steps == (steps if any(steps) else ())  # () stands for every row at step 0
+    o += rows
     assert h.stage_times_ns == tuple(int.from_bytes(buf[o + 8 * i:o + 8 * i + 8], "little") for i in range(n_times))
     o += 8 * n_times
     assert len(buf) == o + 4 * rows * width and frame.rows.shape == (rows, width)
@@ -70,7 +75,7 @@ def check_accepted(buf: bytes, frame: Frame) -> None:
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=400), st.binary(max_size=400).map(lambda b: b"KFA1\x02" + b)))
+@given(st.one_of(st.binary(max_size=400), st.binary(max_size=400).map(lambda b: b"KFA1\x03" + b)))
 def test_fuzz_activation(data: bytes) -> None:
     refused_or_checked(data, frames.decode, check_accepted)
 
@@ -83,7 +88,7 @@ def test_fuzz_activation_with_valid_prefix(rows: int, width: int, n_times: int, 
     """Frames whose header is whole but whose phase, dtype, stage count or size may be wrong: one is accepted
     exactly when all four are right, and then reads as the layout says."""
     head = frames._FIXED.pack(frames.MAGIC, frames.VERSION, phase, dtype, n_times, 1, rows, width)
-    need = 6 * rows + 8 * n_times + 4 * rows * width
+    need = 7 * rows + 8 * n_times + 4 * rows * width
     size = max(need + off, 0)
     buf = head + data.draw(st.binary(min_size=size, max_size=size))
     right = phase in (0, 1) and dtype == 0 and n_times <= 64 and size == need

@@ -1,0 +1,90 @@
+"""Speculation is exact: with drafted tokens verified one row a call and the rejected rows trimmed, a reply is
+the one plain decoding gives (llama.cpp's own, greedy), at temperature 0.8 too, seed for seed, whatever the
+drafter proposes: prompt lookup, the true continuation (the ceiling), or tokens that are always wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from kafila.engine.chain import LocalChain, open_chain
+from kafila.engine.request import Request
+from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.engine.stage import ContextConfig
+from kafila.model.stage_cache import StageCache
+from kafila.session.ring.speculation import Speculator
+from tests.conftest import llama_cpp_reply
+
+pytestmark = pytest.mark.fast
+
+CONFIG = ContextConfig(n_ctx_per_seq=512, n_seq_max=2, n_batch=64)
+MAX_TOKENS = 48
+EDIT = ("Fix the spelling mistakes in this paragraph and write the corrected paragraph:\n\nThe quick brwon fox "
+        "jumpd over the lazzy dog while the farmer wachted from the feild.")
+FREE = "Name a river."
+
+
+@pytest.fixture(scope="module")
+def chain(smollm: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalChain:
+    c = open_chain(smollm, "10,20", CONFIG, StageCache(tmp_path_factory.mktemp("stages")))
+    yield c
+    c.close()
+
+
+class Scripted:
+    """A drafter proposing `script`'s tokens after the request's first `start` tokens (or always `wrong`)."""
+
+    def __init__(self, start: int, script: Sequence[int] = (), wrong: int | None = None) -> None:
+        self.start, self.script, self.wrong = start, list(script), wrong
+        self.drafted = self.accepted = self.steps = 0
+
+    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+        self.steps += 1
+        if self.wrong is not None:
+            return [self.wrong] * limit
+        done = len(tokens) - self.start
+        return self.script[done:done + min(limit, 4)]
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+
+
+def reply(chain: LocalChain, prompt: str, drafter: object = None, temperature: float = 0.0) -> tuple[str, Request]:
+    tokens = chain.vocab.chat_tokens([{"role": "user", "content": prompt}])
+    r = Request(0, tokens, MAX_TOKENS, CONFIG.n_ctx_per_seq, Sampler(SamplingParams(temperature, 40, 0.95, 11)),
+                chain.vocab, drafter=drafter)  # type: ignore[arg-type]
+    text = "".join(piece for _, piece in chain.run([r]))
+    chain.free(0)
+    return text, r
+
+
+@pytest.mark.parametrize("prompt", [EDIT, FREE])
+def test_lookup_drafts_give_llama_cpps_greedy_reply(chain: LocalChain, smollm: Path, prompt: str) -> None:
+    speculator = Speculator("lookup", lambda: (0.120, 0.009))  # 40 ms links: worth drafting
+    text, _ = reply(chain, prompt, speculator.drafter())
+    assert text == llama_cpp_reply(smollm, prompt, MAX_TOKENS, CONFIG.n_ctx_per_seq)
+    assert speculator.drafted > 0
+    if prompt == EDIT:  # the reply copies the paragraph: most drafted tokens are the target's own
+        assert speculator.accepted > speculator.drafted / 2, speculator.as_dict()
+
+
+def test_at_temperature_the_reply_is_the_plain_one_seed_for_seed(chain: LocalChain) -> None:
+    plain, _ = reply(chain, EDIT, temperature=0.8)
+    speculator = Speculator("lookup", lambda: (0.120, 0.009))
+    drafted, _ = reply(chain, EDIT, speculator.drafter(), temperature=0.8)
+    assert drafted == plain and speculator.accepted > 0
+
+
+def test_the_true_continuation_is_all_accepted_and_wrong_drafts_all_trimmed(chain: LocalChain) -> None:
+    plain, r = reply(chain, EDIT)
+    start = len(r.prompt)
+    oracle = Scripted(start, r.generated)
+    text, _ = reply(chain, EDIT, oracle)
+    assert text == plain and oracle.accepted == oracle.drafted > 0
+    assert oracle.steps <= len(r.generated) / 4 + 2  # four drafted and one sampled token a step
+    wrong = Scripted(start, wrong=0)  # token 0 never follows here: every draft is rejected and trimmed
+    text, _ = reply(chain, EDIT, wrong)
+    assert text == plain and wrong.accepted == 0 and wrong.drafted >= len(r.generated)
