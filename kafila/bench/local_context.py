@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kafila.engine.stage import ContextConfig
 
 
-def _chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
+def greedy_chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
     """llama-cpp-python's greedy chat reply to `prompt` as one user message (the ground truth the ring's must
     equal) and its time to first token (prefilled in n_batch rows, as the ring's chunks).
 
@@ -93,7 +93,7 @@ def decode_step_s(model: Path, config: ContextConfig, tokens: int) -> float:
 def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, tokens: int, reply_tokens: int) -> dict[str, Any]:
     from kafila.engine.stage import ContextConfig
 
-    result = _chat(model, prompt, n_ctx, n_batch, reply_tokens)
+    result = greedy_chat(model, prompt, n_ctx, n_batch, reply_tokens)
     config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=1, n_batch=n_batch)
     result["decode_ms_per_token"] = decode_step_s(Path(model), config, tokens) * 1e3
     result["n_batch"] = n_batch

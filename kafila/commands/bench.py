@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, cost, nat, ring, mixed, scale) and write a report"
+HELP = "run a benchmark (engine, planner, cost, nat, ring, mixed, scale, wan) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -16,6 +16,7 @@ BENCHES: dict[str, str] = {
     "ring": "ring",
     "mixed": "mixed",
     "scale": "scale",
+    "wan": "wan",
 }
 PLOTTED = ("planner", "ring", "scale")  # the reports kafila.bench.plot draws
 

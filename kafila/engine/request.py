@@ -85,6 +85,8 @@ class Request:
     cuts: list[int] = field(default_factory=list)  # the lengths of the prompt chunks handed out so far
     drafter: Drafter | None = None  # None: no speculation
     trim_from: int | None = None  # rejected rows from this position on are still in the stages' KV caches
+    circuits: int = 0  # decode steps taken (each one trip round the ring), and their rows (drafted ones included)
+    circuit_rows: int = 0
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.vocab)
@@ -119,6 +121,8 @@ class Request:
             return None  # the next token is being computed (or the rows of its rejected draft dropped)
         else:
             tokens = [self.generated[-1], *self._draft(start, budget)]
+            self.circuits += 1
+            self.circuit_rows += len(tokens)
             self.sent += len(tokens)
             self.pending += 1
             return Chunk(self.seq, tokens, start, True, len(tokens) - 1)

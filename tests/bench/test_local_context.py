@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafila.bench.local_context import _chat
+from kafila.bench.local_context import greedy_chat
 from kafila.model.embedded import resolve_model
 
 pytestmark = pytest.mark.slow
@@ -15,7 +15,7 @@ def test_chat_equals_llama_cpp_python(prompt: str) -> None:
     from llama_cpp import Llama
 
     model = str(resolve_model(None))
-    ours = _chat(model, prompt, 512, 128, 40)
+    ours = greedy_chat(model, prompt, 512, 128, 40)
     llm = Llama(model, n_ctx=512, n_batch=128, n_ubatch=128, verbose=False)
     try:
         theirs = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=40, temperature=0)

@@ -264,12 +264,15 @@ class ApiClient:
         model: str = "kafila",
         max_tokens: int = 512,
         temperature: float = 0.7,
+        extra: dict[str, Any] | None = None,
     ) -> AsyncIterator[Item]:
         """Send a chat and yield the reply's text pieces (and `Notice`s) as they arrive, then its `ReplyStats`.
 
-        Raises an `ApiError`-family exception (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
+        `extra`: more body fields (Kafila's `speculate`, `cache_prompt`). Raises an `ApiError`-family exception
+        (ApiUnreachable, ApiTimeout, ApiLost, ApiError).
         """
-        async for item in self._stream("/v1/chat/completions", {"messages": messages}, model, max_tokens, temperature):
+        async for item in self._stream("/v1/chat/completions", {"messages": messages, **(extra or {})}, model,
+                                       max_tokens, temperature):
             yield item
 
     async def stream_completion(

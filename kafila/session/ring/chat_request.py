@@ -8,7 +8,8 @@ chat template can be used too. Both share the sampling fields and their limits.
 The body is hostile input (DESIGN §5: any web page or local user can send one), so every field the
 ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
 head, and a bad one becomes a `BadRequest` naming the field, which the API answers as a 400 in
-OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` is an extension, and
+OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` and `speculate` (this
+request's speculation mode instead of the session's: auto, lookup or off) are extensions, and
 `resume` (token ids an earlier ring generated, see api.ApiServer.events) and `resume_cuts` (the chunks
 its prompt went round in) are only ever set by the API itself: a client's are dropped, not trusted.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from kafila.engine.sampler import SamplingParams
 from kafila.errors import SessionError
+from kafila.session.protocol.fields import SPECULATION_MODES
 from kafila.session.protocol.messages import DEFAULT_MAX_TOKENS
 
 DEFAULT_TEMPERATURE = 0.7
@@ -83,6 +85,7 @@ class ChatRequest:
     resume_cuts: tuple[int, ...] = ()  # the chunks the cut reply's prompt was computed in (Request.replay)
     cache_prompt: bool = True  # llama-server's field: false computes the whole prompt afresh (a reply as exact
     # as one context's, never reusing a cache an earlier request's batches computed)
+    speculate: str | None = None  # None: the session's mode
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
@@ -100,6 +103,8 @@ class ChatRequest:
             out["resume_cuts"] = list(self.resume_cuts)
         if not self.cache_prompt:
             out["cache_prompt"] = False
+        if self.speculate is not None:
+            out["speculate"] = self.speculate
         return out
 
     def sampling(self) -> SamplingParams:
@@ -159,7 +164,16 @@ def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[An
         "resume": _resume(body, "resume") if internal else (),
         "resume_cuts": _resume(body, "resume_cuts") if internal else (),
         "cache_prompt": _optional(body, "cache_prompt", bool, True),
+        "speculate": _speculate(body),
     }
+
+
+def _speculate(body: dict[str, Any]) -> str | None:
+    value = body.get("speculate")
+    if value is not None and value not in SPECULATION_MODES:
+        raise BadRequest(f"'speculate' must be one of {', '.join(SPECULATION_MODES)}, got {_shown(value)}",
+                         "speculate")
+    return value
 
 
 def _same(value: Any, ok: Any) -> bool:

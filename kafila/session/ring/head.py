@@ -167,7 +167,7 @@ class Head:
         # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
                           self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
-                          drafter=self.speculator.drafter())
+                          drafter=self.speculator.drafter(chat.speculate))
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
@@ -346,9 +346,10 @@ class Head:
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         drafter = job.request.drafter
-        if isinstance(drafter, RequestDrafter):
-            done["speculation"] = {"mode": self.speculator.mode, "drafted": drafter.drafted,
-                                   "accepted": drafter.accepted}
+        drafts = ({"mode": drafter.mode, "drafted": drafter.drafted, "accepted": drafter.accepted}
+                  if isinstance(drafter, RequestDrafter) else {"mode": "off", "drafted": 0, "accepted": 0})
+        # trips round the ring and the compute steps they carried: what a token cost, speculation or not
+        done["speculation"] = {**drafts, "circuits": job.request.circuits, "rows": job.request.circuit_rows}
         job.events.put_nowait({"done": done})
         del self._active[slot]
         self._slots.put(slot, job.request.held, job.owner)  # kept on every stage for its owner's next turn

@@ -57,18 +57,19 @@ class Speculator:
         if self.mode not in MODES:
             raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
-    def drafter(self) -> RequestDrafter | None:
-        """A new request's drafter (None when speculation is off)."""
-        return None if self.mode == "off" else RequestDrafter(self)
+    def drafter(self, mode: str | None = None) -> RequestDrafter | None:
+        """A new request's drafter in `mode` (None: the session's), or None when speculation is off."""
+        mode = mode or self.mode
+        return None if mode == "off" else RequestDrafter(self, mode)
 
-    def length(self, n: int, candidates: int) -> int:
+    def length(self, n: int, candidates: int, mode: str) -> int:
         """How many of `candidates` tokens, drafted from an n-token match, the next step should carry."""
         costs = self.costs()
         if costs is None:
             return 0
         network_s, step_s = costs
         return best_draft(self.acceptance[n].alpha, candidates, network_s, step_s, self.others(),
-                          at_least=1 if self.mode == "lookup" else 0)
+                          at_least=1 if mode == "lookup" else 0)
 
     def as_dict(self) -> dict[str, object]:
         """The session's speculation figures (the `done` event, `demo --json`)."""
@@ -80,6 +81,7 @@ class RequestDrafter:
     """One request's lookup index, drafting as its Speculator decides."""
 
     speculator: Speculator
+    mode: str
     lookup: Lookup = field(default_factory=Lookup)
     drafted: int = 0  # this request's drafted tokens, and how many of them were kept
     accepted: int = 0
@@ -90,7 +92,7 @@ class RequestDrafter:
         if match is None or not match.tokens:
             return []
         self._n = match.n
-        return match.tokens[: self.speculator.length(match.n, len(match.tokens))]
+        return match.tokens[: self.speculator.length(match.n, len(match.tokens), self.mode)]
 
     def verified(self, drafted: int, accepted: int) -> None:
         s = self.speculator

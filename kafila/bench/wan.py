@@ -1,0 +1,189 @@
+"""`kafila bench wan`: the demo ring with its members far apart (EMULATION: `--link-delay`), speculation off
+against on.
+
+For each one-way delay per member link (default 0, 10 and 40 ms) one ring of three members serves, one
+request at a time, input-grounded prompts (a paragraph to correct, to rewrite, to repeat, a list to extract,
+a function to edit) and free chat prompts, each with speculation off, `lookup` and `auto` (the request's
+`speculate` field); then four grounded requests at once, off and auto. Reported per delay and mode:
+single-user tokens/s (decode: first token to last), drafted and accepted tokens, tokens per circuit,
+TTFT, the network's share of a circuit, the 4-user aggregate, and the time per token the plan predicts
+(its stage times and the edges' measured round trips, per circuit and per computed row) against the
+measured one. Every greedy reply is compared with llama-cpp-python's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+HELP = "members far apart (emulated link delays): tokens/s with speculation off, lookup and auto"
+GROUNDED = {
+    "edit": "Fix the spelling mistakes in this paragraph and write the corrected paragraph:\n\nThe quick brwon fox "
+            "jumpd over the lazzy dog while the farmer wachted from the feild. Later that day, the fox returnd to "
+            "its den and slept untill the next mornning.",
+    "rewrite": "Rewrite this paragraph in the past tense:\n\nThe river runs through the old town. Children play on "
+               "its banks and fishermen sit by the bridge. In the evening, the lights of the houses shine on the "
+               "water and the town grows quiet.",
+    "repeat": "Repeat this text exactly, word for word:\n\nKafila pools ordinary laptops, desktops and "
+              "workstations into one ring that serves a large language model none of them could run alone. It "
+              "measures each machine, plans the split, and connects members behind different NATs.",
+    "extract": "List every city named in this text, one per line:\n\nThe train left Paris at dawn, stopped in Lyon "
+               "and Marseille, and reached Nice by noon. From there the travellers flew to Rome, then took a bus to "
+               "Naples and a ferry to Palermo.",
+    "code": "Rename the variable x to total in this Python function and print the whole function:\n\n"
+            "def add_all(values):\n    x = 0\n    for v in values:\n        x = x + v\n    print(x)\n    return x\n",
+}
+FREE = {
+    "river": "Name a river.",
+    "health": "What are three tips for staying healthy?",
+    "bicycle": "Explain how a bicycle works.",
+}
+MODES = ("off", "lookup", "auto")
+CONTEXT = 1024
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--delays", default="0,10,40", help="EMULATION: one-way ms per member link, one ring each")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per reply (default 64)")
+
+
+async def _reply(url: str, prompt: str, tokens: int, mode: str) -> dict[str, Any]:
+    """One greedy chat with speculation `mode`: its text and the head's figures."""
+    from kafila.session.api.client import ApiClient, ReplyStats
+
+    text, stats = [], {}
+    async with ApiClient(url, read_timeout=600) as api:
+        async for item in api.stream_chat([{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0,
+                                          extra={"speculate": mode, "cache_prompt": False}):
+            if isinstance(item, ReplyStats):
+                stats = dict(item.raw)
+            elif isinstance(item, str):
+                text.append(item)
+    return {"text": "".join(text), **stats}
+
+
+async def _together(url: str, prompts: list[str], tokens: int, mode: str) -> float:
+    """Aggregate tokens/s of the prompts sent at once."""
+    t0 = time.perf_counter()
+    replies = await asyncio.gather(*(_reply(url, p, tokens, mode) for p in prompts))
+    return sum(int(r.get("completion_tokens") or 0) for r in replies) / (time.perf_counter() - t0)
+
+
+def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: dict[str, float] | None) -> dict:
+    """One mode's figures over a group of prompts (decode tokens over decode seconds, summed)."""
+    decode_tokens = sum(max(int(r["completion_tokens"]) - 1, 0) for r in replies)
+    decode_s = sum((int(r["completion_tokens"]) - 1) / r["tokens_per_s"] for r in replies if r.get("tokens_per_s"))
+    spec = [r["speculation"] for r in replies]
+    circuits, rows = sum(s["circuits"] for s in spec), sum(s["rows"] for s in spec)
+    drafted, accepted = sum(s["drafted"] for s in spec), sum(s["accepted"] for s in spec)
+    out: dict[str, Any] = {
+        "tokens_per_s": decode_tokens / decode_s if decode_s else None,
+        "identical": [r["name"] for r in replies if r["text"] == truth[r["name"]]],
+        "different": [r["name"] for r in replies if r["text"] != truth[r["name"]]],
+        "drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted if drafted else None,
+        "tokens_per_circuit": decode_tokens / circuits if circuits else None,
+        "ttft_s": statistics.median(r["ttft"]["measured_s"] for r in replies if r.get("ttft")),
+        "network_share": statistics.median(r["network_share"] for r in replies if r.get("network_share") is not None),
+    }
+    if token_time and decode_tokens:
+        # each circuit pays the edges once and every stage once per row it carries
+        predicted = (circuits * token_time["edges_s"] + rows * token_time["stages_s"]) / decode_tokens
+        measured = decode_s / decode_tokens
+        out |= {"predicted_s_per_token": predicted, "measured_s_per_token": measured,
+                "prediction_error": (measured - predicted) / predicted}
+    return out
+
+
+def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool) -> dict[str, Any]:
+    from kafila.errors import SessionError
+    from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
+    from kafila.session.terminal.background import SessionThread
+
+    members = tuple(DemoMember(n, 1.0, link_delay_ms=delay_ms) for n in ("ada", "bo", "cy"))
+    opts = DemoOptions(members=members, api_port=0, context=CONTEXT, fresh_probe=fresh)
+    with SessionThread(lambda state: run_demo(opts, state)) as s:
+        state = s.wait_settled(600)
+        if state.phase != "admitted":
+            raise SessionError(f"the bench ring was not admitted: {state.rejection or state.lost}")
+        url = state.api_url or ""
+        asyncio.run(_reply(url, "Hello.", 8, "off"))  # warm-up (and the edges' round trips measured)
+        token_time = state.token_time()
+        result: dict[str, Any] = {"delay_ms": delay_ms, "plan_token_time": token_time}
+        for group, prompts in (("grounded", GROUNDED), ("free", FREE)):
+            result[group] = {}
+            for mode in MODES:
+                replies = [{"name": name, **asyncio.run(_reply(url, p, tokens, mode))} for name, p in prompts.items()]
+                result[group][mode] = _summary(replies, truth, token_time)
+        four = list(GROUNDED.values())[:4]
+        result["four_users"] = {mode: asyncio.run(_together(url, four, tokens, mode)) for mode in ("off", "auto")}
+    for group in ("grounded", "free"):
+        off = result[group]["off"]["tokens_per_s"]
+        for mode in MODES:
+            r = result[group][mode]
+            r["vs_off"] = r["tokens_per_s"] / off if off and r["tokens_per_s"] else None
+    result["four_users"]["auto_vs_off"] = result["four_users"]["auto"] / result["four_users"]["off"]
+    return result
+
+
+def _targets(rings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The acceptance lines of issue #33 this bench can judge (speculation by lookup; no draft model yet)."""
+    by = {r["delay_ms"]: r for r in rings}
+    far, near = by.get(40.0), by.get(0.0)
+    t: dict[str, Any] = {}
+    if far:
+        t["grounded_lookup_at_40ms_vs_off >= 1.5"] = far["grounded"]["lookup"]["vs_off"]
+        t["free_auto_at_40ms_vs_off >= 1.0"] = far["free"]["auto"]["vs_off"]
+        t["four_users_auto_at_40ms_vs_off >= 1.0"] = far["four_users"]["auto_vs_off"]
+    if near:
+        t["auto_at_0ms_vs_off >= 0.95 (grounded, free)"] = [near["grounded"]["auto"]["vs_off"],
+                                                           near["free"]["auto"]["vs_off"]]
+    t["prediction_error_off (per delay) within 15%"] = {r["delay_ms"]: r["grounded"]["off"].get("prediction_error")
+                                                       for r in rings}
+    t["every_reply_identical"] = all(not r[g][m]["different"] for r in rings for g in ("grounded", "free")
+                                     for m in MODES)
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kafila.bench.local_context import greedy_chat
+    from kafila.bench.report import emit, envelope
+    from kafila.model.embedded import default_model_path
+
+    console = Console(stderr=True)
+    delays = [float(d) for d in args.delays.split(",")]
+    model = default_model_path()
+    console.log("llama-cpp-python's own greedy replies (the ground truth)")
+    truth = {name: greedy_chat(str(model), p, CONTEXT, 128, args.tokens)["reply"]
+             for name, p in {**GROUNDED, **FREE}.items()}
+    rings = []
+    for i, delay in enumerate(delays):
+        console.log(f"ring of three members, {delay:g} ms per link (EMULATION)")
+        rings.append(_ring(delay, args.tokens, truth, fresh=i == 0))
+    results = {"tokens": args.tokens, "rings": rings, "targets": _targets(rings)}
+    emit(envelope("wan", results), args.json, args.out)
+    if not args.json:
+        out = Console()
+        table = Table("delay", "prompts", "mode", "tok/s", "× off", "accepted/drafted", "tok/circuit",
+                      "predicted / measured ms", "identical", title="single user, greedy (EMULATION: link delays)")
+        for r in rings:
+            for group in ("grounded", "free"):
+                for mode in MODES:
+                    m = r[group][mode]
+                    table.add_row(f"{r['delay_ms']:g} ms", group, mode, f"{m['tokens_per_s']:.1f}",
+                                  f"{m['vs_off']:.2f}×", f"{m['accepted']}/{m['drafted']}",
+                                  f"{m['tokens_per_circuit']:.2f}",
+                                  f"{m.get('predicted_s_per_token', 0) * 1e3:.1f} / "
+                                  f"{m.get('measured_s_per_token', 0) * 1e3:.1f}",
+                                  f"{len(m['identical'])}/{len(m['identical']) + len(m['different'])}")
+        out.print(table)
+        for r in rings:
+            f = r["four_users"]
+            out.print(f"{r['delay_ms']:g} ms, four users at once: {f['off']:.1f} tok/s off, {f['auto']:.1f} auto "
+                      f"({f['auto_vs_off']:.2f}×)")
+    return 0
