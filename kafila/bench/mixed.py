@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kafila.session.ring.slots import common_prefix
+from kafila.engine.request import common_prefix
 
 HELP = "one member on a second llama.cpp build: refused by default; mixed ring's agreement and speed"
 PROMPTS = ["What is the capital of France?", "Write a haiku about rivers.", "Explain how a bicycle works.",

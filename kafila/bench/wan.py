@@ -4,7 +4,10 @@ against on.
 For each one-way delay per member link (default 0, 10 and 40 ms) one ring of three members serves, one
 request at a time, input-grounded prompts (a paragraph to correct, to rewrite, to repeat, a list to extract,
 a function to edit) and free chat prompts, each with speculation off, `lookup` and `auto` (the request's
-`speculate` field); then four grounded requests at once, off and auto. Reported per delay and mode:
+`speculate` field); then four grounded requests at once, off and auto. At the farthest delay a second
+ring's head drafts with a draft model (`--draft`, by default the target itself: the machinery's ceiling,
+acceptance near 1), and a draft model of another vocabulary (Gemma 3 270M) must be refused, both
+named. Reported per delay and mode:
 single-user tokens/s (decode: first token to last), drafted and accepted tokens, tokens per circuit,
 TTFT, the network's share of a circuit, the 4-user aggregate, and the time per token the plan predicts
 (its stage times and the edges' measured round trips, per circuit and per computed row) against the
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 HELP = "members far apart (emulated link delays): tokens/s with speculation off, lookup and auto"
@@ -43,11 +47,14 @@ FREE = {
 }
 MODES = ("off", "lookup", "auto")
 CONTEXT = 1024
+OTHER_VOCABULARY = "gemma3"  # a draft model the bench's SmolLM2 target must refuse
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delays", default="0,10,40", help="EMULATION: one-way ms per member link, one ring each")
     p.add_argument("--tokens", type=int, default=64, help="tokens per reply (default 64)")
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="the draft model of the draft-model ring (default: the target itself, the ceiling)")
 
 
 async def _reply(url: str, prompt: str, tokens: int, mode: str) -> dict[str, Any]:
@@ -89,21 +96,24 @@ def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: d
         "network_share": statistics.median(r["network_share"] for r in replies if r.get("network_share") is not None),
     }
     if token_time and decode_tokens:
-        # each circuit pays the edges once and every stage once per row it carries
-        predicted = (circuits * token_time["edges_s"] + rows * token_time["stages_s"]) / decode_tokens
+        # each circuit pays the edges once and every stage once per row it carries, and a draft model's
+        # step per token it drafted
+        drafting = sum(s["drafted"] * (s.get("draft_step_s") or 0.0) for s in spec)
+        predicted = (circuits * token_time["edges_s"] + rows * token_time["stages_s"] + drafting) / decode_tokens
         measured = decode_s / decode_tokens
         out |= {"predicted_s_per_token": predicted, "measured_s_per_token": measured,
                 "prediction_error": (measured - predicted) / predicted}
     return out
 
 
-def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool) -> dict[str, Any]:
+def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool, modes: tuple[str, ...] = MODES,
+          draft: Path | None = None) -> dict[str, Any]:
     from kafila.errors import SessionError
     from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
     from kafila.session.terminal.background import SessionThread
 
     members = tuple(DemoMember(n, 1.0, link_delay_ms=delay_ms) for n in ("ada", "bo", "cy"))
-    opts = DemoOptions(members=members, api_port=0, context=CONTEXT, fresh_probe=fresh)
+    opts = DemoOptions(members=members, api_port=0, context=CONTEXT, fresh_probe=fresh, draft=draft)
     with SessionThread(lambda state: run_demo(opts, state)) as s:
         state = s.wait_settled(600)
         if state.phase != "admitted":
@@ -111,25 +121,45 @@ def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool) -> d
         url = state.api_url or ""
         asyncio.run(_reply(url, "Hello.", 8, "off"))  # warm-up (and the edges' round trips measured)
         token_time = state.token_time()
-        result: dict[str, Any] = {"delay_ms": delay_ms, "plan_token_time": token_time}
+        result: dict[str, Any] = {"delay_ms": delay_ms, "plan_token_time": token_time,
+                                  "draft": None if draft is None else draft.name}
         for group, prompts in (("grounded", GROUNDED), ("free", FREE)):
-            result[group] = {}
-            for mode in MODES:
-                replies = [{"name": name, **asyncio.run(_reply(url, p, tokens, mode))} for name, p in prompts.items()]
-                result[group][mode] = _summary(replies, truth, token_time)
-        four = list(GROUNDED.values())[:4]
-        result["four_users"] = {mode: asyncio.run(_together(url, four, tokens, mode)) for mode in ("off", "auto")}
+            replies: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+            for name, p in prompts.items():
+                for mode in modes:  # each prompt in every mode in turn: the machine's drift hits all modes alike
+                    replies[mode].append({"name": name, **asyncio.run(_reply(url, p, tokens, mode))})
+            result[group] = {mode: _summary(replies[mode], truth, token_time) for mode in modes}
+        if draft is None:
+            four = list(GROUNDED.values())[:4]
+            result["four_users"] = {mode: asyncio.run(_together(url, four, tokens, mode)) for mode in ("off", "auto")}
+            result["four_users"]["auto_vs_off"] = result["four_users"]["auto"] / result["four_users"]["off"]
     for group in ("grounded", "free"):
         off = result[group]["off"]["tokens_per_s"]
-        for mode in MODES:
+        for mode in modes:
             r = result[group][mode]
             r["vs_off"] = r["tokens_per_s"] / off if off and r["tokens_per_s"] else None
-    result["four_users"]["auto_vs_off"] = result["four_users"]["auto"] / result["four_users"]["off"]
     return result
 
 
-def _targets(rings: list[dict[str, Any]]) -> dict[str, Any]:
-    """The acceptance lines of issue #33 this bench can judge (speculation by lookup; no draft model yet)."""
+def _refusal(target: Path) -> str | None:
+    """What the head says of a draft model of another vocabulary (None: it was not refused)."""
+    from kafila.engine.draft import DraftModel
+    from kafila.engine.reference import ReferenceContext
+    from kafila.engine.stage import ContextConfig
+    from kafila.engine.vocab import Vocab
+    from kafila.model.embedded import resolve_model
+
+    config = ContextConfig(n_ctx_per_seq=256, n_seq_max=1, n_batch=64)
+    ref, other = ReferenceContext(target, config), DraftModel(resolve_model(OTHER_VOCABULARY), config)
+    try:
+        return other.refusal(Vocab(ref.vocab, None), target)
+    finally:
+        other.close()
+        ref.close()
+
+
+def _targets(rings: list[dict[str, Any]], drafted: dict[str, Any], refusal: str | None) -> dict[str, Any]:
+    """The acceptance lines of issue #33 this bench judges."""
     by = {r["delay_ms"]: r for r in rings}
     far, near = by.get(40.0), by.get(0.0)
     t: dict[str, Any] = {}
@@ -142,8 +172,11 @@ def _targets(rings: list[dict[str, Any]]) -> dict[str, Any]:
                                                            near["free"]["auto"]["vs_off"]]
     t["prediction_error_off (per delay) within 15%"] = {r["delay_ms"]: r["grounded"]["off"].get("prediction_error")
                                                        for r in rings}
-    t["every_reply_identical"] = all(not r[g][m]["different"] for r in rings for g in ("grounded", "free")
-                                     for m in MODES)
+    t[f"draft_model_at_{drafted['delay_ms']:g}ms_vs_off >= 3 (grounded, free)"] = [
+        drafted["grounded"]["draft"]["vs_off"], drafted["free"]["draft"]["vs_off"]]
+    t["another_vocabulary_refused"] = refusal
+    t["every_reply_identical"] = all(not r[g][m]["different"] for r in [*rings, drafted]
+                                     for g in ("grounded", "free") for m in r[g])
     return t
 
 
@@ -165,15 +198,20 @@ def run(args: argparse.Namespace) -> int:
     for i, delay in enumerate(delays):
         console.log(f"ring of three members, {delay:g} ms per link (EMULATION)")
         rings.append(_ring(delay, args.tokens, truth, fresh=i == 0))
-    results = {"tokens": args.tokens, "rings": rings, "targets": _targets(rings)}
+    draft = Path(args.draft).resolve() if args.draft else model
+    console.log(f"the same at {max(delays):g} ms, its head drafting with {draft.name}")
+    drafted = _ring(max(delays), args.tokens, truth, False, ("off", "draft"), draft)
+    refusal = _refusal(model)
+    results = {"tokens": args.tokens, "rings": rings, "draft_ring": drafted, "refusal": refusal,
+               "targets": _targets(rings, drafted, refusal)}
     emit(envelope("wan", results), args.json, args.out)
     if not args.json:
         out = Console()
         table = Table("delay", "prompts", "mode", "tok/s", "× off", "accepted/drafted", "tok/circuit",
                       "predicted / measured ms", "identical", title="single user, greedy (EMULATION: link delays)")
-        for r in rings:
+        for r in [*rings, drafted]:
             for group in ("grounded", "free"):
-                for mode in MODES:
+                for mode in r[group]:
                     m = r[group][mode]
                     table.add_row(f"{r['delay_ms']:g} ms", group, mode, f"{m['tokens_per_s']:.1f}",
                                   f"{m['vs_off']:.2f}×", f"{m['accepted']}/{m['drafted']}",
@@ -182,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
                                   f"{m.get('measured_s_per_token', 0) * 1e3:.1f}",
                                   f"{len(m['identical'])}/{len(m['identical']) + len(m['different'])}")
         out.print(table)
+        out.print(f"another vocabulary: {refusal or 'NOT refused'}")
         for r in rings:
             f = r["four_users"]
             out.print(f"{r['delay_ms']:g} ms, four users at once: {f['off']:.1f} tok/s off, {f['auto']:.1f} auto "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kafila.session.protocol.fields import SPECULATION_MODES
+from kafila.session.protocol.fields import SPECULATE_HELP, SPECULATION_MODES
 
 HELP = "run a whole session on this machine (rendezvous, host, 3 emulated members) and chat through the ring"
 
@@ -27,9 +27,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="admit members whose llama.cpp build differs from the host's (the ring is then not bit-exact)")
     p.add_argument("--other-build", default=None, metavar="NAME",
                    help="run member NAME on the second llama.cpp build (make llama-variant builds it)")
-    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto",
-                   help="draft tokens at the head by prompt lookup: auto (when the ring's measured costs say it pays; "
-                        "default), lookup (whenever a match is found) or off")
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="a small GGUF with the model's vocabulary: the head drafts with it (--speculate draft or auto)")
+    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto", help=SPECULATE_HELP)
     p.add_argument("--json", action="store_true", help="with --prompt: print one JSON object (text, plan, timings)")
 
 
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = DemoOptions(model=Path(args.model) if args.model else None, members=_members(args),
                        concurrency=args.concurrency, context=args.context, api_port=args.api_port,
-                       mixed_builds=args.mixed_builds, speculate=args.speculate)
+                       mixed_builds=args.mixed_builds, speculate=args.speculate,
+                       draft=Path(args.draft).resolve() if args.draft else None)
     console = Console(stderr=True, highlight=False)
     with SessionThread(lambda state: run_demo(opts, state), console=None if args.json else console) as session:
         state = session.wait_settled(timeout_s=600)
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"text": text, "admitted": True, "plan": state.plan, "rejection": None,
                               "tokens_per_s": stats.get("tokens_per_s"), "stages": stats.get("stages"),
+                              "completion_tokens": stats.get("completion_tokens"),
                               "speculation": stats.get("speculation"),
                               "network_share": stats.get("network_share"), "builds": state.builds,
                               # this reply's time to first token beside the plan's for as many prompt tokens

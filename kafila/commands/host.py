@@ -6,7 +6,7 @@ import argparse
 import socket
 
 from kafila.commands._common import positive_int
-from kafila.session.protocol.fields import SPECULATION_MODES
+from kafila.session.protocol.fields import SPECULATE_HELP, SPECULATION_MODES
 
 HELP = "open a session for a model, coordinate it and serve a stage of it (prints the join code)"
 
@@ -33,9 +33,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-limit", type=float, default=120.0,
                    help="seconds a member may show no progress while its stage is delivered, loaded or connected "
                         "before it is dropped and named (default 120; progress, not a deadline)")
-    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto",
-                   help="draft tokens at the head by prompt lookup: auto (when the ring's measured costs say it pays; "
-                        "default), lookup (whenever a match is found) or off")
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="a small GGUF with the model's vocabulary on this machine: as the head, it drafts tokens for "
+                        "speculation (e.g. Qwen3-0.6B for Qwen3-32B)")
+    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto", help=SPECULATE_HELP)
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
 
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan,
         mixed_builds=args.mixed_builds, coordinate_only=args.coordinate_only, name=args.name, threads=args.threads,
-        stall_s=args.stall_limit, speculate=args.speculate,
+        stall_s=args.stall_limit, speculate=args.speculate, draft=Path(args.draft) if args.draft else None,
     )
     return run_printing(lambda state: run_host(opts, state))
 

@@ -27,6 +27,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="PATH",
                    help="this machine's copy of the host's model (GGUF path or name): the stage is cut here "
                         "instead of sent, after the host checks the file's sha256 against its own")
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="a small GGUF with the model's vocabulary on this machine: as the head, it drafts tokens for "
+                        "speculation (e.g. Qwen3-0.6B for Qwen3-32B)")
     p.add_argument("--throttle", type=float, default=1.0, help="EMULATION: run this many times slower")
     p.add_argument("--throttle-schedule", default=None, metavar="S:F,...",
                    help="EMULATION: from S seconds after first serving on, run F times slower (e.g. 0:1,60:4)")
@@ -88,6 +91,6 @@ def run(args: argparse.Namespace) -> int:
         api_port=None if args.api_port < 0 else args.api_port, memory_gb=args.memory, link_delay_ms=args.link_delay,
         throttle=schedule[0][1] if schedule else args.throttle, throttle_schedule=schedule,
         threads=args.threads, model=Path(args.model) if args.model else None,
-        trace_path=Path(trace) if trace else None,
+        trace_path=Path(trace) if trace else None, draft=Path(args.draft) if args.draft else None,
     )
     return run_printing(lambda state: run_member(opts, state))

@@ -1,4 +1,5 @@
-"""One llama.cpp context on the whole model file, fed token ids: the ground truth tests and benchmarks compare with."""
+"""One llama.cpp context on the whole model file, fed token ids: the ground truth tests and benchmarks compare with,
+and a draft model's context (draft.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from kafila.engine.llama_lib import llama
 from kafila.engine.stage import ContextConfig, Rows, load_model, logits_out, make_context_params
 from kafila.engine.ubatch import in_batch_order, ubatches
+from kafila.errors import EngineError
 
 
 class ReferenceContext:
@@ -19,7 +21,8 @@ class ReferenceContext:
         self._model = load_model(path)
         self._ctx = lc.llama_init_from_model(self._model, make_context_params(config))
         self._mem = lc.llama_get_memory(self._ctx)
-        self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model)))
+        self.vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
         self._batch = lc.llama_batch_init(config.n_batch, 0, 1)
 
     def run(self, tokens: np.ndarray, rows: Rows) -> np.ndarray:
@@ -38,12 +41,14 @@ class ReferenceContext:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = int(rows.seq[i])
             b.logits[i] = int(rows.want[i])
-        assert lc.llama_decode(self._ctx, b) == 0
+        if lc.llama_decode(self._ctx, b) != 0:
+            raise EngineError(f"llama_decode failed on {len(rows)} rows")
         return logits_out(self._ctx, int(rows.want.sum()), self.n_vocab)
 
     def free(self, seq_id: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it), as a stage does."""
-        assert llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1)
+        if not llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1):
+            raise EngineError(f"llama.cpp could not drop sequence {seq_id} from position {keep}")
 
     def close(self) -> None:
         lc = llama()

@@ -6,11 +6,12 @@ Transport-free, so the local chain and the ring scheduler drive requests the sam
 
 Speculation: with a `drafter`, a decode step may carry drafted tokens after the last sampled one
 (`Chunk.draft` of them); every row's logits come back, and the request keeps the drafted tokens its
-own sampler agrees with, plus the sampler's token after them (DESIGN §5b). A draft from lookup is one
-token, so sampling the target's row and comparing is exactly speculative sampling (accept with
-probability p(x), else a token from p without x): the sampler draws once per generated token on the
-same logits as without speculation, and the reply is the same, seed for seed. The rows after the
-first disagreement are dropped from every stage's KV cache (`trim_from`).
+own sampler agrees with, plus the sampler's token after them (DESIGN §5b). A guessed token (lookup, a
+greedy draft model) is a point mass, so sampling the target's row and comparing is exactly speculative
+sampling (accept with probability p(x), else a token from p without x): the sampler draws once per
+generated token on the same logits as without speculation, and the reply is the same, seed for seed. A
+token a draft model sampled from its own q is verified by speculative sampling (Sampler.verify). The rows
+after the first disagreement are dropped from every stage's KV cache (`trim_from`).
 
 Prefill chunks may be taken while earlier ones are still being computed (a ring pipelines one
 prompt across its stages: every stage computes frames in the order the head sent them, so chunk
@@ -46,14 +47,29 @@ class Chunk:
         return self.draft + 1 if self.wants_logits else 0
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 MAX_DRAFT = 16  # drafted tokens one step may carry (a frame's u8 step field allows 255)
 
 
 class Drafter(Protocol):
     """Proposes the tokens likely to follow a request's tokens (speculation.py, lookup.py)."""
 
-    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """At most `limit` tokens guessed to follow `tokens` (none: decode one token plainly)."""
+    def draft(self, seq: int, tokens: Sequence[int], limit: int) -> list[int]:
+        """At most `limit` tokens guessed to follow `tokens` in KV sequence `seq` (none: decode one plainly)."""
+        ...
+
+    def q(self, i: int) -> np.ndarray | None:
+        """The distribution the last draft's i-th token was drawn from; None for a guess that is kept only
+        when the target's own sampling gives it (lookup, a greedy draft)."""
         ...
 
     def verified(self, drafted: int, accepted: int) -> None:
@@ -136,7 +152,7 @@ class Request:
         room = min(budget - 1, self.max_tokens - len(self.generated) - 1, self.n_ctx - 2 - start, MAX_DRAFT)
         if self.drafter is None or room <= 0:
             return []
-        return self.drafter.draft(self.prompt + self.generated, room)[:room]
+        return self.drafter.draft(self.seq, self.prompt + self.generated, room)[:room]
 
     @property
     def replaying(self) -> bool:
@@ -173,7 +189,8 @@ class Request:
         drafted = chunk.tokens[-chunk.draft:]
         piece, kept = "", 0
         for row in logits:
-            token = self.sampler.sample(row)
+            q = self.drafter.q(kept) if self.drafter is not None and kept < len(drafted) else None
+            token = self.sampler.sample(row) if q is None else self.sampler.verify(row, drafted[kept], q)
             piece += self._sampled(token)
             if self.done or kept == len(drafted) or token != drafted[kept]:
                 break

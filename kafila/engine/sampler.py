@@ -43,9 +43,37 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         """The next token id for one row of logits."""
-        p = self.params
-        if p.temperature == 0.0:
+        if self.params.temperature == 0.0:
             return int(np.argmax(logits))  # first maximum, as llama.cpp's greedy sampler
+        order, probs = self._filtered(logits)
+        return int(order[self._rng.choice(len(order), p=probs)])
+
+    def distribution(self, logits: np.ndarray) -> np.ndarray:
+        """The probability of every token under these settings (greedy: all on the first maximum)."""
+        out = np.zeros(len(logits))
+        if self.params.temperature == 0.0:
+            out[int(np.argmax(logits))] = 1.0
+        else:
+            order, probs = self._filtered(logits)
+            out[order] = probs
+        return out
+
+    def verify(self, logits: np.ndarray, drafted: int, q: np.ndarray) -> int:
+        """Speculative sampling: `drafted` (drawn from the draft's distribution `q`) when accepted, with
+        probability min(1, p/q), else a token from the residual max(0, p - q); the result is distributed
+        as p, the target's own (Leviathan et al. 2023)."""
+        p = self.distribution(logits)
+        if q[drafted] > 0 and self._rng.random() * q[drafted] < p[drafted]:
+            return drafted
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        if total <= 0:  # p == q where q drew: any token of p is as good
+            residual, total = p, p.sum()
+        return int(self._rng.choice(len(p), p=residual / total))
+
+    def _filtered(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens left by top-k and top-p, most likely first, and their probabilities at the temperature."""
+        p = self.params
         z = logits.astype(np.float64)
         order = np.argsort(-z, kind="stable")
         if p.top_k:
@@ -60,4 +88,4 @@ class Sampler:
             # keep the smallest prefix whose mass reaches top_p (at least one token)
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
             order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
-        return int(order[self._rng.choice(len(order), p=probs)])
+        return order, probs

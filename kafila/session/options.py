@@ -46,6 +46,7 @@ class MemberOptions:
     trace_path: Path | None = None  # as the head: record every batch (for exactness tests)
     threads: int = 0  # llama.cpp threads (0: all cores); several members on one machine must share them
     model: Path | None = None  # this machine's own copy of the host's model: the stage is cut here, not sent
+    draft: Path | None = None  # a draft model sharing the model's vocabulary: it drafts when this member is the head
 
 
 @dataclass(frozen=True)
@@ -71,5 +72,6 @@ class HostOptions:
     replan: bool = True  # after losing a member, plan again over the others when the model still fits
     mixed_builds: bool = False  # admit members whose llama.cpp build differs (the ring is then not bit-exact)
     stall_s: float = 120.0  # a member showing no progress this long before admission is lost (not a deadline)
+    draft: Path | None = None  # the host's own machine's draft model (MemberOptions.draft)
     speculate: str = "auto"  # the head's speculation: auto, lookup or off (session/ring/speculation.py)
     strategy: str = "kafila"  # which split to serve: "kafila", or a baseline ("uniform", "memory") for benchmarks

@@ -65,3 +65,28 @@ def test_tiny_temperature_is_greedy_not_nan(logits: np.ndarray, temperature: flo
     e^(-g/T): one trailing by 50·T or more (p < 2e-22) is never drawn. Only near-ties with the top remain."""
     token = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, seed=seed)).sample(logits)
     assert float(logits.max()) - float(logits[token]) < 50 * temperature
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_speculative_sampling_keeps_the_targets_distribution(seed: int) -> None:
+    # a small vocabulary, the target's and a different draft's random logits: tokens drafted from q and
+    # verified against p must be distributed as p itself (Pearson's chi-square, 7 degrees of freedom)
+    rng = np.random.default_rng(seed)
+    target, draft = rng.normal(0, 1.5, 8).astype(np.float32), rng.normal(0, 1.5, 8).astype(np.float32)
+    params = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, seed=seed)
+    sampler, drafter = Sampler(params), Sampler(SamplingParams(0.8, 0, 1.0, seed + 100))
+    p, q = sampler.distribution(target), drafter.distribution(draft)
+    n = 40_000
+    counts = np.bincount([sampler.verify(target, drafter.sample(draft), q) for _ in range(n)], minlength=8)
+    chi2 = float((((counts - n * p) ** 2) / (n * p)).sum())
+    assert chi2 < 24.32, (chi2, counts / n, p)  # the 0.1 % critical value
+    # ... and not by accident: the draft's own tokens are far from p
+    own = np.bincount([drafter.sample(draft) for _ in range(n)], minlength=8)
+    assert float((((own - n * p) ** 2) / (n * p)).sum()) > 1000
+
+
+def test_a_draft_token_the_target_would_never_pick_is_always_replaced() -> None:
+    logits = np.array([0.0, -np.inf, 1.0], np.float32)
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=5))
+    q = np.array([0.0, 1.0, 0.0])
+    assert all(sampler.verify(logits, 1, q) != 1 for _ in range(200))

@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from kafila.engine.chain import LocalChain, open_chain
+from kafila.engine.draft import DraftModel
 from kafila.engine.request import Request
 from kafila.engine.sampler import Sampler, SamplingParams
 from kafila.engine.stage import ContextConfig
+from kafila.errors import EngineError
 from kafila.model.stage_cache import StageCache
 from kafila.session.ring.speculation import Speculator
 from tests.conftest import llama_cpp_reply
+from tests.synthetic import write_synthetic
 
 pytestmark = pytest.mark.fast
 
@@ -40,7 +43,10 @@ class Scripted:
         self.start, self.script, self.wrong = start, list(script), wrong
         self.drafted = self.accepted = self.steps = 0
 
-    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+    def q(self, i: int) -> None:
+        return None
+
+    def draft(self, seq: int, tokens: Sequence[int], limit: int) -> list[int]:
         self.steps += 1
         if self.wrong is not None:
             return [self.wrong] * limit
@@ -88,3 +94,40 @@ def test_the_true_continuation_is_all_accepted_and_wrong_drafts_all_trimmed(chai
     wrong = Scripted(start, wrong=0)  # token 0 never follows here: every draft is rejected and trimmed
     text, _ = reply(chain, EDIT, wrong)
     assert text == plain and wrong.accepted == 0 and wrong.drafted >= len(r.generated)
+
+
+@pytest.fixture(scope="module")
+def own_draft(smollm: Path) -> DraftModel:
+    d = DraftModel(smollm, CONFIG)
+    yield d
+    d.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_model_drafting_for_itself_is_nearly_always_right_and_changes_no_greedy_token(
+        chain: LocalChain, smollm: Path, own_draft: DraftModel, temperature: float) -> None:
+    # the machinery's ceiling: the target as its own draft (a whole-file context, fed its rows as the ring is)
+    speculator = Speculator("draft", lambda: (0.120, 0.009), model=own_draft)
+    text, r = reply(chain, FREE, speculator.drafter(sampling=SamplingParams(temperature, 40, 0.95, 11)), temperature)
+    if temperature == 0:
+        assert text == llama_cpp_reply(smollm, FREE, MAX_TOKENS, CONFIG.n_ctx_per_seq)
+        assert speculator.accepted >= 0.9 * speculator.drafted > 0, speculator.as_dict()
+        assert r.circuits <= len(r.generated) / 3  # several tokens a circuit
+    else:  # q is nearly p (the draft's cache was filled in other chunks): most tokens are kept, and a draft's
+        # tokens after its first rejected one count as drafted, never tried
+        assert speculator.accepted >= 0.5 * speculator.drafted > 0, speculator.as_dict()
+    assert own_draft.step_s is not None and own_draft.step_s > 0
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused_naming_both(own_draft: DraftModel, smollm: Path,
+                                                                    tmp_path: Path) -> None:
+    other_path = write_synthetic(tmp_path / "other.gguf", "llama")
+    other = DraftModel(other_path, CONFIG)
+    try:
+        why = other.refusal(own_draft.vocab, smollm)
+    finally:
+        other.close()
+    assert why is not None and "other.gguf" in why and smollm.name in why and "49152 tokens" in why, why
+    assert own_draft.refusal(own_draft.vocab, smollm) is None
+    with pytest.raises(EngineError, match="is not there"):
+        DraftModel(tmp_path / "deleted.gguf", CONFIG)

@@ -67,6 +67,7 @@ class DemoOptions:
     threads: int | None = None  # llama.cpp threads per member (default: the cores shared out among them)
     mixed_builds: bool = False  # the host admits members of another llama.cpp build (then not bit-exact)
     speculate: str = "auto"  # the head's speculation (session/ring/speculation.py)
+    draft: Path | None = None  # a draft model every member may use as the head
 
     def member_threads(self) -> int:
         """Threads per member: members on one machine compute at once, and ggml's threads spin-wait at
@@ -199,6 +200,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                             argv += ["--memory", str(m.memory_gb)]
                         if m.link_delay_ms:
                             argv += ["--link-delay", str(m.link_delay_ms)]
+                        if opts.draft is not None:
+                            argv += ["--draft", str(opts.draft)]
                         member_env = {**env, JOIN_CODE_ENV: state.code}
                         if m.llama_path is not None:
                             member_env = env_for(m.llama_path, {**os.environ, **member_env})

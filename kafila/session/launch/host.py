@@ -33,7 +33,7 @@ async def _own_member(opts: HostOptions, code: str, host_state: SessionState) ->
     relay_events(mine, host_state, f"{opts.name} (this machine): ")
     member_opts = MemberOptions(code=code, rendezvous=opts.rendezvous, name=opts.name, api_port=None,
                                 cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
-                                allow_direct=opts.allow_direct, threads=opts.threads)
+                                allow_direct=opts.allow_direct, threads=opts.threads, draft=opts.draft)
     try:
         await run_member(member_opts, mine)
     except KafilaError as exc:

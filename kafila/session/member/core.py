@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kafila.engine.draft import DraftModel
 from kafila.engine.stage import ContextConfig
 from kafila.errors import ProtocolError
 from kafila.model.stage_cache import StageCache
@@ -35,6 +36,7 @@ class MemberCore:
         self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
         self.use = use  # the delivered stage this member serves: `kafila cache --prune` leaves it
         self.worker: StageWorker | None = None
+        self.draft: DraftModel | None = None  # as the head: the draft model that drafts for speculation
         self.throttle = Throttle(opts.throttle_schedule or ((0.0, opts.throttle),))  # EMULATION
         self.head: Head | None = None
         self.forwarder: Forwarder | None = None

@@ -10,7 +10,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from kafila.engine.draft import DraftModel
 from kafila.engine.embedding import Embedder
+from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
 from kafila.errors import (
     EngineError,
@@ -69,9 +71,11 @@ class Serving(MemberCore):
                     path = self.worker.engine.path
                     vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
                     nxt = self.edges.next
+                    draft, note = await self._draft_model(vocab, config)
                     self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
                                      nxt.send if nxt is not None else None, inbox, self._trace_writer(),
-                                     self._ttft_model(), self._assigned.speculate)
+                                     self._ttft_model(), self._assigned.speculate, draft)
+                    self.head.speculator.model_note = note
                     if self.api:
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
@@ -168,6 +172,27 @@ class Serving(MemberCore):
                 continue
             await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
 
+    async def _draft_model(self, vocab: Vocab, config: ContextConfig) -> tuple[DraftModel | None, str | None]:
+        """This machine's draft model for the head's speculation, and a note when it was asked for and cannot
+        be used (not there, not loadable, another vocabulary): then drafts are by lookup, and no reply fails."""
+        path = self.opts.draft
+        if path is None:
+            return None, None
+        try:
+            model = await asyncio.to_thread(DraftModel, path, config)
+        except EngineError as exc:
+            note = f"no draft model: {exc}; drafting by lookup"
+        else:
+            why = await asyncio.to_thread(model.refusal, vocab, self.worker.engine.path) if self.worker else None
+            if why is None:
+                self.draft = model
+                self.state.log(f"the head drafts with {path.name}")
+                return model, None
+            model.close()
+            note = f"draft model refused: {why}; drafting by lookup"
+        self.state.log(note)
+        return None, note
+
     def _ttft_model(self) -> TtftModel | None:
         """The plan's TTFT model (None when it predicts none, or a host of another version sent a malformed one)."""
         try:
@@ -204,4 +229,7 @@ class Serving(MemberCore):
         if self.worker is not None:
             await asyncio.to_thread(self.worker.close)
             self.worker = None
+        if self.draft is not None:  # after its stage's thread, which ran its calls, has stopped
+            self.draft.close()
+            self.draft = None
         self.head = self.forwarder = None

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from kafila.engine.chain import Batch, logit_rows, take_batch
+from kafila.engine.draft import DraftModel
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.sampler import Sampler
@@ -81,6 +82,7 @@ class Head:
         trace: Callable[[dict[str, Any]], None] | None = None,
         ttft: TtftModel | None = None,
         speculate: str = "off",
+        draft: DraftModel | None = None,
     ) -> None:
         self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
         self.order = order
@@ -89,7 +91,8 @@ class Head:
         self.stats = RingStats(predicted)
         self.ttft = ttft  # the plan's TTFT model: the prediction beside each measured first token
         self._slots = Slots.empty(config.n_seq_max)
-        self.speculator = Speculator(speculate, self.stats.circuit_costs, lambda: max(len(self._active) - 1, 0))
+        self.speculator = Speculator(speculate, self.stats.circuit_costs, lambda: max(len(self._active) - 1, 0),
+                                     draft, worker.call)
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, rows wanting logits, sent at, (sequences, positions) as sent)
@@ -167,7 +170,7 @@ class Head:
         # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
                           self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
-                          drafter=self.speculator.drafter(chat.speculate))
+                          drafter=self.speculator.drafter(chat.speculate, chat.sampling()))
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
@@ -345,11 +348,12 @@ class Head:
                 "prompt_tokens": len(job.request.prompt), "cached_tokens": job.request.cached,
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
-        drafter = job.request.drafter
+        drafter, session = job.request.drafter, self.speculator.as_dict()
         drafts = ({"mode": drafter.mode, "drafted": drafter.drafted, "accepted": drafter.accepted}
                   if isinstance(drafter, RequestDrafter) else {"mode": "off", "drafted": 0, "accepted": 0})
         # trips round the ring and the compute steps they carried: what a token cost, speculation or not
-        done["speculation"] = {**drafts, "circuits": job.request.circuits, "rows": job.request.circuit_rows}
+        done["speculation"] = {**drafts, "circuits": job.request.circuits, "rows": job.request.circuit_rows,
+                               **{k: session[k] for k in ("draft_model", "draft_note", "draft_step_s")}}
         job.events.put_nowait({"done": done})
         del self._active[slot]
         self._slots.put(slot, job.request.held, job.owner)  # kept on every stage for its owner's next turn

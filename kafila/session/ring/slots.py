@@ -18,15 +18,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+from kafila.engine.request import common_prefix
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,31 @@
-"""Speculation at the head: each request drafts by prompt lookup, and each step's draft length comes from
-the ring's measured costs and the acceptance seen so far (planner/speculation.py).
+"""Speculation at the head: each request drafts by prompt lookup or with the draft model on this machine, and
+each step's draft length comes from the ring's measured costs and the acceptance seen so far
+(planner/speculation.py).
 
-Modes (`--speculate`): `off`; `lookup`, which drafts whenever the lookup finds a match (at least one
-token); `auto` (the default), which drafts only when the expected tokens per second beat a plain step,
-so on a ring whose circuits cost little beside its compute it stays off. Acceptance is counted per
-match length over the session (recent drafts weigh more), since a one-token match is a weaker guess
-than a three-token one.
+Modes (`--speculate`, or a request's own `speculate`): `off`; `lookup` and `draft`, which draft whenever
+they can (at least one token; `draft` without a draft model drafts by lookup); `auto` (the default),
+which drafts with the draft model when there is one, else by lookup, and only when the expected tokens
+per second beat a plain step: on a ring whose circuits cost little beside its compute it stays off.
+Acceptance is counted over the session (recent drafts weigh more), per lookup match length (a
+one-token match is a weaker guess than a three-token one) and for the draft model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+import numpy as np
+
+from kafila.engine.draft import DraftModel
 from kafila.engine.lookup import LONGEST, Lookup
+from kafila.engine.sampler import Sampler, SamplingParams
 from kafila.planner.speculation import best_draft
 from kafila.session.protocol.fields import SPECULATION_MODES as MODES
 
 DECAY = 0.98  # each verification's weight against the ones before: about the last 50 count
+MODEL = 0  # the draft model's key in Speculator.acceptance (lookup's are match lengths 1..LONGEST)
 
 
 @dataclass
@@ -37,66 +45,102 @@ class Acceptance:
         self.tried = self.tried * DECAY + kept + (kept < drafted)
 
 
+def _inline(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
 @dataclass
 class Speculator:
-    """The head's speculation: its mode, the acceptance per match length, and the ring's costs.
+    """The head's speculation: its mode, the acceptance per drafter, the ring's costs, the draft model.
 
     `costs` returns (seconds of a circuit outside compute, seconds of one compute step round the ring),
-    or None before the ring has measured a decode step; `others` how many other requests share frames.
+    or None before the ring has measured a decode step; `others` how many other requests share frames;
+    `compute` runs the draft model's calls (on the stage's own llama.cpp thread).
     """
 
     mode: str
     costs: Callable[[], tuple[float, float] | None]
     others: Callable[[], int] = lambda: 0
+    model: DraftModel | None = None
+    compute: Callable[[Callable[[], Any]], Any] = _inline
     acceptance: dict[int, Acceptance] = field(default_factory=lambda: {n: Acceptance() for n in
-                                                                        range(1, LONGEST + 1)})
+                                                                        range(LONGEST + 1)})
     drafted: int = 0
     accepted: int = 0
+    model_note: str | None = None  # why a draft model asked for is not used
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
-    def drafter(self, mode: str | None = None) -> RequestDrafter | None:
+    def drafter(self, mode: str | None = None, sampling: SamplingParams | None = None) -> RequestDrafter | None:
         """A new request's drafter in `mode` (None: the session's), or None when speculation is off."""
         mode = mode or self.mode
-        return None if mode == "off" else RequestDrafter(self, mode)
+        if mode == "off":
+            return None
+        if self.model is None or mode == "lookup":
+            return RequestDrafter(self, mode)
+        sampler = None
+        if sampling is not None and sampling.temperature > 0:  # the draft draws from its own q, its own stream
+            seed = None if sampling.seed is None else (sampling.seed + 1) % (1 << 64)
+            sampler = Sampler(replace(sampling, seed=seed))
+        return RequestDrafter(self, mode, model=self.model, sampler=sampler)
 
-    def length(self, n: int, candidates: int, mode: str) -> int:
-        """How many of `candidates` tokens, drafted from an n-token match, the next step should carry."""
+    def length(self, key: int, candidates: int, mode: str, draft_s: float = 0.0) -> int:
+        """How many of `candidates` tokens the next step should carry, drafted by `key` (a lookup match
+        length, or MODEL) at `draft_s` seconds a drafted token."""
         costs = self.costs()
         if costs is None:
             return 0
         network_s, step_s = costs
-        return best_draft(self.acceptance[n].alpha, candidates, network_s, step_s, self.others(),
-                          at_least=1 if mode == "lookup" else 0)
+        return best_draft(self.acceptance[key].alpha, candidates, network_s, step_s, self.others(),
+                          at_least=0 if mode == "auto" else 1, draft_s=draft_s)
 
     def as_dict(self) -> dict[str, object]:
-        """The session's speculation figures (the `done` event, `demo --json`)."""
-        return {"mode": self.mode, "drafted": self.drafted, "accepted": self.accepted}
+        """The session's speculation figures."""
+        return {"mode": self.mode, "drafted": self.drafted, "accepted": self.accepted,
+                "draft_model": None if self.model is None else self.model.path.name, "draft_note": self.model_note,
+                "draft_step_s": None if self.model is None else self.model.step_s}
 
 
 @dataclass
 class RequestDrafter:
-    """One request's lookup index, drafting as its Speculator decides."""
+    """One request's drafting: its lookup index, or its draft-model sequence, as its Speculator decides."""
 
     speculator: Speculator
     mode: str
+    model: DraftModel | None = None
+    sampler: Sampler | None = None  # a sampled request's draft sampler (None: greedy drafts)
     lookup: Lookup = field(default_factory=Lookup)
     drafted: int = 0  # this request's drafted tokens, and how many of them were kept
     accepted: int = 0
-    _n: int = 0  # the match length of the last draft
+    _key: int = 0  # who drafted the last draft (Speculator.acceptance)
+    _q: list[np.ndarray] | None = None
 
-    def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
+    def draft(self, seq: int, tokens: Sequence[int], limit: int) -> list[int]:
+        s, self._q = self.speculator, None
+        if self.model is not None:
+            model = self.model
+            # before the first draft its step is unknown: guessed at a ring step's
+            k = s.length(MODEL, limit, self.mode, model.step_s or (s.costs() or (0.0, 0.0))[1])
+            if not k:
+                return []
+            self._key = MODEL
+            out = s.compute(lambda: model.draft(seq, tokens, k, self.sampler))
+            self._q = out.q
+            return list(out.tokens)
         match = self.lookup.match(tokens, limit)
         if match is None or not match.tokens:
             return []
-        self._n = match.n
-        return match.tokens[: self.speculator.length(match.n, len(match.tokens), self.mode)]
+        self._key = match.n
+        return match.tokens[: s.length(match.n, len(match.tokens), self.mode)]
+
+    def q(self, i: int) -> np.ndarray | None:
+        return None if self._q is None else self._q[i]
 
     def verified(self, drafted: int, accepted: int) -> None:
         s = self.speculator
-        s.acceptance[self._n].add(drafted, accepted)
+        s.acceptance[self._key].add(drafted, accepted)
         for counts in (self, s):
             counts.drafted += drafted
             counts.accepted += accepted

@@ -95,6 +95,14 @@ class StageWorker:
             t0 = time.perf_counter_ns()
             return self.engine.run(embd, rows), time.perf_counter_ns() - t0
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the stage's thread in the machine's compute turn, the loop blocked until it ends: the draft
+        model's calls (llama.cpp must be called from one thread, see above)."""
+        def turned() -> T:
+            with self.turn if self.turn is not None else contextlib.nullcontext():
+                return fn()
+        return self._executor.submit(turned).result()
+
     async def free(self, seq: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
         # on the stage's thread, so it never races a running call

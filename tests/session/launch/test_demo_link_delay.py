@@ -1,6 +1,7 @@
 """EMULATION: `kafila demo --link-delay MS` holds every datagram each member sends for MS: the ring's edges then
 measure the round trip a WAN would have, and the demo's JSON sets one token's predicted time (stages plus half
-of each edge's measured round trip) beside the measured one."""
+of each edge's measured round trip) beside the measured one. Speculation by lookup then carries several of a
+reply's tokens round the ring at once, and the reply is still llama.cpp's own."""
 
 from __future__ import annotations
 
@@ -12,29 +13,36 @@ from pathlib import Path
 
 import pytest
 
+from kafila.bench.wan import GROUNDED
 from kafila.session.launch.demo import DemoOptions
 from tests.conftest import REPO, llama_cpp_reply
 from tests.shared_probe import shared_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-PROMPT = "What is the capital of France?"
-DELAY_MS = 20
+PROMPT = GROUNDED["edit"]  # the reply copies the paragraph: lookup drafts most of it
+DELAY_MS = 40
+TOKENS = 48
 
 
-def test_a_demo_with_link_delays_replies_as_llama_cpp_and_predicts_the_edges(tmp_path: Path, smollm: Path) -> None:
+def test_a_demo_far_apart_replies_as_llama_cpp_with_several_tokens_a_circuit(tmp_path: Path, smollm: Path) -> None:
     shared_probe(tmp_path, DemoOptions().member_threads())
     env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, str(REPO / "kafila.py"), "demo", "--prompt", PROMPT, "--max-tokens", "24",
-                          "--temperature", "0", "--json", "--api-port", "0", "--throttle", "1,1,1",
-                          "--link-delay", str(DELAY_MS)], capture_output=True, text=True, env=env, timeout=800)
+    out = subprocess.run([sys.executable, str(REPO / "kafila.py"), "demo", "--prompt", PROMPT, "--max-tokens",
+                          str(TOKENS), "--temperature", "0", "--json", "--api-port", "0", "--throttle", "1,1,1",
+                          "--link-delay", str(DELAY_MS), "--speculate", "lookup"],
+                         capture_output=True, text=True, env=env, timeout=800)
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
-    assert doc["text"] == llama_cpp_reply(smollm, PROMPT, 24, 2048)
+    assert doc["text"] == llama_cpp_reply(smollm, PROMPT, TOKENS, 2048)
     assert all(m["emulated"]["link_delay_ms"] == DELAY_MS for m in doc["members"].values()), doc["members"]
-    t = doc["token_time"]
-    # three edges, each a round trip of two delayed sends: a token cannot go round faster than half of them
+    t, spec = doc["token_time"], doc["speculation"]
+    # three edges, each a round trip of two delayed sends: a circuit cannot go round faster than half of them
     assert t["edges_s"] >= 3 * DELAY_MS / 1e3, t
     assert t["predicted_s"] == pytest.approx(t["stages_s"] + t["edges_s"])
-    assert t["measured_s"] >= t["edges_s"], t
-    print("token time", t)
+    decode_s = (doc["completion_tokens"] - 1) / doc["tokens_per_s"]
+    assert decode_s / spec["circuits"] >= t["edges_s"], (decode_s, spec)
+    # ... and speculation carried more than one token a circuit: a token took less than the edges' time
+    assert spec["mode"] == "lookup" and spec["accepted"] > 0, spec
+    assert decode_s / (doc["completion_tokens"] - 1) < t["edges_s"], (decode_s, spec, t)
+    print("token time", t, "speculation", spec)

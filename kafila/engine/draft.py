@@ -1,0 +1,111 @@
+"""A draft model on the head's machine: a small GGUF sharing the target's vocabulary that guesses a request's next
+tokens, one row a call, each request in its own KV-cache sequence (DESIGN §5b; prima.cpp's choice).
+
+It keeps, per sequence, the tokens its cache holds; a draft first brings the cache to the request's tokens
+(dropping what a rejected draft left, feeding what was accepted since), then decodes k tokens. Greedy
+requests draft by argmax; sampled ones draw from the draft's own distribution `q`, which verification
+needs (sampler.verify).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kafila.engine.reference import ReferenceContext
+from kafila.engine.request import common_prefix
+from kafila.engine.sampler import Sampler
+from kafila.engine.stage import ContextConfig, Rows
+from kafila.engine.vocab import Vocab
+from kafila.errors import EngineError
+from kafila.model.gguf_file import GGUFFile
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Drafted tokens and, when they were sampled, the distribution each was drawn from."""
+
+    tokens: list[int]
+    q: list[np.ndarray] | None = None
+
+
+class DraftModel:
+    """One llama.cpp context on a whole draft GGUF, drafting for any of the session's sequences."""
+
+    def __init__(self, path: Path, config: ContextConfig) -> None:
+        if not path.is_file():
+            raise EngineError(f"the draft model {path} is not there")
+        self.path, self.config = path, config
+        self._ctx = ReferenceContext(path, config)
+        self.vocab = Vocab(self._ctx.vocab, None)
+        self._held: dict[int, list[int]] = {}
+        self._times: deque[float] = deque(maxlen=32)
+
+    def refusal(self, target: Vocab, target_path: Path) -> str | None:
+        """Why this model cannot draft for the target (its vocabulary differs; both named), or None."""
+        mine, theirs = self.vocab, target
+        first = next((i for i in range(min(mine.n_tokens, theirs.n_tokens))
+                      if mine.piece(i, special=True) != theirs.piece(i, special=True)), None)
+        if first is None and mine.n_tokens == theirs.n_tokens:
+            return None
+        where = (f"token {first} is {mine.piece(first, True)!r} against {theirs.piece(first, True)!r}"
+                 if first is not None else "one has more tokens")
+        return (f"the draft model {_named(self.path, mine)} does not share the target's vocabulary "
+                f"({_named(target_path, theirs)}): {where}")
+
+    @property
+    def step_s(self) -> float | None:
+        """Median seconds of one draft step (None before any)."""
+        return statistics.median(self._times) if self._times else None
+
+    def draft(self, seq: int, tokens: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        """k tokens guessed to follow `tokens` in sequence `seq` (greedy, or drawn through `sampler`)."""
+        held = self._held.get(seq, [])
+        keep = min(common_prefix(held, tokens), len(tokens) - 1)  # the last token is fed again: its logits are needed
+        if keep < len(held):
+            self._ctx.free(seq, keep)
+        logits = self._feed(seq, tokens[keep:], keep)
+        out: list[int] = []
+        qs: list[np.ndarray] = []
+        for i in range(k):
+            if sampler is None:
+                token = int(np.argmax(logits))
+            else:
+                q = sampler.distribution(logits)
+                token = sampler.sample(logits)
+                qs.append(q)
+            out.append(token)
+            if i < k - 1:
+                t0 = time.perf_counter()
+                logits = self._feed(seq, [token], len(tokens) + i)
+                self._times.append(time.perf_counter() - t0)
+        self._held[seq] = [*tokens, *out[:-1]]
+        return Draft(out, qs if sampler is not None else None)
+
+    def _feed(self, seq: int, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Feed `tokens` from position `start` in calls of at most n_batch rows; the last row's logits."""
+        n_batch = self.config.n_batch
+        logits = np.empty(0, np.float32)
+        for a in range(0, len(tokens), n_batch):
+            part = np.asarray(tokens[a:a + n_batch], np.int32)
+            n = len(part)
+            rows = Rows(np.full(n, seq, np.int32), np.arange(start + a, start + a + n, dtype=np.int32),
+                        np.arange(n) == n - 1)
+            logits = self._ctx.run(part, rows)[0]
+        return logits
+
+    def close(self) -> None:
+        self._ctx.close()
+
+
+def _named(path: Path, vocab: Vocab) -> str:
+    """A model's vocabulary as a person can tell it apart: its name, tokenizer and size."""
+    meta = GGUFFile(path)
+    name = meta.get("general.name") or "unnamed"
+    return f"{name} ({path.name}: {meta.get('tokenizer.ggml.model') or 'unknown'} tokenizer, {vocab.n_tokens} tokens)"
