@@ -16,6 +16,8 @@ HELP = "NAT lab: 9 class pairs, predicted vs verified path, time to a usable lin
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=1, help="run the 9 pairs this many times (default 1)")
+    p.add_argument("--link-delay", type=float, default=0.0, metavar="MS",
+                   help="EMULATION: every member holds each datagram it sends this long (members far apart)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         out: list[natlab.PairResult] = []
         with natlab.NatLab() as lab:
             for _ in range(max(1, args.rounds)):
-                out += await natlab.run_all_pairs(lab)
+                out += await natlab.run_all_pairs(lab, args.link_delay)
         return out
 
     results = asyncio.run(all_rounds())
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "a": r.a, "b": r.b, "a_measured": r.a_measured, "b_measured": r.b_measured,
             "predicted": r.predicted, "verified": r.verified, "ready_ms": r.ready_ms,
-            "direct_ms": r.direct_ms, "usable": r.echo_ok, "error": r.error,
+            "direct_ms": r.direct_ms, "usable": r.echo_ok, "error": r.error, "rtt_ms": r.rtt_ms,
         }
         for r in results
     ]

@@ -96,9 +96,9 @@ def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: d
         "network_share": statistics.median(r["network_share"] for r in replies if r.get("network_share") is not None),
     }
     if token_time and decode_tokens:
-        # each circuit pays the edges once and every stage once per row it carries, and a draft model's
-        # step per token it drafted
-        drafting = sum(s["drafted"] * (s.get("draft_step_s") or 0.0) for s in spec)
+        # each circuit pays the edges once and every stage once per row it carries, and the draft model's
+        # time on the request (its catching up with each prompt included)
+        drafting = sum(s["drafting_s"] for s in spec)
         predicted = (circuits * token_time["edges_s"] + rows * token_time["stages_s"] + drafting) / decode_tokens
         measured = decode_s / decode_tokens
         out |= {"predicted_s_per_token": predicted, "measured_s_per_token": measured,

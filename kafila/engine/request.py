@@ -63,8 +63,9 @@ MAX_DRAFT = 16  # drafted tokens one step may carry (a frame's u8 step field all
 class Drafter(Protocol):
     """Proposes the tokens likely to follow a request's tokens (speculation.py, lookup.py)."""
 
-    def draft(self, seq: int, tokens: Sequence[int], limit: int) -> list[int]:
-        """At most `limit` tokens guessed to follow `tokens` in KV sequence `seq` (none: decode one plainly)."""
+    def draft(self, seq: int, prompt: Sequence[int], reply: Sequence[int], limit: int) -> list[int]:
+        """At most `limit` tokens guessed to follow the prompt and the reply so far, in KV sequence `seq` (none:
+        decode one token plainly)."""
         ...
 
     def q(self, i: int) -> np.ndarray | None:
@@ -152,7 +153,7 @@ class Request:
         room = min(budget - 1, self.max_tokens - len(self.generated) - 1, self.n_ctx - 2 - start, MAX_DRAFT)
         if self.drafter is None or room <= 0:
             return []
-        return self.drafter.draft(self.seq, self.prompt + self.generated, room)[:room]
+        return self.drafter.draft(self.seq, self.prompt, self.generated, room)[:room]
 
     @property
     def replaying(self) -> bool:

@@ -240,6 +240,7 @@ class PairResult:
     direct_ms: float | None
     echo_ok: bool
     error: str | None = None
+    rtt_ms: float | None = None  # the edge's round trip as its QUIC link measured it
 
     @property
     def classified_ok(self) -> bool:
@@ -287,8 +288,12 @@ async def start_rendezvous(lab: NatLab, timeout_s: float = 15.0) -> asyncio.subp
     raise TimeoutError("the rendezvous did not start listening")
 
 
-async def run_pair(lab: NatLab, a: NatClass, b: NatClass, timeout_s: float = 25.0) -> PairResult:
-    """Emulate classes a on NAT 1 and b on NAT 2, start one member behind each, open the edge 1 -> 2."""
+async def run_pair(lab: NatLab, a: NatClass, b: NatClass, timeout_s: float = 25.0,
+                   delay_ms: float = 0.0) -> PairResult:
+    """Emulate classes a on NAT 1 and b on NAT 2, start one member behind each, open the edge 1 -> 2.
+
+    `delay_ms`: EMULATION, each member holds every datagram it sends this long (`--link-delay`), so the
+    edge is a WAN's."""
     lab.set_nat(1, a)
     lab.set_nat(2, b)
     from kafila.net.trust import JoinCode
@@ -298,7 +303,8 @@ async def run_pair(lab: NatLab, a: NatClass, b: NatClass, timeout_s: float = 25.
 
     async def spawn(i: int, *args: str) -> asyncio.subprocess.Process:
         err = None if os.environ.get("KAFILA_LAB_DEBUG") else asyncio.subprocess.DEVNULL  # debug: member logs shown
-        p = await asyncio.create_subprocess_exec(*lab.command(lab.host(i), _member_argv(*args)), cwd=REPO,
+        argv = _member_argv(*args, "--link-delay", str(delay_ms))
+        p = await asyncio.create_subprocess_exec(*lab.command(lab.host(i), argv), cwd=REPO,
                                                  stdout=asyncio.subprocess.PIPE, stderr=err)
         lab.track(p)
         procs.append(p)
@@ -324,25 +330,25 @@ async def run_pair(lab: NatLab, a: NatClass, b: NatClass, timeout_s: float = 25.
             await asyncio.wait_for(p.wait(), 5)
     am, bm = str(ra.get("nat")), str(rb.get("nat"))
     predicted = predict_edge(NatClass(am), NatClass(bm)) if "?" not in (am, bm) else "relay"
-    ready = ra.get("ready_ms")
-    direct = ra.get("direct_ms")
+    ready, direct, rtt = ra.get("ready_ms"), ra.get("direct_ms"), ra.get("rtt_ms")
     return PairResult(
         a.value, b.value, am, bm, predicted, str(ra.get("actual", "failed")),
         float(ready) if isinstance(ready, (int, float)) else None,
         float(direct) if isinstance(direct, (int, float)) else None,
         bool(ra.get("echo_ok")) and bool(rb.get("echo_ok")),
         ra.get("error") or rb.get("error"),  # type: ignore[arg-type]
+        float(rtt) if isinstance(rtt, (int, float)) else None,
     )
 
 
 CLASSES = (NatClass.PERMISSIVE, NatClass.ORDINARY, NatClass.RESTRICTIVE)
 
 
-async def run_all_pairs(lab: NatLab) -> list[PairResult]:
+async def run_all_pairs(lab: NatLab, delay_ms: float = 0.0) -> list[PairResult]:
     """All 9 ordered class pairs, one after the other, in one lab and with one rendezvous."""
     rdv = await start_rendezvous(lab)
     try:
-        return [await run_pair(lab, a, b) for a in CLASSES for b in CLASSES]
+        return [await run_pair(lab, a, b, delay_ms=delay_ms) for a in CLASSES for b in CLASSES]
     finally:
         rdv.kill()
         await asyncio.wait_for(rdv.wait(), 5)
@@ -364,7 +370,8 @@ async def _member(args: argparse.Namespace) -> dict[str, object]:
     host, port = args.rdv.rsplit(":", 1)
     rdv = (host, int(port))
     out: dict[str, object] = {}
-    async with PeerEndpoint(name=args.role, punch=PunchConfig(window_s=args.punch_window)) as ep:
+    async with PeerEndpoint(name=args.role, punch=PunchConfig(window_s=args.punch_window),
+                            link_delay_s=args.link_delay / 1e3) as ep:
         try:
             report = await ep.probe_nat(rdv)
             out["nat"] = report.nat_class.value
@@ -406,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--secret", default=None)
     m.add_argument("--code", default=None)
     m.add_argument("--punch-window", type=float, default=2.0)
+    m.add_argument("--link-delay", type=float, default=0.0, help="EMULATION: ms each datagram sent is held")
     args = p.parse_args(argv)
     debug = bool(os.environ.get("KAFILA_LAB_DEBUG"))
     logging.basicConfig(level=logging.INFO if debug else logging.WARNING, stream=sys.stderr)

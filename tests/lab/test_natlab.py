@@ -49,3 +49,18 @@ def test_lab_with_three_nats_builds_and_leaves_nothing_behind() -> None:
         prefix = lab.prefix
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     assert prefix not in names
+
+
+async def test_members_far_apart_behind_nats_connect_and_measure_the_delay() -> None:
+    # EMULATION: each member holds every datagram it sends 30 ms, as a WAN would: the edge still opens
+    # as predicted, and its QUIC link measures a round trip of at least both delays
+    _require_lab()
+    with natlab.NatLab() as lab:
+        rdv = await natlab.start_rendezvous(lab)
+        try:
+            r = await natlab.run_pair(lab, natlab.NatClass.ORDINARY, natlab.NatClass.ORDINARY, delay_ms=30)
+        finally:
+            rdv.kill()
+            await rdv.wait()
+    assert r.verified == r.predicted == "direct" and r.echo_ok, r
+    assert r.rtt_ms is not None and r.rtt_ms >= 60, r

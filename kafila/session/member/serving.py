@@ -183,7 +183,8 @@ class Serving(MemberCore):
         except EngineError as exc:
             note = f"no draft model: {exc}; drafting by lookup"
         else:
-            why = await asyncio.to_thread(model.refusal, vocab, self.worker.engine.path) if self.worker else None
+            why = (await asyncio.to_thread(model.refusal, vocab, self.worker.engine.path, self._assigned.model)
+                   if self.worker else None)
             if why is None:
                 self.draft = model
                 self.state.log(f"the head drafts with {path.name}")

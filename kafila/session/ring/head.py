@@ -349,8 +349,10 @@ class Head:
                 "tokens_per_s": (n - 1) / elapsed if n > 1 and elapsed > 0 else None,
                 "token_interval_median_ms": float(np.median(gaps)) * 1e3 if len(gaps) else None}
         drafter, session = job.request.drafter, self.speculator.as_dict()
-        drafts = ({"mode": drafter.mode, "drafted": drafter.drafted, "accepted": drafter.accepted}
-                  if isinstance(drafter, RequestDrafter) else {"mode": "off", "drafted": 0, "accepted": 0})
+        drafts = ({"mode": drafter.mode, "drafted": drafter.drafted, "accepted": drafter.accepted,
+                   "drafting_s": drafter.drafting_s}
+                  if isinstance(drafter, RequestDrafter) else {"mode": "off", "drafted": 0, "accepted": 0,
+                                                               "drafting_s": 0.0})
         # trips round the ring and the compute steps they carried: what a token cost, speculation or not
         done["speculation"] = {**drafts, "circuits": job.request.circuits, "rows": job.request.circuit_rows,
                                **{k: session[k] for k in ("draft_model", "draft_note", "draft_step_s")}}

@@ -12,6 +12,8 @@ one-token match is a weaker guess than a three-token one) and for the draft mode
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,9 +23,11 @@ import numpy as np
 from kafila.engine.draft import DraftModel
 from kafila.engine.lookup import LONGEST, Lookup
 from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.errors import EngineError
 from kafila.planner.speculation import best_draft
 from kafila.session.protocol.fields import SPECULATION_MODES as MODES
 
+log = logging.getLogger("kafila.head")
 DECAY = 0.98  # each verification's weight against the ones before: about the last 50 count
 MODEL = 0  # the draft model's key in Speculator.acceptance (lookup's are match lengths 1..LONGEST)
 
@@ -86,6 +90,11 @@ class Speculator:
             sampler = Sampler(replace(sampling, seed=seed))
         return RequestDrafter(self, mode, model=self.model, sampler=sampler)
 
+    def drop_model(self, why: str) -> None:
+        """Draft by lookup from now on (the model stays open until the stage closes: a draft may be running)."""
+        log.warning("%s", why)
+        self.model, self.model_note = None, why
+
     def length(self, key: int, candidates: int, mode: str, draft_s: float = 0.0) -> int:
         """How many of `candidates` tokens the next step should carry, drafted by `key` (a lookup match
         length, or MODEL) at `draft_s` seconds a drafted token."""
@@ -114,22 +123,30 @@ class RequestDrafter:
     lookup: Lookup = field(default_factory=Lookup)
     drafted: int = 0  # this request's drafted tokens, and how many of them were kept
     accepted: int = 0
+    drafting_s: float = 0.0  # the draft model's time on this request's drafts
     _key: int = 0  # who drafted the last draft (Speculator.acceptance)
     _q: list[np.ndarray] | None = None
 
-    def draft(self, seq: int, tokens: Sequence[int], limit: int) -> list[int]:
+    def draft(self, seq: int, prompt: Sequence[int], reply: Sequence[int], limit: int) -> list[int]:
         s, self._q = self.speculator, None
-        if self.model is not None:
+        if self.model is not None and s.model is not None:
             model = self.model
             # before the first draft its step is unknown: guessed at a ring step's
             k = s.length(MODEL, limit, self.mode, model.step_s or (s.costs() or (0.0, 0.0))[1])
             if not k:
                 return []
             self._key = MODEL
-            out = s.compute(lambda: model.draft(seq, tokens, k, self.sampler))
+            t0 = time.perf_counter()
+            try:
+                out = s.compute(lambda: model.draft(seq, prompt, reply, k, self.sampler))
+            except EngineError as exc:  # a draft model that fails drafts no more: the reply goes on without it
+                s.drop_model(f"the draft model failed ({exc}); drafting by lookup")
+                return []
+            finally:
+                self.drafting_s += time.perf_counter() - t0
             self._q = out.q
             return list(out.tokens)
-        match = self.lookup.match(tokens, limit)
+        match = self.lookup.match([*prompt, *reply], limit)
         if match is None or not match.tokens:
             return []
         self._key = match.n

@@ -37,5 +37,5 @@ def test_a_draft_model_of_another_vocabulary_is_refused_and_the_reply_is_served(
     spec = doc["speculation"]
     assert spec["draft_model"] is None and spec["mode"] == "draft", spec
     note = spec["draft_note"]
-    assert "refused" in note and "other-vocab.gguf" in note and smollm.name in note, note
+    assert "refused" in note and "other-vocab.gguf" in note and smollm.stem in note, note
     assert "32 tokens" in note and "49152 tokens" in note, note  # both vocabularies, told apart

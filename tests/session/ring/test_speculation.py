@@ -9,6 +9,7 @@ import pytest
 from kafila.engine.draft import DraftModel
 from kafila.engine.sampler import SamplingParams
 from kafila.engine.stage import ContextConfig
+from kafila.errors import EngineError
 from kafila.session.ring.speculation import MODEL, Speculator
 
 pytestmark = pytest.mark.fast
@@ -47,3 +48,21 @@ def test_no_draft_before_the_ring_has_measured_a_step_nor_where_it_cannot_pay() 
     for _ in range(20):
         far.acceptance[MODEL].add(8, 8)  # a draft model that is always right
     assert far.length(MODEL, 16, "auto", draft_s=0.005) == 16
+
+
+def test_a_draft_model_that_fails_leaves_drafting_to_lookup_and_the_reply_to_go_on(draft: DraftModel) -> None:
+    def failing(fn: object) -> object:
+        raise EngineError("llama_decode failed on 1 rows")
+
+    speculator = Speculator("auto", lambda: FAR, model=draft, compute=failing)
+    for _ in range(20):
+        speculator.acceptance[MODEL].add(8, 8)
+    drafter = speculator.drafter()
+    assert drafter is not None
+    tokens = [1, 2, 3, 4, 1, 2, 3]
+    assert drafter.draft(0, tokens, [], 8) == []  # no draft this step, and no error
+    assert speculator.model is None and "failed" in (speculator.model_note or "")
+    assert speculator.as_dict()["draft_note"] == speculator.model_note
+    for _ in range(20):
+        speculator.acceptance[3].add(8, 8)
+    assert drafter.draft(0, tokens[:4], tokens[4:], 8) == [4, 1, 2, 3]  # by lookup from now on
