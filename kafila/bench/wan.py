@@ -72,11 +72,14 @@ async def _reply(url: str, prompt: str, tokens: int, mode: str) -> dict[str, Any
     return {"text": "".join(text), **stats}
 
 
-async def _together(url: str, prompts: list[str], tokens: int, mode: str) -> float:
-    """Aggregate tokens/s of the prompts sent at once."""
+async def _together(url: str, prompts: list[str], tokens: int, mode: str) -> tuple[float, float | None]:
+    """Aggregate tokens/s of the prompts sent at once, and the median compute share of their circuits: what this
+    machine's shared cores serialize (the rest, the links' delays, overlaps as on separate machines)."""
     t0 = time.perf_counter()
     replies = await asyncio.gather(*(_reply(url, p, tokens, mode) for p in prompts))
-    return sum(int(r.get("completion_tokens") or 0) for r in replies) / (time.perf_counter() - t0)
+    rate = sum(int(r.get("completion_tokens") or 0) for r in replies) / (time.perf_counter() - t0)
+    shares = [r["network_share"] for r in replies if r.get("network_share") is not None]
+    return rate, 1 - statistics.median(shares) if shares else None
 
 
 def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: dict[str, float] | None) -> dict:
@@ -131,8 +134,10 @@ def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool, mode
             result[group] = {mode: _summary(replies[mode], truth, token_time) for mode in modes}
         if draft is None:
             four = list(GROUNDED.values())[:4]
-            result["four_users"] = {mode: asyncio.run(_together(url, four, tokens, mode)) for mode in ("off", "auto")}
-            result["four_users"]["auto_vs_off"] = result["four_users"]["auto"] / result["four_users"]["off"]
+            together = {mode: asyncio.run(_together(url, four, tokens, mode)) for mode in ("off", "auto")}
+            result["four_users"] = {mode: rate for mode, (rate, _) in together.items()}
+            result["four_users"]["compute_share"] = {mode: share for mode, (_, share) in together.items()}
+            result["four_users"]["auto_vs_off"] = together["auto"][0] / together["off"][0]
     for group in ("grounded", "free"):
         off = result[group]["off"]["tokens_per_s"]
         for mode in modes:
@@ -223,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"another vocabulary: {refusal or 'NOT refused'}")
         for r in rings:
             f = r["four_users"]
+            share = f["compute_share"]["off"]
             out.print(f"{r['delay_ms']:g} ms, four users at once: {f['off']:.1f} tok/s off, {f['auto']:.1f} auto "
-                      f"({f['auto_vs_off']:.2f}×)")
+                      f"({f['auto_vs_off']:.2f}×); compute, which the shared cores serialize, "
+                      f"{'?' if share is None else f'{share:.0%}'} of a circuit")
     return 0

@@ -133,19 +133,17 @@ class Request:
                 n = self.replay.pop(0)
             tokens = self.prompt[start : start + n]
             self.cuts.append(len(tokens))
-            last = start + len(tokens) == len(self.prompt)
+            last, draft = start + len(tokens) == len(self.prompt), 0
         elif self.pending or not self.generated or self.trim_from is not None:
             return None  # the next token is being computed (or the rows of its rejected draft dropped)
         else:
             tokens = [self.generated[-1], *self._draft(start, budget)]
+            last, draft = True, len(tokens) - 1
             self.circuits += 1
             self.circuit_rows += len(tokens)
-            self.sent += len(tokens)
-            self.pending += 1
-            return Chunk(self.seq, tokens, start, True, len(tokens) - 1)
         self.sent += len(tokens)
         self.pending += 1
-        return Chunk(self.seq, tokens, start, last)
+        return Chunk(self.seq, tokens, start, last, draft)
 
     def _draft(self, start: int, budget: int) -> list[int]:
         """The drafter's tokens for a decode step at `start`: no more than the reply, the context and the frame

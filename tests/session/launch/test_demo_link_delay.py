@@ -5,18 +5,13 @@ reply's tokens round the ring at once, and the reply is still llama.cpp's own.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kafila.bench.wan import GROUNDED
-from kafila.session.launch.demo import DemoOptions
-from tests.conftest import REPO, llama_cpp_reply
-from tests.shared_probe import shared_probe
+from tests.conftest import llama_cpp_reply
+from tests.session.launch.demo_json import demo_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -26,14 +21,7 @@ TOKENS = 48
 
 
 def test_a_demo_far_apart_replies_as_llama_cpp_with_several_tokens_a_circuit(tmp_path: Path, smollm: Path) -> None:
-    shared_probe(tmp_path, DemoOptions().member_threads())
-    env = {**os.environ, "KAFILA_CACHE_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, str(REPO / "kafila.py"), "demo", "--prompt", PROMPT, "--max-tokens",
-                          str(TOKENS), "--temperature", "0", "--json", "--api-port", "0", "--throttle", "1,1,1",
-                          "--link-delay", str(DELAY_MS), "--speculate", "lookup"],
-                         capture_output=True, text=True, env=env, timeout=800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    doc = json.loads(out.stdout)
+    doc = demo_json(tmp_path, PROMPT, TOKENS, "--link-delay", str(DELAY_MS), "--speculate", "lookup")
     assert doc["text"] == llama_cpp_reply(smollm, PROMPT, TOKENS, 2048)
     assert all(m["emulated"]["link_delay_ms"] == DELAY_MS for m in doc["members"].values()), doc["members"]
     t, spec = doc["token_time"], doc["speculation"]
