@@ -32,6 +32,7 @@ from kafila.session.member.core import MemberCore, log
 from kafila.session.protocol import frames, messages
 from kafila.session.ring.head import Head
 from kafila.session.ring.ring_stats import show_stats
+from kafila.session.ring.speculation import NO_DRAFT
 
 
 def _first(group: BaseException) -> BaseException:
@@ -181,7 +182,7 @@ class Serving(MemberCore):
         try:
             model = await asyncio.to_thread(DraftModel, path, config)
         except EngineError as exc:
-            note = f"no draft model: {exc}; drafting by lookup"
+            note = f"no draft model: {exc}; {NO_DRAFT}"
         else:
             why = (await asyncio.to_thread(model.refusal, vocab, self.worker.engine.path, self._assigned.model)
                    if self.worker else None)
@@ -190,7 +191,7 @@ class Serving(MemberCore):
                 self.state.log(f"the head drafts with {path.name}")
                 return model, None
             model.close()
-            note = f"draft model refused: {why}; drafting by lookup"
+            note = f"draft model refused: {why}; {NO_DRAFT}"
         self.state.log(note)
         return None, note
 

@@ -3,9 +3,10 @@ each step's draft length comes from the ring's measured costs and the acceptance
 (planner/speculation.py).
 
 Modes (`--speculate`, or a request's own `speculate`): `off`; `lookup` and `draft`, which draft whenever
-they can (at least one token; `draft` without a draft model drafts by lookup); `auto` (the default),
-which drafts with the draft model when there is one, else by lookup, and only when the expected tokens
-per second beat a plain step: on a ring whose circuits cost little beside its compute it stays off.
+they can (at least one token; `draft` without a draft model, none given or one lost, decodes plainly);
+`auto` (the default), which drafts with the draft model when there is one, else by lookup, and only when
+the expected tokens per second beat a plain step: on a ring whose circuits cost little beside its compute
+it stays off.
 Acceptance is counted over the session (recent drafts weigh more), per lookup match length (a
 one-token match is a weaker guess than a three-token one) and for the draft model.
 """
@@ -28,6 +29,7 @@ from kafila.planner.speculation import best_draft
 from kafila.session.protocol.fields import SPECULATION_MODES as MODES
 
 log = logging.getLogger("kafila.head")
+NO_DRAFT = "decoding plainly (--speculate draft) or drafting by lookup (auto)"  # what the head does without one
 DECAY = 0.98  # each verification's weight against the ones before: about the last 50 count
 MODEL = 0  # the draft model's key in Speculator.acceptance (lookup's are match lengths 1..LONGEST)
 
@@ -80,7 +82,7 @@ class Speculator:
     def drafter(self, mode: str | None = None, sampling: SamplingParams | None = None) -> RequestDrafter | None:
         """A new request's drafter in `mode` (None: the session's), or None when speculation is off."""
         mode = mode or self.mode
-        if mode == "off":
+        if mode == "off" or (mode == "draft" and self.model is None):
             return None
         if self.model is None or mode == "lookup":
             return RequestDrafter(self, mode)
@@ -129,7 +131,11 @@ class RequestDrafter:
 
     def draft(self, seq: int, prompt: Sequence[int], reply: Sequence[int], limit: int) -> list[int]:
         s, self._q = self.speculator, None
-        if self.model is not None and s.model is not None:
+        if self.model is not None and s.model is None:  # the draft model failed since this request began
+            if self.mode != "auto":
+                return []  # `draft`: plain decoding
+            self.model = None
+        if self.model is not None:
             model = self.model
             # before the first draft its step is unknown: guessed at a ring step's
             k = s.length(MODEL, limit, self.mode, model.step_s or (s.costs() or (0.0, 0.0))[1])
@@ -140,7 +146,7 @@ class RequestDrafter:
             try:
                 out = s.compute(lambda: model.draft(seq, prompt, reply, k, self.sampler))
             except EngineError as exc:  # a draft model that fails drafts no more: the reply goes on without it
-                s.drop_model(f"the draft model failed ({exc}); drafting by lookup")
+                s.drop_model(f"the draft model failed ({exc}); {NO_DRAFT}")
                 return []
             finally:
                 self.drafting_s += time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """A draft model the head cannot use is no failed reply: one of another vocabulary is refused with both
-vocabularies named, a missing one is named missing, and the ring serves on, drafting by lookup: the reply is
-llama.cpp's own and says why there is no draft model."""
+vocabularies named, a missing one is named missing, and the ring serves on, `--speculate draft` decoding
+plainly: the reply is llama.cpp's own and says why there is no draft model."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_a_draft_model_the_head_cannot_use_is_named_and_the_reply_is_served(tmp_
     spec = doc["speculation"]
     assert spec["draft_model"] is None and spec["mode"] == "draft", spec
     note = spec["draft_note"]
-    assert f"{draft}.gguf" in note and "drafting by lookup" in note, note
+    assert f"{draft}.gguf" in note and "decoding plainly" in note and spec["drafted"] == 0, note
     if draft == "other-vocabulary":  # both vocabularies, told apart
         assert "refused" in note and smollm.stem in note and "32 tokens" in note and "49152 tokens" in note, note
     else:

@@ -32,6 +32,7 @@ def test_who_drafts_in_each_mode(draft: DraftModel) -> None:
     with_model = Speculator("auto", lambda: FAR, model=draft)
     assert (d := with_model.drafter()) is not None and d.model is draft and d.sampler is None
     assert (d := with_model.drafter("lookup")) is not None and d.model is None
+    assert plain.drafter("draft") is None  # `draft` without a draft model: plain decoding
     sampled = with_model.drafter("draft", SamplingParams(0.8, 40, 0.95, 3))
     assert sampled is not None and sampled.sampler is not None  # a sampled request's draft draws from q
     with pytest.raises(ValueError, match="speculation mode"):
@@ -55,6 +56,7 @@ def test_a_draft_model_that_fails_leaves_drafting_to_lookup_and_the_reply_to_go_
         raise EngineError("llama_decode failed on 1 rows")
 
     speculator = Speculator("auto", lambda: FAR, model=draft, compute=failing)
+    forced = speculator.drafter("draft")
     for _ in range(20):
         speculator.acceptance[MODEL].add(8, 8)
     drafter = speculator.drafter()
@@ -65,4 +67,5 @@ def test_a_draft_model_that_fails_leaves_drafting_to_lookup_and_the_reply_to_go_
     assert speculator.as_dict()["draft_note"] == speculator.model_note
     for _ in range(20):
         speculator.acceptance[3].add(8, 8)
-    assert drafter.draft(0, tokens[:4], tokens[4:], 8) == [4, 1, 2, 3]  # by lookup from now on
+    assert drafter.draft(0, tokens[:4], tokens[4:], 8) == [4, 1, 2, 3]  # auto: by lookup from now on
+    assert forced is not None and forced.draft(0, tokens[:4], tokens[4:], 8) == []  # `draft`: plainly
