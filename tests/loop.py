@@ -47,7 +47,7 @@ def outcomes(junit: Path) -> list[tuple[str, str]]:
     return found
 
 
-def run_once(i: int, pytest_args: list[str], keep: Path, tally: Tally) -> bool:
+def run_once(i: int, pytest_args: list[str], keep: Path, tally: Tally, keep_all: bool = False) -> bool:
     junit = keep / f"run-{i:03d}.xml"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args]
     t0 = time.monotonic()
@@ -61,6 +61,7 @@ def run_once(i: int, pytest_args: list[str], keep: Path, tally: Tally) -> bool:
         junit.unlink(missing_ok=True)
     else:
         tally.runs_failed.append(i)
+    if not ok or keep_all:
         (keep / f"run-{i:03d}.log").write_text(proc.stdout + proc.stderr)
     return ok
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", "--times", type=int, default=20, help="how many runs (default 20)")
     ap.add_argument("--keep", type=Path, help="where failed runs' output goes (default: a new temporary directory)")
+    ap.add_argument("--keep-all", action="store_true", help="keep every run's output there, passed runs' too")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="test ids and pytest options")
     args = ap.parse_args(argv)
     pytest_args = [a for a in args.pytest_args if a != "--"]
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     keep.mkdir(parents=True, exist_ok=True)
     tally = Tally()
     for i in range(1, args.times + 1):
-        ok = run_once(i, pytest_args, keep, tally)
+        ok = run_once(i, pytest_args, keep, tally, args.keep_all)
         print(f"run {i}/{args.times}: {'pass' if ok else 'FAIL'} ({tally.seconds[-1]:.1f} s)", flush=True)
     print(f"\n{args.times - len(tally.runs_failed)}/{args.times} runs passed; "
           f"{sum(tally.seconds):.0f} s in all, slowest run {max(tally.seconds):.1f} s")
