@@ -7,6 +7,23 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 
+def draft_arg(p: argparse.ArgumentParser) -> None:
+    """`--draft PATH`: this machine's draft model for the head's speculation (join, host)."""
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="a small GGUF with the model's vocabulary on this machine: as the head, it drafts tokens for "
+                        "speculation (e.g. Qwen3-0.6B for Qwen3-32B)")
+
+
+def speculate_arg(p: argparse.ArgumentParser) -> None:
+    """`--speculate MODE`: how the session's head drafts (host, demo)."""
+    from kafila.session.protocol.fields import SPECULATION_MODES
+
+    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto",
+                   help="how the head drafts tokens for speculation: auto (the draft model if the head has one, else "
+                        "prompt lookup, only when the ring's measured costs say it pays; the default), lookup or "
+                        "draft (whenever they can), off")
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1, with the reason when it is not."""
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kafila.session.protocol.fields import SPECULATE_HELP, SPECULATION_MODES
+from kafila.commands._common import speculate_arg
 
 HELP = "run a whole session on this machine (rendezvous, host, 3 emulated members) and chat through the ring"
 
@@ -29,7 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="run member NAME on the second llama.cpp build (make llama-variant builds it)")
     p.add_argument("--draft", default=None, metavar="PATH",
                    help="a small GGUF with the model's vocabulary: the head drafts with it (--speculate draft or auto)")
-    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto", help=SPECULATE_HELP)
+    speculate_arg(p)
     p.add_argument("--json", action="store_true", help="with --prompt: print one JSON object (text, plan, timings)")
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from kafila.commands._common import positive_int
-from kafila.session.protocol.fields import SPECULATE_HELP, SPECULATION_MODES
+from kafila.commands._common import draft_arg, positive_int, speculate_arg
 
 HELP = "open a session for a model, coordinate it and serve a stage of it (prints the join code)"
 
@@ -33,10 +32,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-limit", type=float, default=120.0,
                    help="seconds a member may show no progress while its stage is delivered, loaded or connected "
                         "before it is dropped and named (default 120; progress, not a deadline)")
-    p.add_argument("--draft", default=None, metavar="PATH",
-                   help="a small GGUF with the model's vocabulary on this machine: as the head, it drafts tokens for "
-                        "speculation (e.g. Qwen3-0.6B for Qwen3-32B)")
-    p.add_argument("--speculate", choices=SPECULATION_MODES, default="auto", help=SPECULATE_HELP)
+    draft_arg(p)
+    speculate_arg(p)
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
 
 

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
+from kafila.commands._common import draft_arg
+
 if TYPE_CHECKING:
     from kafila.net.trust import JoinCode
 
@@ -27,9 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="PATH",
                    help="this machine's copy of the host's model (GGUF path or name): the stage is cut here "
                         "instead of sent, after the host checks the file's sha256 against its own")
-    p.add_argument("--draft", default=None, metavar="PATH",
-                   help="a small GGUF with the model's vocabulary on this machine: as the head, it drafts tokens for "
-                        "speculation (e.g. Qwen3-0.6B for Qwen3-32B)")
+    draft_arg(p)
     p.add_argument("--throttle", type=float, default=1.0, help="EMULATION: run this many times slower")
     p.add_argument("--throttle-schedule", default=None, metavar="S:F,...",
                    help="EMULATION: from S seconds after first serving on, run F times slower (e.g. 0:1,60:4)")

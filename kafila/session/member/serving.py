@@ -175,7 +175,8 @@ class Serving(MemberCore):
 
     async def _draft_model(self, vocab: Vocab, config: ContextConfig) -> tuple[DraftModel | None, str | None]:
         """This machine's draft model for the head's speculation, and a note when it was asked for and cannot
-        be used (not there, not loadable, another vocabulary): then drafts are by lookup, and no reply fails."""
+        be used (not there, not loadable, another vocabulary): then `draft` decodes plainly and `auto` drafts by
+        lookup, and no reply fails."""
         path = self.opts.draft
         if path is None:
             return None, None

@@ -19,9 +19,6 @@ MAX_TEXT = 64 * 1024
 MAX_INDEX = (1 << 31) - 1
 CONFIG_KEYS = ("n_ctx_per_seq", "n_seq_max", "n_batch")
 SPECULATION_MODES = ("auto", "lookup", "draft", "off")  # the head's (session/ring/speculation.py)
-SPECULATE_HELP = ("how the head drafts tokens for speculation: auto (the draft model if the head has one, else prompt "
-                  "lookup, only when the ring's measured costs say it pays; the default), lookup or draft (whenever "
-                  "they can), off")
 
 Check = Callable[[Any, str], Any]
 

@@ -9,7 +9,7 @@ The body is hostile input (DESIGN §5: any web page or local user can send one),
 ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
 head, and a bad one becomes a `BadRequest` naming the field, which the API answers as a 400 in
 OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` and `speculate` (this
-request's speculation mode instead of the session's: auto, lookup or off) are extensions, and
+request's speculation mode instead of the session's: auto, lookup, draft or off) are extensions, and
 `resume` (token ids an earlier ring generated, see api.ApiServer.events) and `resume_cuts` (the chunks
 its prompt went round in) are only ever set by the API itself: a client's are dropped, not trusted.
 """

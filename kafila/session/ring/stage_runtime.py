@@ -88,10 +88,14 @@ class StageWorker:
         finally:
             self._queued -= 1
 
+    def _in_turn(self) -> contextlib.AbstractContextManager[object]:
+        """The machine's compute turn, held for the block (nothing to hold on a machine of its own)."""
+        return self.turn if self.turn is not None else contextlib.nullcontext()
+
     def _timed(self, embd: np.ndarray, rows: Rows, take_turn: bool = True) -> tuple[np.ndarray, int]:
         # timed on the stage's thread, once its turn came: the hand-over between threads and the wait
         # for another stage on this machine are not this stage's compute (nor multiplied by a throttle)
-        with self.turn if take_turn and self.turn is not None else contextlib.nullcontext():
+        with self._in_turn() if take_turn else contextlib.nullcontext():
             t0 = time.perf_counter_ns()
             return self.engine.run(embd, rows), time.perf_counter_ns() - t0
 
@@ -99,7 +103,7 @@ class StageWorker:
         """Run `fn` on the stage's thread in the machine's compute turn, the loop blocked until it ends: the draft
         model's calls (llama.cpp must be called from one thread, see above)."""
         def turned() -> T:
-            with self.turn if self.turn is not None else contextlib.nullcontext():
+            with self._in_turn():
                 return fn()
         return self._executor.submit(turned).result()
 
