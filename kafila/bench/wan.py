@@ -10,8 +10,8 @@ acceptance near 1), and a draft model of another vocabulary (Gemma 3 270M) must 
 named. Reported per delay and mode:
 single-user tokens/s (decode: first token to last), drafted and accepted tokens, tokens per circuit,
 TTFT, the network's share of a circuit, the 4-user aggregate, and the time per token the plan predicts
-(its stage times and the edges' measured round trips, per circuit and per computed row) against the
-measured one. Every greedy reply is compared with llama-cpp-python's own.
+(its stage times per computed row, and per circuit the edges' share: the serving ring's time outside compute,
+measured on a warm-up reply) against the measured one. Every greedy reply is compared with llama-cpp-python's own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ import asyncio
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kafila.session.state import SessionState
 
 HELP = "members far apart (emulated link delays): tokens/s with speculation off, lookup and auto"
 GROUNDED = {
@@ -82,7 +85,7 @@ async def _together(url: str, prompts: list[str], tokens: int, mode: str) -> tup
     return rate, 1 - statistics.median(shares) if shares else None
 
 
-def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: dict[str, float] | None) -> dict:
+def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: dict[str, Any] | None) -> dict:
     """One mode's figures over a group of prompts (decode tokens over decode seconds, summed)."""
     decode_tokens = sum(max(int(r["completion_tokens"]) - 1, 0) for r in replies)
     decode_s = sum((int(r["completion_tokens"]) - 1) / r["tokens_per_s"] for r in replies if r.get("tokens_per_s"))
@@ -102,11 +105,24 @@ def _summary(replies: list[dict[str, Any]], truth: dict[str, str], token_time: d
         # each circuit pays the edges once and every stage once per row it carries, and the draft model's
         # time on the request (its catching up with each prompt included)
         drafting = sum(s["drafting_s"] for s in spec)
-        predicted = (circuits * token_time["edges_s"] + rows * token_time["stages_s"] + drafting) / decode_tokens
-        measured = decode_s / decode_tokens
+        def per_token(edges_s: float) -> float:
+            return (circuits * edges_s + rows * token_time["stages_s"] + drafting) / decode_tokens
+
+        predicted, measured = per_token(token_time["edges_s"]), decode_s / decode_tokens
         out |= {"predicted_s_per_token": predicted, "measured_s_per_token": measured,
                 "prediction_error": (measured - predicted) / predicted}
+        if token_time.get("edges_quic_s") is not None:  # the links' round trips alone, for comparison
+            out["predicted_quic_s_per_token"] = per_token(token_time["edges_quic_s"])
     return out
+
+
+def _measured_token_time(state: SessionState, wait_s: float = 5.0) -> dict[str, Any] | None:
+    """The plan's token time once the head has reported its circuits (it does each second); the QUIC round
+    trips' prediction if it has not within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while (state.token_time() or {}).get("edges_from") != "circuits" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return state.token_time()
 
 
 def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool, modes: tuple[str, ...] = MODES,
@@ -122,8 +138,9 @@ def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool, mode
         if state.phase != "admitted":
             raise SessionError(f"the bench ring was not admitted: {state.rejection or state.lost}")
         url = state.api_url or ""
-        asyncio.run(_reply(url, "Hello.", 8, "off"))  # warm-up (and the edges' round trips measured)
-        token_time = state.token_time()
+        # warm-up: the serving ring's circuits measured outside compute, the edges' share of the prediction
+        asyncio.run(_reply(url, "Count from one to twenty.", 24, "off"))
+        token_time = _measured_token_time(state)
         result: dict[str, Any] = {"delay_ms": delay_ms, "plan_token_time": token_time,
                                   "draft": None if draft is None else draft.name}
         for group, prompts in (("grounded", GROUNDED), ("free", FREE)):

@@ -115,6 +115,9 @@ class SessionState:
     delivery: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (bytes done, total)
     stages: dict[str, StageStats] = field(default_factory=dict)
     network_share: float | None = None  # fraction of a token's ring time spent outside compute
+    # a decode circuit's median time outside compute as the head measures it: the links' one-way delays and
+    # each hop's software (QUIC, the event loops, handing rows to llama.cpp), which the links' RTTs leave out
+    circuit_gap_s: float | None = None
     tokens_per_s: float | None = None
     # the latest request's time to first token: {prompt_tokens, measured_s, predicted_s|null} (predicted: the
     # plan's for as many prompt tokens)
@@ -172,15 +175,24 @@ class SessionState:
                 e.state, e.ready_ms, e.rtt_ms = state, ready_ms, rtt_ms
         self.changed()
 
-    def token_time(self) -> dict[str, float] | None:
-        """One token's time round the ring as the plan predicts it with the edges' measured round trips: its
-        stages' times plus half of each edge's round trip (None before a plan or with an edge unmeasured)."""
+    def token_time(self) -> dict[str, Any] | None:
+        """One token's time round the ring as the plan predicts it: its stages' times plus the edges' share.
+
+        The edges' share is the serving ring's measured time outside compute once its head has reported one
+        (`edges_from` "circuits"); before that, half of each edge's QUIC round trip ("quic"), which counts
+        the links but not each hop's software (on loopback that is most of it). None before a plan, or with
+        neither measured.
+        """
         stages = (self.plan or {}).get("stage_seconds")
-        if not stages or any(e.rtt_ms is None for e in self.edges):
+        if not stages:
             return None
         compute = sum(float(t) for t in stages.values())
-        edges = sum(e.rtt_ms or 0.0 for e in self.edges) / 2e3
-        return {"stages_s": compute, "edges_s": edges, "predicted_s": compute + edges}
+        quic = None if any(e.rtt_ms is None for e in self.edges) else sum(e.rtt_ms or 0.0 for e in self.edges) / 2e3
+        edges, source = (self.circuit_gap_s, "circuits") if self.circuit_gap_s is not None else (quic, "quic")
+        if edges is None:
+            return None
+        return {"stages_s": compute, "edges_s": edges, "edges_from": source, "edges_quic_s": quic,
+                "predicted_s": compute + edges}
 
     # -- recording ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

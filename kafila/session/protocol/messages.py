@@ -251,6 +251,7 @@ class Stats(Control):
     network_share: float | None
     tokens_per_s: float | None
     ttft: TtftTime | None = None
+    circuit_gap_s: float | None = None  # a decode circuit's median time outside compute: links and hops
 
 
 @dataclass(frozen=True)
@@ -351,7 +352,8 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "lost": (Lost, {"who": NAME, "reason": TEXT, "epoch": EPOCH}),
     "replan": (Replan, {"reason": TEXT, "epoch": EPOCH}),
     "stats": (Stats, {"stages": map_of(_STAGE_TIME), "network_share": null_or(number(0.0, 1.0)),
-                      "tokens_per_s": null_or(number(0.0, 1e9)), "ttft": null_or(_TTFT)}),
+                      "tokens_per_s": null_or(number(0.0, 1e9)), "ttft": null_or(_TTFT),
+                      "circuit_gap_s": null_or(SECONDS)}),
     "free": (Free, {"seq": integer(0, 0xFFFF)}),
     "trim": (Trim, {"seq": integer(0, 0xFFFF), "keep": integer(0, MAX_INDEX)}),
     "chat": (Chat, {"id": NAME, "origin": NAME, "body": json_object}),

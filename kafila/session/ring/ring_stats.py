@@ -55,6 +55,10 @@ class RingStats:
         return {name: statistics.median(t) for name, t in self.times.items()}
 
     @property
+    def circuit_gap_s(self) -> float | None:
+        return statistics.median(self.gaps) if self.gaps else None
+
+    @property
     def network_share(self) -> float | None:
         return statistics.median(self.shares) if self.shares else None
 
@@ -78,7 +82,7 @@ class RingStats:
         """The `stats` message the head sends the host."""
         measured = self.measured
         return messages.Stats({n: messages.StageTime(p, measured.get(n)) for n, p in self.predicted.items()},
-                              self.network_share, self.tokens_per_s, self.ttft)
+                              self.network_share, self.tokens_per_s, self.ttft, self.circuit_gap_s)
 
 
 def show_stats(state: SessionState, stats: messages.Stats) -> None:
@@ -88,5 +92,6 @@ def show_stats(state: SessionState, stats: messages.Stats) -> None:
         if name in state.stages:
             state.stages[name].measured_s = s.measured_s
     state.network_share, state.tokens_per_s = stats.network_share, stats.tokens_per_s
+    state.circuit_gap_s = stats.circuit_gap_s
     state.ttft = None if stats.ttft is None else asdict(stats.ttft)
     state.changed()

@@ -125,10 +125,10 @@ def test_deep_nesting_is_a_protocol_error() -> None:
     (b'{"t":"free"}', "'free' message: missing field seq"),
     (b'{"t":"free","seq":70000}', r"'free' message: seq must be an integer in \[0, 65535\]"),
     (b'{"t":"free","seq":true}', "seq must be an integer"),
-    (b'{"t":"stats","stages":{},"network_share":NaN,"tokens_per_s":null,"ttft":null}',
+    (b'{"t":"stats","stages":{},"network_share":NaN,"tokens_per_s":null,"ttft":null,"circuit_gap_s":null}',
      "network_share must be a number"),
     (b'{"t":"stats","stages":{},"network_share":null,"tokens_per_s":null,"ttft":{"prompt_tokens":-1,'
-     b'"measured_s":1,"predicted_s":null}}', "prompt_tokens must be an integer"),
+     b'"measured_s":1,"predicted_s":null},"circuit_gap_s":null}', "prompt_tokens must be an integer"),
     (b'{"t":"nope"}', "unknown type 'nope'"),
     (b'[1]', "not a JSON object"),
     (b'{"t":"need","epoch":1,"chunks":[-1]}', r"chunks\[0\] must be an integer"),

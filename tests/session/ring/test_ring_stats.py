@@ -6,7 +6,7 @@ import pytest
 
 from kafila.session.protocol import messages
 from kafila.session.ring.ring_stats import STATS_WINDOW, RingStats, show_stats
-from kafila.session.state import SessionState, StageStats
+from kafila.session.state import EdgeView, SessionState, StageStats
 
 pytestmark = pytest.mark.fast
 
@@ -40,3 +40,22 @@ def test_the_heads_figures_are_shown_on_the_state_for_the_planned_stages_and_lis
     assert state.ttft == {"prompt_tokens": 40, "measured_s": 0.5, "predicted_s": 0.4} and told == [state]
     show_stats(state, messages.Stats({}, None, None))
     assert state.ttft is None and state.network_share is None and len(told) == 2
+
+
+def test_the_circuits_time_outside_compute_replaces_the_links_round_trips_in_the_token_time() -> None:
+    # on loopback QUIC's round trips (read as each edge opened) left out each hop's software, and counted the
+    # handshake's crypto: the serving ring's own circuits measure the edges' share instead
+    state = SessionState(plan={"stage_seconds": {"ada": 0.003, "bo": 0.004}},
+                         edges=[EdgeView("ada", "bo", "direct", "direct", 1.0, 3.0),
+                                EdgeView("bo", "ada", "direct", "direct", 1.0, 5.0)])
+    assert state.token_time() == {"stages_s": 0.007, "edges_s": 0.004, "edges_from": "quic",
+                                  "edges_quic_s": 0.004, "predicted_s": 0.011}
+    stats = RingStats({"ada": 0.003, "bo": 0.004})
+    for gap_ms in (2, 1, 9):  # the median: a preempted circuit does not move it
+        stats.add(["ada", "bo"], (3_000_000, 4_000_000), 7_000_000 + gap_ms * 1_000_000)
+    show_stats(state, stats.message())
+    t = state.token_time()
+    assert t is not None and t["edges_from"] == "circuits" and t["edges_quic_s"] == 0.004
+    assert t["edges_s"] == pytest.approx(0.002) and t["predicted_s"] == pytest.approx(0.009)
+    show_stats(state, RingStats({}).message())  # a new ring's head has measured nothing yet
+    assert state.token_time()["edges_from"] == "quic"
