@@ -75,9 +75,7 @@ class Sampler:
         """The tokens left by top-k and top-p, most likely first, and their probabilities at the temperature."""
         p = self.params
         z = logits.astype(np.float64)
-        order = np.argsort(-z, kind="stable")
-        if p.top_k:
-            order = order[: p.top_k]
+        order = top_first(z, p.top_k)
         # Shift before dividing: (z - max) / T is <= 0 and the top is exactly 0, so a tiny temperature
         # gives -inf for the rest and exp() stays finite (z / T first overflowed to inf - inf = NaN).
         with np.errstate(over="ignore"):
@@ -89,3 +87,16 @@ class Sampler:
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
             order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
         return order, probs
+
+
+def top_first(z: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest values (all of them when k is 0), largest first, ties by index: exactly
+    np.argsort(-z, kind="stable")[:k]. Sorting a whole vocabulary took 3-4 ms a token on SmolLM2's 49,152
+    tokens (a fifth of a token's time on the demo ring); partitioning first takes a tenth of that."""
+    n = len(z)
+    if not 0 < k < n or np.isnan(z).any():  # NaN logits: the full sort's order (NaN last) decides
+        return np.argsort(-z, kind="stable")[: k or None]
+    kth = np.partition(z, n - k)[n - k]  # the k-th largest value
+    above = np.flatnonzero(z > kth)
+    chosen = np.concatenate([above, np.flatnonzero(z == kth)[: k - len(above)]])
+    return chosen[np.lexsort((chosen, -z[chosen]))]

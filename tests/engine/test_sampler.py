@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.engine.sampler import Sampler, SamplingParams, top_first
 
 pytestmark = pytest.mark.fast
 
@@ -18,6 +18,13 @@ logits_st = arrays(np.float32, st.integers(2, 64), elements=st.floats(-20, 20, w
 @given(logits_st)
 def test_greedy_is_first_argmax(logits: np.ndarray) -> None:
     assert Sampler(SamplingParams(temperature=0)).sample(logits) == int(np.argmax(logits))
+
+
+@given(arrays(np.float64, st.integers(1, 80), elements=st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 2.0, np.nan])),
+       st.integers(0, 90))
+def test_the_top_k_are_the_full_sorts_first_k_ties_and_all(z: np.ndarray, k: int) -> None:
+    # few distinct values: ties at the k-th value everywhere, which the stable sort breaks by index
+    assert top_first(z, k).tolist() == np.argsort(-z, kind="stable")[: k or None].tolist()
 
 
 @settings(max_examples=60)
