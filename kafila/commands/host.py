@@ -35,6 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     draft_arg(p)
     speculate_arg(p)
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
+    p.add_argument("--no-copy", action="store_true",
+                   help="give no member a copy of the model (by default, when no other member holds it, one gets a "
+                        "copy on disk, so that the session outlives this machine)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
         members=args.members, wait_s=args.wait, concurrency=args.concurrency, context=args.context,
         batch=args.batch,
-        api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan,
+        api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan, copy=not args.no_copy,
         mixed_builds=args.mixed_builds, coordinate_only=args.coordinate_only, name=args.name, threads=args.threads,
         stall_s=args.stall_limit, speculate=args.speculate, draft=Path(args.draft) if args.draft else None,
     )

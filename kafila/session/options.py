@@ -70,6 +70,7 @@ class HostOptions:
     link_idle_timeout_s: float = 5.0
     allow_direct: bool = True
     replan: bool = True  # after losing a member, plan again over the others when the model still fits
+    copy: bool = True  # give a member a copy of the model when no other holds it (coordinator.model_copy)
     mixed_builds: bool = False  # admit members whose llama.cpp build differs (the ring is then not bit-exact)
     stall_s: float = 120.0  # a member showing no progress this long before admission is lost (not a deadline)
     draft: Path | None = None  # the host's own machine's draft model (MemberOptions.draft)

@@ -130,6 +130,9 @@ class SessionState:
     # each time the ring was planned again because a member ran slower or faster than planned: member,
     # predicted_s, measured_s (its stage's call), was_bottleneck_s, bottleneck_s (the new plan's)
     replans: list[dict[str, Any]] = field(default_factory=list)
+    # member → the share of the model copied to its disk so far (1.0: held and verified), so that the ring
+    # outlives a host no other member holds the model for (coordinator.model_copy)
+    copies: dict[str, float] = field(default_factory=dict)
     events: list[tuple[float, str]] = field(default_factory=list)
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False, compare=False)
 

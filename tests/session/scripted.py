@@ -38,7 +38,7 @@ from kafila.session.delivery.stage_files import manifest_for
 from kafila.session.member.host_link import connect_host
 from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import HostOptions, MemberOptions
-from kafila.session.protocol import messages
+from kafila.session.protocol import chunks, messages
 from kafila.session.protocol.manifest import StageManifest
 from kafila.session.state import SessionState
 from tests.rendezvous.inprocess import loopback_rendezvous
@@ -85,7 +85,7 @@ class Inbox:
             while True:
                 raw = await self.link.recv()
                 if messages.kind(raw) == "chunk":
-                    self.chunks.append(messages.parse_chunk(raw)[0])
+                    self.chunks.append(chunks.parse_chunk(raw)[0])
                 if messages.kind(raw) != "control":
                     continue
                 msg = messages.decode(raw)

@@ -83,6 +83,7 @@ class CoordinatorCore:
         self._handlers: dict[type[messages.Control], Callable[[Joined, Any], None]] = {}
         self.builds = RingBuilds(self.my_build)
         self._model_sha256: str | None = None  # hashed when a member first announces its own copy
+        self.copies: set[str] = set()  # members given a copy of the model, verified (model_copy.py)
 
     async def _tell(self, name: str, msg: messages.Control | bytes) -> bool:
         """Send to a member; a failed send is that member's loss (queued like any other), not an error."""

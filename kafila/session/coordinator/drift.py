@@ -93,3 +93,19 @@ class DriftWatch:
         self.moved_at[member] = now
         self.since.clear()
         self.way.clear()
+
+
+def measured_speed(speed: dict[str, float], stages: dict[str, tuple[float, float | None]],
+                   drift: Drift) -> dict[str, float]:
+    """Each member's time over its probe's as the serving ring measures it: `speed` (the factors planned so far)
+    times the drifting member's drift, and times each other stage's running median over its prediction
+    {member: (predicted_s, measured_s|None)}. A probe that misjudged a member by less than a drift is then put
+    right at the same new plan instead of carried into it; one off by SLOWER or more is a drift of its own,
+    left to the watch."""
+    out = dict(speed)
+    for name, (predicted, measured) in stages.items():
+        if name != drift.member and measured is not None and predicted > 0 and \
+                1 / SLOWER < measured / predicted < SLOWER:
+            out[name] = out.get(name, 1.0) * measured / predicted
+    out[drift.member] = out.get(drift.member, 1.0) * drift.factor
+    return out

@@ -23,8 +23,8 @@ from kafila.net.trust import VerifiedMember
 from kafila.planner import Member, ModelSpec, Workload, make_plan, predict_edge
 from kafila.planner.placement import Placement
 from kafila.session.api.server import Forwarder
-from kafila.session.coordinator.drift import Drift
-from kafila.session.coordinator.losses import LossHandling
+from kafila.session.coordinator.drift import Drift, measured_speed
+from kafila.session.coordinator.model_copy import ModelCopies
 from kafila.session.delivery.local_model import claimed_hash
 from kafila.session.delivery.stage_files import manifest_for
 from kafila.session.protocol import messages
@@ -81,7 +81,7 @@ def planner_member(vm: VerifiedMember, slower: float = 1.0) -> Member:
     return member
 
 
-class Epochs(LossHandling):
+class Epochs(ModelCopies):
     """Plan, deliver, admit, watch: one epoch after another until the session ends."""
 
     async def _epoch(self) -> int | None:
@@ -134,11 +134,11 @@ class Epochs(LossHandling):
         for n in order:
             await self._tell(n, messages.Admit(self.epoch))
             self.state.update_member(n, status="serving", note="")  # a late joiner's wait is over
-        roster = self._roster(order)
-        for n in order:  # the coordinator's state, so that the ring outlives the host (kafila.session.member.takeover)
-            await self._tell(n, roster)
+        # the coordinator's state, so that the ring outlives the host (kafila.session.member.takeover)
+        await self._send_roster(order)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
+        self._offer_copy(order)
         return await self._until_change()
 
     async def _adopt(self, assign: messages.Assign) -> int | None:
@@ -160,9 +160,7 @@ class Epochs(LossHandling):
         self.order = order
         for n in order:
             self.state.update_member(n, status="serving")
-        roster = self._roster(order)
-        for n in order:
-            await self._tell(n, roster)
+        await self._send_roster(order)
         self.state.set_phase("admitted", f"took the serving ring over: {len(order)} members, head {assign.head}")
         return await self._until_change()
 
@@ -191,16 +189,19 @@ class Epochs(LossHandling):
     def _worth_planning_again(self, drift: Drift) -> bool:
         """Whether a plan with the drifting member at its measured speed cuts the slowest stage by GAIN or more
         (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
-        speed = {**self.speed, drift.member: self.speed.get(drift.member, 1.0) * drift.factor}
-        new = self._slowest([n for n in self.order if n in self.joined], speed)
-        planned = (self.state.plan or {}).get("stage_seconds", {})
-        now = max((float(t) * (drift.factor if n == drift.member else 1.0) for n, t in planned.items()), default=0.0)
+        new = self._slowest([n for n in self.order if n in self.joined], self._measured_speed(drift))
+        now = max((drift.measured_s if n == drift.member else s.measured_s or s.predicted_s
+                   for n, s in self.state.stages.items()), default=0.0)
         if cuts_enough(now, new):
             return True
         self.drift.dismiss(drift.member, asyncio.get_running_loop().time())
         again = f"{new * 1e3:.1f} ms planned again" if new is not None else "no feasible plan"
         self.state.log(f"{drift.text()}; a new plan would not help (slowest stage {now * 1e3:.1f} ms now, {again})")
         return False
+
+    def _measured_speed(self, drift: Drift) -> dict[str, float]:
+        return measured_speed(self.speed, {n: (s.predicted_s, s.measured_s) for n, s in self.state.stages.items()},
+                              drift)
 
     def _slowest(self, names: list[str], speed: dict[str, float] | None = None) -> float | None:
         """The slowest stage of the plan over `names` at their measured speeds (or `speed`); None: no feasible plan."""
@@ -244,7 +245,7 @@ class Epochs(LossHandling):
 
     async def _on_drift(self, drift: Drift) -> int | None:
         """End this epoch to plan again with the drifting member at the speed it shows (None: plan again)."""
-        self.speed[drift.member] = self.speed.get(drift.member, 1.0) * drift.factor
+        self.speed = self._measured_speed(drift)
         self.drift.planned_again(drift.member, asyncio.get_running_loop().time())
         was = max((s.measured_s or s.predicted_s for s in self.state.stages.values()), default=0.0)
         self.state.replans.append({"member": drift.member, "predicted_s": drift.predicted_s,
@@ -273,8 +274,8 @@ class Epochs(LossHandling):
             m = planner_member(self.joined[n].peer)
             measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
                                             m.nat.value, self.joined[n].peer.rtt_ms)
-        holders = tuple(n for n in order if claimed_hash(self.joined[n].peer.measurements) is not None)
-        return messages.Roster(self.state.me or "host", model_label(self.model), measured, self.beside, holders,
+        return messages.Roster(self.state.me or "host", model_label(self.model), measured, self.beside,
+                               self._holders(order),
                                self._model_sha256, self.opts.strategy, self.opts.mixed_builds,
                                self._fingerprints(order))
 

@@ -41,6 +41,8 @@ class HostRuntime(Admission, MemberMessages, Epochs):
             messages.Lost: self._on_lost_report,
             messages.Stats: self._on_stats,
             messages.ChatEvt: self._on_chat_evt,
+            messages.CopyNeed: self._on_copy_need,
+            messages.Copied: self._on_copied,
         })
 
     async def run(self) -> int:

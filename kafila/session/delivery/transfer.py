@@ -15,6 +15,7 @@ from pathlib import Path
 from kafila.net.quic import Link
 from kafila.session.delivery.stage_files import StageReceiver, read_chunk
 from kafila.session.protocol import messages
+from kafila.session.protocol.chunks import CHUNK_MAGIC, chunk, parse_chunk
 from kafila.session.protocol.manifest import StageManifest
 
 
@@ -24,12 +25,13 @@ class Superseded(Exception):
 
 
 async def send_stage(link: Link, path: Path, manifest: StageManifest, chunks: Sequence[int],
-                     progress: Callable[[int], None] | None = None) -> int:
-    """Send the chunks a member asked for; returns the stage bytes sent (`progress` gets each chunk's size)."""
+                     progress: Callable[[int], None] | None = None, magic: bytes = CHUNK_MAGIC) -> int:
+    """Send the chunks a member asked for; returns the stage bytes sent (`progress` gets each chunk's size).
+    `magic`: COPY_MAGIC for a model copy's chunks."""
     sent = 0
     for i in chunks:
         data = await asyncio.to_thread(read_chunk, path, manifest, i)
-        await link.send(messages.chunk(i, data))
+        await link.send(chunk(i, data, magic))
         sent += len(data)
         if progress is not None:
             progress(len(data))
@@ -47,7 +49,7 @@ async def receive_stage(link: Link, receiver: StageReceiver, timeout_s: float,
         if messages.kind(raw) != "chunk":
             aside(raw)
             continue
-        index, data = messages.parse_chunk(raw)
+        index, data = parse_chunk(raw)
         # on the loop, not a worker thread: while a chunk is hashed and written no more datagrams are read,
         # so messages cannot pile up in the link's inbox faster than they are stored (memory stays bounded)
         receiver.accept(index, data)

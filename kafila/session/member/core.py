@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from kafila.engine.draft import DraftModel
 from kafila.engine.stage import ContextConfig
@@ -43,6 +44,7 @@ class MemberCore:
         self.edges: RingEdges | None = None
         self.assignment: messages.Assign | None = None
         self.roster: messages.Roster | None = None  # the coordinator's replicated state
+        self.model_copy: Path | None = None  # a verified copy of the model the host gave (member.model_copy)
         self._serving: asyncio.Task[None] | None = None
         self._ring_up = asyncio.Event()  # _serve has made this epoch's head or forwarder
         self._pending: list[messages.Control] = []
@@ -63,6 +65,9 @@ class MemberCore:
         return ContextConfig(n_ctx_per_seq=c["n_ctx_per_seq"], n_seq_max=c["n_seq_max"], n_batch=c["n_batch"],
                              n_threads=self.opts.threads)
 
+    async def _on_copy_chunk(self, raw: bytes) -> None:
+        raise NotImplementedError  # member.model_copy.ModelCopy's
+
     async def send_host(self, msg: messages.Control) -> None:
         """Send a control message to the coordinator."""
         await self.control.send(messages.encode(msg))
@@ -72,6 +77,10 @@ class MemberCore:
             return self._pending.pop(0)
         while True:
             raw = await self.control.recv()
-            if messages.kind(raw) == "control":
+            kind = messages.kind(raw)
+            if kind == "control":
                 return messages.decode(raw)
+            if kind == "copy":
+                await self._on_copy_chunk(raw)
+                continue
             log.warning("ignored a stray %s message from the host", messages.kind(raw))

@@ -20,6 +20,7 @@ from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import model_proof
 from kafila.session.member.core import log
+from kafila.session.member.model_copy import ModelCopy
 from kafila.session.member.stage import MemberStage
 from kafila.session.member.takeover import Takeover
 from kafila.session.options import MemberOptions
@@ -27,7 +28,7 @@ from kafila.session.protocol import messages
 from kafila.session.state import SessionState
 
 
-class MemberRuntime(MemberStage, Takeover):
+class MemberRuntime(MemberStage, Takeover, ModelCopy):
     """Everything a member does after it is connected to the host."""
 
     def __init__(self, ep: PeerEndpoint, control: Link, state: SessionState, opts: MemberOptions,
@@ -46,6 +47,7 @@ class MemberRuntime(MemberStage, Takeover):
             messages.Bye: self._on_bye,
             messages.Roster: self._on_roster,
             messages.Prove: self._on_prove,
+            messages.Copy: self._on_copy,
         }
 
     async def run(self) -> int:

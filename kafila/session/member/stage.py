@@ -145,6 +145,8 @@ class MemberStage(MemberCore):
             self.state.changed()
 
         def aside(raw: bytes) -> None:
+            if messages.kind(raw) == "copy":  # a model copy's chunk: its batch is asked again after admission
+                return
             msg = messages.decode(raw)
             self._pending.append(msg)  # handled after the transfer, or at once: the host gave this epoch up
             if isinstance(msg, messages.Lost | messages.Replan | messages.Assign | messages.Reject | messages.Bye):

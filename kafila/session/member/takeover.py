@@ -2,9 +2,10 @@
 
 The host's own stage goes with it, so the ring must be re-planned over the survivors, and only a
 process that holds the model's bytes can cut new stages. Every member knows the same replicated
-`roster` (who serves, what each measured, which of them hold the model, verified by sha256 at
-admission) and the same assignment, so each makes the same choice without a word exchanged: the
-first member in ring order, other than the one lost with the coordinator, that holds the model.
+`roster` (who serves, what each measured, which of them hold the model: verified by sha256 at
+admission, or given a whole copy by the host since, coordinator.model_copy) and the same assignment,
+so each makes the same choice without a word exchanged: the first member in ring order, other than
+the one lost with the coordinator, that holds the model.
 
 That member runs the host's own coordinator (`HostRuntime`: plan, cut, deliver, admit) on a second
 endpoint in its process, announced as the session's coordinator; every survivor, the successor's
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 from kafila.errors import KafilaError, SessionError
 from kafila.model.describe import describe_model
@@ -58,21 +60,22 @@ def survivors(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) 
     return [n for n in order if n != roster.beside and n not in lost]
 
 
-def coordinator_options(opts: MemberOptions, assign: Assign, roster: Roster, expected: int) -> HostOptions:
-    """The host's settings, as replicated to every member, for the member that coordinates now.
+def coordinator_options(opts: MemberOptions, model: Path, assign: Assign, roster: Roster,
+                        expected: int) -> HostOptions:
+    """The host's settings, as replicated to every member, for the member that coordinates now (with `model`:
+    its own file, or the copy the host gave it).
 
     It only coordinates from its second endpoint: its ring member is the member already running.
     """
-    assert opts.model is not None
     c = assign.config
-    return HostOptions(model=opts.model, rendezvous=opts.rendezvous, members=expected, coordinate_only=True,
+    return HostOptions(model=model, rendezvous=opts.rendezvous, members=expected, coordinate_only=True,
                        name=opts.name, threads=opts.threads, wait_s=TAKEOVER_WAIT_S, concurrency=c["n_seq_max"],
                        context=c["n_ctx_per_seq"], batch=c["n_batch"], api_port=None, bind=opts.bind,
                        cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
                        allow_direct=opts.allow_direct, mixed_builds=roster.mixed_builds, strategy=roster.strategy)
 
 
-async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member_state: SessionState,
+async def coordinate(opts: MemberOptions, model: Path, assign: Assign, roster: Roster, member_state: SessionState,
                      cache: StageCache, use: InUse | None, adopt: bool = False,
                      identity: Identity | None = None) -> int:
     """Run the session's coordination from this member's process until the session ends; returns its status.
@@ -81,12 +84,11 @@ async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member
     `identity`: the member's own certificate, which the survivors know from the roster and pin.
     """
     ring = list(assign.order) if adopt else survivors(roster, assign.order)
-    host_opts = coordinator_options(opts, assign, roster, len(ring))
-    assert host_opts.model is not None
+    host_opts = coordinator_options(opts, model, assign, roster, len(ring))
     state = SessionState()
     state.role, state.me, state.coordinator, state.model = "host", opts.name, opts.name, roster.model
     relay_events(state, member_state, "coordinating: ")
-    info = describe_model(host_opts.model)
+    info = describe_model(model)
     async with PeerEndpoint(bind=opts.bind, identity=identity, name=opts.name,
                             idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct,
                             link_delay_s=opts.link_delay_ms / 1e3) as ep:
@@ -94,7 +96,7 @@ async def coordinate(opts: MemberOptions, assign: Assign, roster: Roster, member
         await ep.join_session(opts.rendezvous, opts.code)
         await ep.announce(coordinator_announcement())
         state.set_phase("waiting", f"waiting for {', '.join(ring)}")
-        runtime = HostRuntime(ep, host_opts, state, host_opts.model, info, cache, None, use, beside=opts.name,
+        runtime = HostRuntime(ep, host_opts, state, model, info, cache, None, use, beside=opts.name,
                               serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)))
         return await runtime.run()
 
@@ -139,7 +141,8 @@ class Takeover(Serving):
         elif self.assignment is not None:
             why += ("; the ring cannot be re-planned without its host: no survivor holds the model to cut new "
                     "stages from (a member joined with `kafila join CODE --model PATH` would have taken "
-                    "coordination over): open a new session with `kafila host`")
+                    "coordination over, as would the one the host copies the model to once its copy is whole, "
+                    "unless the host ran with --no-copy): open a new session with `kafila host`")
         self.state.lost = why
         self.state.set_phase("closed", f"the session cannot go on: {why}")
         self._fail_requests(why, resumable=False)
@@ -188,7 +191,10 @@ class Takeover(Serving):
     async def _coordinate(self, assign: messages.Assign, roster: messages.Roster, adopt: bool) -> None:
         """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
         try:
-            status = await coordinate(self.opts, assign, roster, self.state, self.cache, self.use, adopt,
+            model = self.opts.model or self.model_copy
+            if model is None:  # the roster names this member a holder: it has one or the other
+                raise SessionError("this member has no model file to coordinate with")
+            status = await coordinate(self.opts, model, assign, roster, self.state, self.cache, self.use, adopt,
                                       self.ep.identity)
             self.state.log(f"coordination ended (status {status})")
         except KafilaError as exc:

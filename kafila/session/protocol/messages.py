@@ -4,6 +4,7 @@ Three kinds, told apart by their first bytes:
 
     b"KFA1" ...   activation frame (kafila.session.protocol.frames): hidden-state rows moving around the ring
     b"KFC1" ...   stage chunk: u32 index | raw bytes of one chunk of a stage file (host → member)
+    b"KFM1" ...   model-copy chunk: the same layout, one chunk of the model file (host → heir)
     b"{" ...      a control message: one UTF-8 JSON object whose "t" names its type, below
 
 Control messages, each a frozen dataclass here (every field is required; "|null" marks the ones
@@ -32,7 +33,8 @@ that may be null; fields this build does not know are ignored):
     stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
                               tokens_per_s|null, ttft {prompt_tokens, measured_s, predicted_s|null}|null
                               (the latest request's time to first token, and the plan's for as many
-                              prompt tokens)
+                              prompt tokens), circuit_gap_s|null (a decode circuit's median time outside
+                              compute: the links and each hop's software)
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
     trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
                               reuses the rest; travels the ring back to the head, ahead of the frames
@@ -52,6 +54,11 @@ that may be null; fields this build does not know are ignored):
                               each measured, and what a member needs to take coordination over, so
                               that the ring outlives its host; kafila.session.member.takeover)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
+    copy      host → member   manifest {sha256, size, chunk_size, chunks} of the model file: hold a copy
+                              on disk, so that the ring outlives a host no other member holds it for
+    copy_need member → host   chunks [at most COPY_BATCH indices it still lacks] (asked one batch at a time:
+                              a background transfer, never more than a batch ahead of the control messages)
+    copied    member → host   sha256|null (the verified copy), error|null (why it holds none)
 
 decode() checks every field's type and range from one table (SCHEMA, its checks from
 kafila.session.protocol.fields); anything malformed is a ProtocolError naming what is wrong, never
@@ -61,11 +68,11 @@ another exception.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from kafila.errors import ProtocolError
+from kafila.session.protocol.chunks import CHUNK_MAGIC, COPY_BATCH, COPY_MAGIC
 from kafila.session.protocol.fields import CONFIG_KEYS as CONFIG_KEYS  # the limits stay importable from here
 from kafila.session.protocol.fields import (
     EPOCH,
@@ -99,18 +106,21 @@ from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
 from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
 
-CONTROL_VERSION = 2  # 2: assign and roster carry the members' fingerprints; prove/proof of a model file
+# 2: assign and roster carry the members' fingerprints; prove/proof of a model file. 3: stats carry
+# circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk)
+CONTROL_VERSION = 3
 
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
-CHUNK_MAGIC = b"KFC1"
 
 
 def kind(msg: bytes) -> str:
-    """'frame', 'chunk' or 'control'."""
+    """'frame', 'chunk', 'copy' or 'control'."""
     if msg[:4] == FRAME_MAGIC:
         return "frame"
     if msg[:4] == CHUNK_MAGIC:
         return "chunk"
+    if msg[:4] == COPY_MAGIC:
+        return "copy"
     if msg[:1] == b"{":
         return "control"
     raise ProtocolError(f"unknown session message starting {msg[:4]!r}")
@@ -255,6 +265,25 @@ class Stats(Control):
 
 
 @dataclass(frozen=True)
+class Copy(Control):
+    T = "copy"
+    manifest: StageManifest
+
+
+@dataclass(frozen=True)
+class CopyNeed(Control):
+    T = "copy_need"
+    chunks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Copied(Control):
+    T = "copied"
+    sha256: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Free(Control):
     T = "free"
     seq: int
@@ -354,6 +383,9 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "stats": (Stats, {"stages": map_of(_STAGE_TIME), "network_share": null_or(number(0.0, 1.0)),
                       "tokens_per_s": null_or(number(0.0, 1e9)), "ttft": null_or(_TTFT),
                       "circuit_gap_s": null_or(SECONDS)}),
+    "copy": (Copy, {"manifest": manifest}),
+    "copy_need": (CopyNeed, {"chunks": list_of(integer(0, MAX_INDEX), COPY_BATCH)}),
+    "copied": (Copied, {"sha256": null_or(SHA256), "error": null_or(TEXT)}),
     "free": (Free, {"seq": integer(0, 0xFFFF)}),
     "trim": (Trim, {"seq": integer(0, 0xFFFF), "keep": integer(0, MAX_INDEX)}),
     "chat": (Chat, {"id": NAME, "origin": NAME, "body": json_object}),
@@ -416,20 +448,3 @@ def encode(msg: Control) -> bytes:
     body = {"t": msg.T, **{f.name: _plain(getattr(msg, f.name)) for f in fields(msg)}}  # type: ignore[arg-type]
     return json.dumps(body, separators=(",", ":")).encode()
 
-
-_CHUNK = struct.Struct("<4sI")
-
-
-def chunk(index: int, data: bytes) -> bytes:
-    """Encode one stage-file chunk."""
-    return _CHUNK.pack(CHUNK_MAGIC, index) + data
-
-
-def parse_chunk(msg: bytes) -> tuple[int, bytes]:
-    """Decode a stage-file chunk into (index, bytes)."""
-    if len(msg) < _CHUNK.size:
-        raise ProtocolError("stage chunk shorter than its header")
-    magic, index = _CHUNK.unpack_from(msg)
-    if magic != CHUNK_MAGIC:
-        raise ProtocolError("not a stage chunk")
-    return index, msg[_CHUNK.size :]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafila.session.coordinator.drift import HOLD_S, SETTLE_S, Drift, DriftWatch
+from kafila.session.coordinator.drift import HOLD_S, SETTLE_S, SLOWER, Drift, DriftWatch, measured_speed
 
 pytestmark = pytest.mark.fast
 
@@ -75,3 +75,12 @@ def test_a_verdict_only_after_hold_s_of_fresh_drift_one_way(ratios: list[float])
             slow = all(x >= 1.5 - 1e-6 for x in window)
             fast = all(x <= 1 / 1.5 + 1e-6 for x in window)
             assert slow or fast, window
+
+
+def test_a_new_plan_for_a_drift_takes_every_stage_at_its_measured_speed() -> None:
+    # the drifting member by its drift; the others by their running medians, so a probe that misjudged one by
+    # less than a drift is put right at the same plan (it had made the new plan's prediction 10-15 % off)
+    stages = {"ada": (0.010, 0.012), "bo": (0.010, 0.040), "cy": (0.010, None), "dee": (0.010, 0.010 * SLOWER)}
+    speed = measured_speed({"ada": 2.0, "bo": 1.0}, stages, Drift("bo", 0.010, 0.040))
+    assert speed["ada"] == pytest.approx(2.4) and speed["bo"] == pytest.approx(4.0)
+    assert "cy" not in speed and "dee" not in speed  # unmeasured; off by a drift of its own: the watch's to judge

@@ -48,21 +48,22 @@ def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm
             after = cluster.wait_state(cluster.url, lambda s: s["phase"] == "admitted"
                                        and s["plan"]["ranges"] != before["ranges"], 240)
             decoding.more(2, 240)  # replies served on after it: the last one wholly on the new plan
+        # the new ring's head has reported its circuits by now (each second): the edges' share of a token
+        gap = cluster.state(cluster.url).get("circuit_gap_s")
         replies = decoding.replies
         assert replanned_after <= REPLAN_WITHIN_S, replanned_after
         # the new plan's speed is what the ring then does: one reply's tokens/s against one token's time as the
-        # plan predicts it (its stage times and half of each ring edge's measured round trip)
+        # plan predicts it (SessionState.token_time: its stage times and the ring's circuits outside compute)
         plan, last = after["plan"], replies[-1]
         stats = next(c["kafila"] for _, c in reversed(last[:-1]) if (c.get("kafila") or {}).get("tokens_per_s"))
         measured = stats["tokens_per_s"]
-        token_s = sum(plan["stage_seconds"].values()) + sum(e.get("rtt_ms") or 0.0 for e in after["edges"]) / 2e3
+        edges_s = gap if gap is not None else sum(e.get("rtt_ms") or 0.0 for e in after["edges"]) / 2e3
+        token_s = sum(plan["stage_seconds"].values()) + edges_s
         stages = {n: (round(v["predicted_s"] * 1e3, 2), round((v["measured_s"] or 0) * 1e3, 2))
                   for n, v in stats["stages"].items()}
-        # issue 32 asks for 0.9x: met in most runs; the slowed member's new prediction scales its old one by the
-        # factor it drifted by, so a probe that misjudged that member at the start misjudges it again (seen: 25 %
-        # low, 0.85x), hence the looser bound here and the ratio printed
+        # issue 32: at least 0.9x (every member is planned again at its measured speed: drift.measured_speed)
         print(f"RATIO {measured * token_s:.3f}")
-        assert measured >= 0.8 / token_s, (measured, 1 / token_s, stages, stats["network_share"],
+        assert measured >= 0.9 / token_s, (measured, 1 / token_s, stages, stats["network_share"], gap,
                                            [e.get("rtt_ms") for e in after["edges"]], len(after["replans"]))
         print(f"re-planned {replanned_after:.1f} s after the slow-down; {measured:.1f} tok/s against "
               f"{1 / token_s:.1f} predicted")

@@ -123,13 +123,15 @@ def test_coordinate_only_host_killed_after_admission_the_ring_serves_on(tmp_path
 
 
 def test_serving_host_killed_with_no_member_holding_the_model_ends_every_client_clearly(tmp_path: Path) -> None:
-    """The serving host killed mid-reply, no member holding the model: the client's reply ends in one error.
+    """The serving host killed mid-reply, no member holding the model (`--no-copy`: none given a copy either): the
+    client's reply ends in one error.
 
     Its one timing check: the error reaches the client within LOSS_NOTICED_WITHIN_S of the kill (the link
     idle timeout and the margin a loaded machine needs, tests/session/cluster.py): the loss was noticed by
     the idle timeout, not by something slower. The kill waits on the reply's first text.
     """
-    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo")], serve_host=True) as cluster:
+    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo")], host_args=["--no-copy"],
+                 serve_host=True) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
         assert HOST_MEMBER in plan["order"]
         urls = {n: cluster.member_url(n) for n in ("ada", "bo")}
@@ -202,6 +204,38 @@ def test_serving_host_killed_a_member_with_the_model_takes_over_and_the_reply_re
             assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
         procs = list(cluster.procs)
     assert all(proc.popen.poll() is not None for proc in procs)  # nothing is left running (stop checks each status)
+
+
+def test_serving_host_killed_the_member_it_gave_a_copy_takes_over_and_the_reply_resumes(
+        tmp_path: Path, smollm: Path, story: str) -> None:
+    """No member holds the model: the host gives the first ring member after its own a copy (issue 32 (7)), and
+    once that member holds it, the host's loss mid-reply is survived as if it had joined with `--model`."""
+    with Cluster(tmp_path, [(n, ["--api-port", "0"]) for n in ("ada", "bo")], serve_host=True) as cluster:
+        plan = cluster.wait_phase({"admitted"})["plan"]
+        others = [n for n in plan["order"] if n != HOST_MEMBER]
+        heir = others[0]  # the one that takes over: the first survivor in ring order holding the model
+        copied = cluster.wait_state(cluster.url, lambda s: s["copies"].get(heir) == 1.0, 120)
+        assert list(copied["copies"]) == [heir], copied["copies"]  # one copy: a single loss leaves every block
+        cluster.host.wait_for(re.compile(f"{heir} holds a copy of the model"), 30)
+        copy = next((tmp_path / "cache" / "copies").glob("*.gguf"))
+        assert copy.read_bytes() == smollm.read_bytes()  # the file itself, not a re-cut of it
+        urls = {n: cluster.member_url(n) for n in others}
+        streaming = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(cluster.stream_chat, STORY, STORY_TOKENS, 300, streaming, urls[others[-1]])
+            while not streaming.wait(0.1):
+                if pending.done():
+                    raise AssertionError(f"the reply ended before the kill: {pending.result()}")
+            cluster.host.popen.kill()  # kill -9: the host, its coordination, its stage and its model file
+            killed_at = time.monotonic()
+            chunks = pending.result(timeout=300)
+        outputs = {n: m.output[-4000:] for n, m in cluster.members.items()}
+        check_resumed_reply(chunks, killed_at, story, outputs)
+        for url in urls.values():
+            state = cluster.wait_state(url, lambda s: s["coordinator"] == heir and s["phase"] == "admitted", 120)
+            assert sorted(state["plan"]["order"]) == sorted(others), state["plan"]
+        for proc in cluster.members.values():
+            assert proc.popen.poll() is None and "Traceback" not in proc.output, proc.output
 
 
 def test_coordinate_only_host_killed_then_a_member_a_holder_takes_over_and_re_plans(

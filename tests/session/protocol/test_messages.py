@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kafila.errors import ProtocolError
 from kafila.session.protocol import messages as m
+from kafila.session.protocol.chunks import COPY_BATCH
 from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
 
 pytestmark = pytest.mark.fast
@@ -65,7 +66,11 @@ controls = st.one_of(
     st.builds(m.Lost, names, texts, epochs), st.builds(m.Replan, texts, epochs),
     st.builds(m.Stats, st.dictionaries(names, st.builds(m.StageTime, seconds, st.none() | seconds), max_size=4),
               st.none() | st.floats(0, 1), st.none() | seconds,
-              st.none() | st.builds(m.TtftTime, st.integers(0, 2**31 - 1), seconds, st.none() | seconds)),
+              st.none() | st.builds(m.TtftTime, st.integers(0, 2**31 - 1), seconds, st.none() | seconds),
+              st.none() | seconds),
+    st.builds(m.Copy, manifests()),
+    st.builds(m.CopyNeed, st.lists(st.integers(0, 2**31 - 1), max_size=COPY_BATCH).map(tuple)),
+    st.builds(m.Copied, st.none() | sha, st.none() | texts),
     st.builds(m.Free, st.integers(0, 0xFFFF)),
     st.builds(m.Chat, names, names, st.dictionaries(st.text(max_size=8), json_values.filter(_finite := (
         lambda v: "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v))), max_size=4)),
@@ -102,7 +107,8 @@ def test_fuzz_bytes(raw: bytes) -> None:
 @given(st.sampled_from(sorted(m.SCHEMA)), st.dictionaries(st.sampled_from(
     ["epoch", "order", "head", "ranges", "config", "plan", "model", "stage", "chunks", "edge", "reason", "who",
      "stages", "network_share", "tokens_per_s", "seq", "id", "origin", "body", "dest", "evt", "coordinator",
-     "members", "beside", "holders", "model_sha256", "strategy", "mixed_builds"]), json_values))
+     "members", "beside", "holders", "model_sha256", "strategy", "mixed_builds", "manifest", "sha256", "error",
+     "circuit_gap_s"]), json_values))
 def test_fuzz_json_of_each_type(t: str, fields: dict[str, Any]) -> None:
     _decodes_or_refuses(json.dumps({"t": t, **fields}).encode())
 
@@ -129,6 +135,8 @@ def test_deep_nesting_is_a_protocol_error() -> None:
      "network_share must be a number"),
     (b'{"t":"stats","stages":{},"network_share":null,"tokens_per_s":null,"ttft":{"prompt_tokens":-1,'
      b'"measured_s":1,"predicted_s":null},"circuit_gap_s":null}', "prompt_tokens must be an integer"),
+    (b'{"t":"copy_need","chunks":[0,1,2,3,4,5,6,7,8]}', "chunks must be a list of at most 8 items"),
+    (b'{"t":"copied","sha256":"ab","error":null}', "sha256 must be a string of 64"),
     (b'{"t":"nope"}', "unknown type 'nope'"),
     (b'[1]', "not a JSON object"),
     (b'{"t":"need","epoch":1,"chunks":[-1]}', r"chunks\[0\] must be an integer"),
@@ -166,3 +174,4 @@ def test_a_manifest_with_zero_chunk_size_is_a_protocol_error() -> None:
     obj["stage"]["chunk_size"] = 0
     with pytest.raises(ProtocolError, match="chunk_size"):
         m.decode(json.dumps(obj).encode())
+

@@ -1,0 +1,114 @@
+"""A copy of the model on a member's disk, so that the ring outlives a host no other member holds it for.
+
+Re-planning after a loss needs the model's bytes to cut new stages from, and a member that takes
+coordination over must hold them (member.takeover). When the host's own process serves a stage and no
+other ring member holds the model, the host's loss would end the session; so, once a ring is admitted,
+the host sends the whole file to the member that would take over (the first ring member after its own:
+`takeover.successor`'s choice once it holds it), in the background: the member asks for COPY_BATCH
+chunks at a time (`copy_need`), each verified by its sha256 and written to its cache, so the copy is
+never more than a batch ahead of the control messages on the same link and a re-plan resumes it. Once
+the whole file verifies (`copied`), the member is a holder in the roster, replicated to every member.
+Disk only: the copy is not loaded. `kafila host --no-copy` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kafila.errors import NetworkError
+from kafila.model.gguf_set import SHARD_NAME
+from kafila.session.coordinator.core import Joined, log
+from kafila.session.coordinator.losses import LossHandling
+from kafila.session.delivery.local_model import claimed_hash
+from kafila.session.delivery.stage_files import manifest_for, megabytes
+from kafila.session.delivery.transfer import send_stage
+from kafila.session.protocol import messages
+from kafila.session.protocol.chunks import COPY_MAGIC
+from kafila.session.protocol.fields import MAX_CONTROL
+from kafila.session.protocol.manifest import StageManifest
+
+
+class ModelCopies(LossHandling):
+    """The host's side of model copies: whom to give one, its chunks, and the roster once it is held."""
+
+    _copy_manifest: StageManifest | None = None
+    _copy_task: asyncio.Task[None] | None = None
+
+    def _roster(self, order: list[str]) -> messages.Roster:
+        raise NotImplementedError  # epochs.Epochs's
+
+    def _holders(self, order: list[str]) -> tuple[str, ...]:
+        """The ring members holding the model: announced with it (proved at admission) or given a copy."""
+        return tuple(n for n in order if n in self.copies or claimed_hash(self.joined[n].peer.measurements))
+
+    def _heir_without_model(self, order: list[str]) -> str | None:
+        """The member to give a copy: the first ring member outside this process, when none of them holds the
+        model (None: one does, the host serves no stage, copies are off, or nobody else serves)."""
+        others = [n for n in order if n != self.beside]
+        if not self.opts.copy or self.beside not in order or not others or self._holders(others):
+            return None
+        return others[0]
+
+    def _offer_copy(self, order: list[str]) -> None:
+        """After an admission: start giving the heir a copy of the model, if the ring needs one."""
+        heir = self._heir_without_model(order)
+        if heir is None or (self._copy_task is not None and not self._copy_task.done()):
+            return
+        self._copy_task = self._tg.create_task(self._send_copy_offer(heir))
+
+    async def _send_copy_offer(self, heir: str) -> None:
+        if SHARD_NAME.match(self.model.name):
+            self.state.log(f"{heir} gets no copy of the model: a model split into several files is not copied yet")
+            return
+        if self._copy_manifest is None:
+            self.state.log(f"hashing the model to give {heir} a copy (so that the ring outlives this host)")
+            self._copy_manifest = await asyncio.to_thread(manifest_for, self.model)
+        offer = messages.Copy(self._copy_manifest)
+        if len(messages.encode(offer)) > MAX_CONTROL:  # a chunk hash per MiB: past ~60 GB of model
+            self.state.log(f"{heir} gets no copy of the model: its list of chunk hashes is too long for one message")
+            return
+        self.state.copies[heir] = 0.0
+        self.state.changed()
+        await self._tell(heir, offer)
+
+    def _on_copy_need(self, j: Joined, msg: messages.CopyNeed) -> None:
+        manifest, name = self._copy_manifest, j.peer.name
+        if manifest is None or name not in self.state.copies:
+            return  # not offered one (a confused or hostile member): nothing is sent
+        chunks = [i for i in msg.chunks if 0 <= i < len(manifest.chunks)]
+        task = self._tg.create_task(self._send_copy_chunks(j, manifest, chunks))
+        j.sending.add(task)
+        task.add_done_callback(j.sending.discard)
+
+    async def _send_copy_chunks(self, j: Joined, manifest: StageManifest, chunks: list[int]) -> None:
+        try:
+            await send_stage(j.link, self.model, manifest, chunks, magic=COPY_MAGIC)
+        except NetworkError as exc:  # the member is gone: its loss is noticed by its control link
+            log.info("stopped sending %s a copy of the model: %s", j.peer.name, exc)
+            return
+        if chunks:  # 1.0 only once the member has verified the whole file (_on_copied)
+            done = min((max(chunks) + 1) * manifest.chunk_size, manifest.size) / manifest.size
+            self.state.copies[j.peer.name] = max(self.state.copies.get(j.peer.name, 0.0), min(done, 0.999))
+            self.state.changed()
+
+    def _on_copied(self, j: Joined, msg: messages.Copied) -> None:
+        name, manifest = j.peer.name, self._copy_manifest
+        if manifest is None or name not in self.state.copies:
+            return
+        if msg.sha256 != manifest.sha256:
+            self.state.copies.pop(name, None)
+            self.state.log(f"{name} holds no copy of the model: {msg.error or 'its copy did not verify'}")
+            return
+        self.copies.add(name)
+        self._model_sha256 = self._model_sha256 or manifest.sha256
+        self.state.copies[name] = 1.0
+        self.state.log(f"{name} holds a copy of the model ({megabytes(manifest.size)}): if this host is lost, "
+                       f"{name} takes coordination over and re-plans")
+        if self.order and self.state.phase == "admitted":  # every member learns the new holder (the next
+            self._tg.create_task(self._send_roster(list(self.order)))  # admission's roster says it anyway)
+
+    async def _send_roster(self, order: list[str]) -> None:
+        """The coordinator's state to every ring member (a failed send is that member's loss, queued)."""
+        roster = self._roster(order)
+        for n in order:
+            await self._tell(n, roster)
