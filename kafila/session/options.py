@@ -71,6 +71,7 @@ class HostOptions:
     allow_direct: bool = True
     replan: bool = True  # after losing a member, plan again over the others when the model still fits
     copy: bool = True  # give a member a copy of the model when no other holds it (coordinator.model_copy)
+    label: str | None = None  # the model's name to show (None: from its file; a copy's file is named by its hash)
     mixed_builds: bool = False  # admit members whose llama.cpp build differs (the ring is then not bit-exact)
     stall_s: float = 120.0  # a member showing no progress this long before admission is lost (not a deadline)
     draft: Path | None = None  # the host's own machine's draft model (MemberOptions.draft)

@@ -353,6 +353,9 @@ class BackToBack:
             time.sleep(0.2)
 
 
+DRIFT_NOTICE = re.compile(r"the ring is planned again: \S+ runs [\d.]+× (slower|faster) than planned")
+
+
 def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, reference: str, context: Any) -> str:
     """Check a streamed reply (Cluster.stream_chat's chunks) that a loss at `killed_at` cut and the ring resumed.
 
@@ -360,10 +363,15 @@ def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, refer
     LOSS_NOTICED_WITHIN_S of the kill, and its text is exactly `reference`, before the notice and after it
     (the reply is rebuilt in the chunks it was computed in). `context` joins the first check's message (the
     processes' output). Returns the notice.
+
+    Any other notice must be a drift's re-plan: beside a load on both cores a member was seen running 2x
+    slower than planned for 30 s after the re-plan, and the ring was rightly planned around it (the reply
+    then resumes once more, with the same tokens).
     """
     assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), (chunks[-3:], context)
-    notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
-    assert len(notices) == 1, notices
+    every = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
+    notices = [(t, n) for t, n in every if not DRIFT_NOTICE.search(n)]
+    assert len(notices) == 1, every
     noticed_at, notice = notices[0]
     assert noticed_at - killed_at < LOSS_NOTICED_WITHIN_S, (notice, noticed_at - killed_at)
     pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]

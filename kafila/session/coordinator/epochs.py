@@ -100,6 +100,7 @@ class Epochs(ModelCopies):
                            f"(measured {self.state.replans[-1]['was_bottleneck_s'] * 1e3:.1f} ms before)")
         self.plan = plan
         self.state.plan = plan.to_json(self.opts.strategy)
+        self.state.circuit_gap_s = None  # the old ring's: the new one's head reports its own
         self.state.plan["builds"] = self.state.builds = self.builds.for_members(names)
         self.state.predicted = {a.name: {b.name: predict_edge(a.nat, b.nat) for b in members if b.name != a.name}
                                 for a in members}
@@ -138,7 +139,7 @@ class Epochs(ModelCopies):
         await self._send_roster(order)
         self.state.lost = None
         self.state.set_phase("admitted", f"admitted: {len(order)} members, head {placement.head}")
-        self._offer_copy(order)
+        self._offer_copy()
         return await self._until_change()
 
     async def _adopt(self, assign: messages.Assign) -> int | None:
@@ -274,10 +275,13 @@ class Epochs(ModelCopies):
             m = planner_member(self.joined[n].peer)
             measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
                                             m.nat.value, self.joined[n].peer.rtt_ms)
-        return messages.Roster(self.state.me or "host", model_label(self.model), measured, self.beside,
-                               self._holders(order),
+        return messages.Roster(self.state.me or "host", self._label(), measured, self.beside, self._holders(order),
                                self._model_sha256, self.opts.strategy, self.opts.mixed_builds,
                                self._fingerprints(order))
+
+    def _label(self) -> str:
+        """The model's name members show (a copy taken over is named by its hash: its roster's name goes on)."""
+        return self.opts.label or model_label(self.model)
 
     def _fingerprints(self, order: list[str]) -> dict[str, str]:
         """Each member's certificate fingerprint, as admitted: edges and the heir are found by it, not by name."""
@@ -319,7 +323,7 @@ class Epochs(ModelCopies):
             self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
         await self._tell(name, messages.Assign(
             self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-            self.state.plan or {}, model_label(self.model), j.manifest, cut_local, self._fingerprints(order),
+            self.state.plan or {}, self._label(), j.manifest, cut_local, self._fingerprints(order),
             self.opts.speculate))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:

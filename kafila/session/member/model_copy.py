@@ -2,53 +2,70 @@
 
 The member asks for COPY_BATCH chunks at a time and the next batch once those are verified and written
 (on a worker thread: the ring's frames go on meanwhile), so the copy never runs ahead of the control
-messages sharing its link by more than a batch. A copy chunk that arrives while a stage is being received
-is dropped there (transfer.receive_stage's `aside`); the host's next `copy` (at each admission) resumes
-from the `.part` file. Once the whole file verifies the member says so (`copied`) and keeps its path: it
-can take coordination over with it (member.takeover).
+messages sharing its link by more than a batch. What reads the whole file (checking what a `.part` already
+holds, verifying the finished copy) runs on a task of its own, never in the control loop: chats and
+re-plans do not wait for it. A copy chunk that arrives while a stage is being received is dropped there
+(transfer.receive_stage's `aside`), as is one this member did not ask for; the host's next `copy` (at
+each admission) resumes from the `.part` file. Once the whole file verifies the member says so (`copied`)
+and keeps its path: it can take coordination over with it (member.takeover).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from kafila.errors import DiskFullError, KafilaError, ProtocolError
 from kafila.session.delivery.stage_files import StageReceiver, megabytes
-from kafila.session.member.core import MemberCore
-from kafila.session.protocol import chunks, messages
+from kafila.session.member.core import MemberCore, log
+from kafila.session.protocol import messages
+from kafila.session.protocol.chunks import COPY_BATCH, COPY_MAGIC, parse_chunk
+from kafila.session.protocol.manifest import StageManifest
 
 
 class ModelCopy(MemberCore):
-    """Receiving a copy of the model, and the path of the verified one."""
+    """Receiving a copy of the model into the cache; `model_copy` is the verified one."""
 
-    _copy: StageReceiver | None = None
+    _copy: StageReceiver | None = None  # the copy being received (None: none, or it is whole)
+    _copy_task: asyncio.Task[None] | None = None  # its start or its final check, off the control loop
     _copy_todo: list[int]  # chunks not yet asked for, in order
     _copy_asked: set[int]  # the batch asked for and not yet all here
 
     async def _on_copy(self, msg: messages.Copy) -> None:
-        """The host offers a copy of the model (again at each admission until it is held): check the space, then
-        ask for what the `.part` still lacks (nothing once the copy is whole: it is verified and said held)."""
-        receiver = StageReceiver(self.cache.root / "copies", msg.manifest)
-        if self.use is not None:
-            for path in (receiver.part, receiver.final):
-                self.use.add(path)
+        """The host offers a copy of the model (again at each admission until it is held)."""
+        self._copy = None  # a copy under way starts over: chunks in flight for it are dropped
+        if self._copy_task is not None:
+            self._copy_task.cancel()
+        self._copy_task = self._tg.create_task(self._start_copy(msg.manifest))
+
+    async def _start_copy(self, manifest: StageManifest) -> None:
+        """Check what the `.part` already holds and the space for the rest, then ask for the first batch (nothing
+        left: verify the whole file and say it is held)."""
         try:
+            receiver = StageReceiver(self.cache.root / "copies", manifest)
+            if self.use is not None:
+                for path in (receiver.part, receiver.final):
+                    self.use.add(path)
             self._copy_todo = await asyncio.to_thread(receiver.missing)
             receiver.check_space()
         except (DiskFullError, OSError) as exc:
-            self.state.log(f"no copy of the model on this machine: {exc}")
-            await self.send_host(messages.Copied(None, f"{self.opts.name} cannot hold a copy: {exc}"))
+            await self._give_copy_up(f"{self.opts.name} cannot hold a copy: {exc}")
             return
         self._copy, self._copy_asked = receiver, set()
-        self.state.log(f"receiving a copy of the model ({megabytes(msg.manifest.size)}) in the background, so "
-                       f"that the session outlives its host")
-        await self._ask_copy()
+        self.state.log(f"receiving a copy of the model ({megabytes(manifest.size)}) in the background, so that the "
+                       f"session outlives its host")
+        with contextlib.suppress(KafilaError):  # the host gone: the control loop finds out
+            await self._ask_copy()
 
     async def _on_copy_chunk(self, raw: bytes) -> None:
         receiver = self._copy
-        if receiver is None:
-            return  # a copy given up (or never offered): nothing to store
-        index, data = chunks.parse_chunk(raw, chunks.COPY_MAGIC)
+        try:
+            index, data = parse_chunk(raw, COPY_MAGIC)
+        except ProtocolError as exc:
+            log.warning("ignored a malformed model-copy chunk: %s", exc)
+            return
+        if receiver is None or index not in self._copy_asked:
+            return  # a copy given up or started over, or a chunk not asked for: nothing to store
         try:
             await asyncio.to_thread(receiver.accept, index, data)
         except (DiskFullError, ProtocolError, OSError) as exc:
@@ -59,27 +76,32 @@ class ModelCopy(MemberCore):
             await self._ask_copy()
 
     async def _ask_copy(self) -> None:
-        """Ask for the next batch; once none is left, verify the whole file and tell the host."""
+        """Ask for the next batch the copy lacks; once none is left, verify the whole file."""
         receiver = self._copy
         assert receiver is not None
-        batch = [i for i in self._copy_todo[: chunks.COPY_BATCH] if i not in receiver.have]
-        del self._copy_todo[: chunks.COPY_BATCH]
-        if batch:
-            self._copy_asked = set(batch)
-            await self.send_host(messages.CopyNeed(tuple(batch)))
-        elif self._copy_todo:
-            await self._ask_copy()
-        else:
-            try:
-                self.model_copy = await asyncio.to_thread(receiver.finish)
-            except (KafilaError, OSError) as exc:
-                await self._give_copy_up(str(exc))
+        while self._copy_todo:
+            batch = [i for i in self._copy_todo[:COPY_BATCH] if i not in receiver.have]
+            del self._copy_todo[:COPY_BATCH]
+            if batch:
+                self._copy_asked = set(batch)
+                await self.send_host(messages.CopyNeed(tuple(batch)))
                 return
-            self.state.log(f"this machine holds a copy of the model ({self.model_copy.name}): it can take "
-                           f"coordination over if the host is lost")
+        self._copy = None
+        self._copy_task = self._tg.create_task(self._finish_copy(receiver))
+
+    async def _finish_copy(self, receiver: StageReceiver) -> None:
+        try:
+            self.model_copy = await asyncio.to_thread(receiver.finish)
+        except (KafilaError, OSError) as exc:
+            await self._give_copy_up(str(exc))
+            return
+        self.state.log(f"this machine holds a copy of the model ({megabytes(receiver.manifest.size)}): it can take "
+                       f"coordination over if the host is lost")
+        with contextlib.suppress(KafilaError):
             await self.send_host(messages.Copied(receiver.manifest.sha256, None))
 
     async def _give_copy_up(self, why: str) -> None:
         self._copy = None
-        self.state.log(f"the copy of the model was given up: {why}")
-        await self.send_host(messages.Copied(None, why))
+        self.state.log(f"no copy of the model on this machine: {why}")
+        with contextlib.suppress(KafilaError):
+            await self.send_host(messages.Copied(None, why))

@@ -37,7 +37,7 @@ class MemberStage(MemberCore):
         me = self.opts.name
         if me not in msg.ranges:
             raise ProtocolError(f"the host's assignment has no block range for this member ({me})")
-        self.state.plan = msg.plan
+        self.state.plan, self.state.circuit_gap_s = msg.plan, None  # the old ring's gap is not this one's
         self.state.model = msg.model
         self.state.stages = {n: StageStats(s) for n, s in msg.stage_seconds.items()}
         start, end = msg.ranges[me]

@@ -72,7 +72,8 @@ def coordinator_options(opts: MemberOptions, model: Path, assign: Assign, roster
                        name=opts.name, threads=opts.threads, wait_s=TAKEOVER_WAIT_S, concurrency=c["n_seq_max"],
                        context=c["n_ctx_per_seq"], batch=c["n_batch"], api_port=None, bind=opts.bind,
                        cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
-                       allow_direct=opts.allow_direct, mixed_builds=roster.mixed_builds, strategy=roster.strategy)
+                       allow_direct=opts.allow_direct, mixed_builds=roster.mixed_builds, strategy=roster.strategy,
+                       label=roster.model)
 
 
 async def coordinate(opts: MemberOptions, model: Path, assign: Assign, roster: Roster, member_state: SessionState,

@@ -52,6 +52,7 @@ class StageWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafila-stage")
         self._queued = 0  # calls handed to the worker thread through the loop and not yet back
         self._decode_ns: int | None = None  # the last decode step's time
+        self._overslept_s = 0.0  # how much longer than asked the emulated slow-down's waits took so far
 
     async def run(self, frame: Frame, want: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """One llama.cpp call on a frame's rows; its output and the call's time in ns (throttle included)."""
@@ -65,10 +66,25 @@ class StageWorker:
             self._decode_ns = spent
         throttle = self.throttle() if callable(self.throttle) else self.throttle
         if throttle > 1.0:  # emulated slower machine: wait as long as the extra compute would take
-            t0 = time.perf_counter_ns()
-            await asyncio.sleep(spent * (throttle - 1.0) / 1e9)
-            spent += time.perf_counter_ns() - t0
+            spent += await self._wait_extra(spent * (throttle - 1.0))
         return out, spent
+
+    async def _wait_extra(self, ns: float) -> int:
+        """Wait `ns` more (an emulated slow-down's), less what earlier waits overslept; returns the ns waited.
+
+        The event loop wakes a sleeper up to a millisecond late (epoll's timeout is whole milliseconds): a
+        4× slow-down then added ~1 ms a call whatever the call's size, so a member given fewer blocks for it
+        ran a third slower than a machine 4× slower would (the planner scales every time by the slow-down).
+        Carrying the overshoot into the next wait keeps the waits at their sum."""
+        want = ns / 1e9 - self._overslept_s
+        if want <= 0:
+            self._overslept_s = -want
+            return 0
+        t0 = time.perf_counter_ns()
+        await asyncio.sleep(want)
+        waited = time.perf_counter_ns() - t0
+        self._overslept_s = max(waited / 1e9 - want, 0.0)
+        return waited
 
     def _blocking(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int] | None:
         """The call on the worker thread, waited for with the loop blocked; None when the worker has calls

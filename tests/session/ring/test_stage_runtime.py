@@ -113,3 +113,18 @@ def test_a_decode_step_never_blocks_the_loop_behind_another_stages_turn(body: Re
     finally:
         mine.close()
         other.close()
+
+
+def test_an_emulated_slow_down_waits_its_sum_whatever_the_loop_overslept(body: Recording) -> None:
+    # the loop wakes a sleeper up to a millisecond late: each wait takes what earlier ones overslept off,
+    # so the waits add up to the slow-down's (plus only the last one's overshoot), not a millisecond a call more
+    asked = [1_300_000 + 50_000 * (i % 5) for i in range(30)]  # ns: a 4x slow-down of ~0.4 ms calls
+
+    async def go() -> tuple[list[int], float]:
+        worker = StageWorker(body, throttle=4.0)
+        waited = [await worker._wait_extra(ns) for ns in asked]
+        return waited, worker._overslept_s
+
+    waited, owed = asyncio.run(go())
+    assert sum(waited) / 1e9 == pytest.approx(sum(asked) / 1e9 + owed, abs=1e-4)
+    assert any(w == 0 for w in waited) or owed < 1e-3, (waited, owed)  # late wakes were taken off later waits
