@@ -102,6 +102,7 @@ class Head:
         self._wake = asyncio.Event()
         self._ids = itertools.count()
         self._frame_ids = itertools.count()
+        self._returned_at: int | None = None  # when the last decode frame's own stage call ended (turnaround)
         self.trace = trace  # records every batch and free in the order all stages compute them
         self.failed: str | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -259,7 +260,11 @@ class Head:
         if self.trace:
             self.trace({"frame": fid, "tokens": batch.tokens.tolist(), "seqs": rows.seq.tolist(),
                         "positions": rows.pos.tolist(), "want": rows.want.tolist(), "steps": list(steps)})
-        self._in_flight[fid] = (list(batch.chunks), rows.want, time.perf_counter_ns(), (header.seqs, header.positions))
+        now = time.perf_counter_ns()
+        if self._returned_at is not None and batch.decode_only and not self._in_flight:
+            self.stats.turnaround(now - self._returned_at)  # one stream: what the head adds to each circuit
+        self._returned_at = None
+        self._in_flight[fid] = (list(batch.chunks), rows.want, now, (header.seqs, header.positions))
         msg = frames.encode(Frame(header, embd))
         if self.send_next is None:
             self.inbox.put_nowait(msg)
@@ -292,6 +297,7 @@ class Head:
         if frame.header.phase == Phase.DECODE:
             self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
                            arrived - sent + head_ns, max(frame.header.steps, default=0) + 1)
+            self._returned_at = arrived + head_ns
         for chunk, row in logit_rows(taken, logits):
             slot = chunk.seq
             job = self._active.get(slot)

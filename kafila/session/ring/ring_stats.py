@@ -28,6 +28,9 @@ class RingStats:
     times: dict[str, deque[float]] = field(default_factory=dict)
     shares: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))  # a circuit's s outside compute
+    # the head's own s between a decode frame's return (its stage done) and the next one's send: sampling,
+    # streaming the token, forming the next frame; timed only with the ring otherwise empty (one stream)
+    turnarounds: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     tokens: int = 0
     window_start: float = field(default_factory=time.perf_counter)
     tokens_per_s: float | None = None
@@ -43,12 +46,15 @@ class RingStats:
             self.shares.append(gap / round_trip_ns)
             self.gaps.append(gap / 1e9)
 
+    def turnaround(self, ns: int) -> None:
+        """The head's time from a decode frame's return to the next frame's send, the ring otherwise empty."""
+        self.turnarounds.append(ns / 1e9)
+
     def circuit_costs(self) -> tuple[float, float] | None:
         """(median seconds of a circuit outside compute, seconds of one compute step round the ring); None
         before a decode frame came back."""
-        if not self.gaps:
-            return None
-        return statistics.median(self.gaps), sum(self.measured.values())
+        gap = self.circuit_gap_s
+        return None if gap is None else (gap, sum(self.measured.values()))
 
     @property
     def measured(self) -> dict[str, float]:
@@ -56,7 +62,11 @@ class RingStats:
 
     @property
     def circuit_gap_s(self) -> float | None:
-        return statistics.median(self.gaps) if self.gaps else None
+        """A decode circuit's median seconds outside compute: the links, each hop's software and the head's
+        turnaround (None before a decode frame came back)."""
+        if not self.gaps:
+            return None
+        return statistics.median(self.gaps) + (statistics.median(self.turnarounds) if self.turnarounds else 0.0)
 
     @property
     def network_share(self) -> float | None:

@@ -57,5 +57,7 @@ def test_the_circuits_time_outside_compute_replaces_the_links_round_trips_in_the
     t = state.token_time()
     assert t is not None and t["edges_from"] == "circuits" and t["edges_quic_s"] == 0.004
     assert t["edges_s"] == pytest.approx(0.002) and t["predicted_s"] == pytest.approx(0.009)
+    stats.turnaround(1_500_000)  # the head's own time per token (sampling, streaming it) is a circuit's too
+    assert stats.circuit_gap_s == pytest.approx(0.0035) and stats.circuit_costs() == pytest.approx((0.0035, 0.007))
     show_stats(state, RingStats({}).message())  # a new ring's head has measured nothing yet
     assert state.token_time()["edges_from"] == "quic"
