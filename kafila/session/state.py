@@ -115,8 +115,9 @@ class SessionState:
     delivery: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (bytes done, total)
     stages: dict[str, StageStats] = field(default_factory=dict)
     network_share: float | None = None  # fraction of a token's ring time spent outside compute
-    # a decode circuit's median time outside compute as the head measures it: the links' one-way delays and
-    # each hop's software (QUIC, the event loops, handing rows to llama.cpp), which the links' RTTs leave out
+    # a decode circuit's median time outside compute as the head measures it: the links' one-way delays, each
+    # hop's software (QUIC, the event loops, handing rows to llama.cpp) and the head's turnaround (sampling,
+    # streaming the token), which the links' RTTs leave out
     circuit_gap_s: float | None = None
     tokens_per_s: float | None = None
     # the latest request's time to first token: {prompt_tokens, measured_s, predicted_s|null} (predicted: the

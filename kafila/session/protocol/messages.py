@@ -34,7 +34,7 @@ that may be null; fields this build does not know are ignored):
                               tokens_per_s|null, ttft {prompt_tokens, measured_s, predicted_s|null}|null
                               (the latest request's time to first token, and the plan's for as many
                               prompt tokens), circuit_gap_s|null (a decode circuit's median time outside
-                              compute: the links and each hop's software)
+                              compute: the links, each hop's software, the head's turnaround)
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
     trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
                               reuses the rest; travels the ring back to the head, ahead of the frames
@@ -261,7 +261,7 @@ class Stats(Control):
     network_share: float | None
     tokens_per_s: float | None
     ttft: TtftTime | None = None
-    circuit_gap_s: float | None = None  # a decode circuit's median time outside compute: links and hops
+    circuit_gap_s: float | None = None  # a decode circuit's median time outside compute (RingStats)
 
 
 @dataclass(frozen=True)
