@@ -83,4 +83,4 @@ class MemberCore:
             if kind == "copy":
                 await self._on_copy_chunk(raw)
                 continue
-            log.warning("ignored a stray %s message from the host", messages.kind(raw))
+            log.warning("ignored a stray %s message from the host", kind)
