@@ -28,6 +28,7 @@ from kafila.model.arch import RESTORE_INPUT_KEY
 from kafila.model.gguf_file import GGUFFile
 
 log = logging.getLogger("kafila.engine")
+_ONE_ROW = np.ones(1, bool)  # a body stage's one row, an output row (read only)
 # (bytes done, total bytes), called between tensors while llama.cpp loads a file; it may raise to stop the
 # load (kafila.session.stoppable hands one that raises WorkStopped once the session is ending)
 LoadProgress = Callable[[int, int], None]
@@ -174,6 +175,8 @@ class StageEngine:
         if not 0 < n <= self.config.n_batch:
             raise EngineError(f"a stage call carries 1..{self.config.n_batch} rows, got {n}")
         self._check_seqs(rows.seq)
+        if n == 1:  # a decode step: one call and nothing to put back in order (kept short: each one waits on it)
+            return self._call(embd, rows if self.final else Rows(rows.seq, rows.pos, _ONE_ROW))
         want = rows.want if self.final else np.ones(n, bool)
         calls = ubatches(rows.seq, rows.step)
         parts = [self._call(embd[i], Rows(rows.seq[i], rows.pos[i], want[i])) for i in calls]
@@ -209,9 +212,12 @@ class StageEngine:
 
     def _check_seqs(self, seqs: np.ndarray) -> None:
         # llama.cpp aborts the process (GGML_ASSERT) on a sequence id past its slots in some calls
-        if len(seqs) and not (0 <= int(seqs.min()) and int(seqs.max()) < self.config.n_seq_max):
+        if not len(seqs):
+            return
+        low, high = (int(seqs[0]),) * 2 if len(seqs) == 1 else (int(seqs.min()), int(seqs.max()))
+        if not (0 <= low and high < self.config.n_seq_max):
             raise EngineError(f"sequence ids must be 0..{self.config.n_seq_max - 1} (the admitted slots), "
-                              f"got {int(seqs.min())}..{int(seqs.max())}")
+                              f"got {low}..{high}")
 
     def free(self, seq_id: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
