@@ -334,6 +334,9 @@ class Head:
             if job.request.done:
                 await self._finish_job(slot, job)
         self._wake.set()
+        # the next frame leaves now rather than a task switch later (the dispatch loop then finds it sent):
+        # one stream's every token waits for this turnaround
+        await self._dispatch()
 
     def _first_token(self, job: Job) -> None:
         """Record the request's time to first token (from its arrival here) beside the plan's for its prompt."""
