@@ -21,6 +21,7 @@ from kafila.errors import KafilaError, NetworkError, SessionError
 from kafila.net import events as ev
 from kafila.net import nat, wire
 from kafila.net.core import CoreConfig, EndpointCore
+from kafila.net.late_acks import LateAcks
 from kafila.net.members import MemberList, fetch_members, merge_peers
 from kafila.net.punch import PunchConfig
 from kafila.net.quic import Identity, Link, LinkOwner, PinnedQuicConnection
@@ -75,6 +76,7 @@ class PeerEndpoint(LinkOwner):
         self._wake = asyncio.Event()
         self._ticker_at = float("inf")  # when the sleeping ticker wakes by itself
         self._links: dict[PinnedQuicConnection, Link] = {}
+        self.late_acks = LateAcks(self._ack_now)  # links acknowledging every second datagram
         self._accepted: asyncio.Queue[Link] = asyncio.Queue(maxsize=64)
         self._path_events: dict[bytes, asyncio.Event] = {}
         self._rejoin_task: asyncio.Task[None] | None = None
@@ -130,6 +132,7 @@ class PeerEndpoint(LinkOwner):
         self._closing = True
         self._wake.set()
         self._ticker_task.cancel()
+        self.late_acks.close()
         if self._rejoin_task is not None:
             self._rejoin_task.cancel()
         assert self._tg is not None
@@ -152,6 +155,7 @@ class PeerEndpoint(LinkOwner):
         for data, addr in batch:
             self.core.receive_datagram(data, addr, now)
         self._transmit()
+        self.late_acks.received()
 
     def _transmit(self) -> None:
         """Act on the core's events and send what it queued until it has nothing more; re-arm the timer."""
@@ -172,6 +176,13 @@ class PeerEndpoint(LinkOwner):
             if link.blocked:
                 link.on_progress()
         self._rearm()
+
+    def _ack_now(self, conns: list[PinnedQuicConnection]) -> None:
+        now = self.now()
+        for conn in conns:
+            conn.ack_now(now)
+            self.core.touch(conn)
+        self._transmit()
 
     def _rearm(self) -> None:
         t = self.core.get_timer()
@@ -195,6 +206,7 @@ class PeerEndpoint(LinkOwner):
                 if (link := self._links.get(e.conn)) is not None:
                     link.on_stream_data(e.data)
             elif isinstance(e, ev.ConnectionEnded):
+                self.late_acks.discard(e.conn)
                 if (link := self._links.pop(e.conn, None)) is not None:
                     link.on_terminated(e.reason if link.closed is None else link.closed)
             elif isinstance(e, ev.PeerUnknown):
@@ -255,6 +267,10 @@ class PeerEndpoint(LinkOwner):
         """Send whatever the link's connection has queued."""
         self.core.touch(link.conn)
         self._transmit()
+
+    def ack_every_second(self, link: Link) -> None:
+        """The link acknowledges every second datagram (Link.ack_every_second)."""
+        self.late_acks.add(link.conn)
 
     def close_link(self, link: Link, reason: str) -> None:
         """Close a link's connection, telling the peer why."""

@@ -53,6 +53,9 @@ WELCOME = b"kafila-welcome-v1"
 SEND_BUFFER_HIGH = 8 * 1024 * 1024  # send() waits while more than this is unacknowledged
 # The receive windows: at most this much arrives ahead of what is reassembled (e.g. after a lost datagram).
 STREAM_WINDOW = 32 * 1024 * 1024
+# A postponed acknowledgement (ack_every) goes out this late at the latest: below the 25 ms max_ack_delay
+# aioquic announces, so the peer's loss timer allows for it.
+ACK_LATE_S = 0.02
 
 
 def fingerprint(cert: x509.Certificate) -> bytes:
@@ -109,6 +112,8 @@ class PinnedQuicConnection(QuicConnection):
         # a wake-up of its own in the middle of the next stage's llama.cpp call. Internal attribute,
         # checked with aioquic 1.7.2 (pinned).
         self._ack_delay = 0.0
+        self._ack_every = 1
+        self._unacked = 0  # ack-eliciting datagrams received since the last acknowledgement, when postponing
         # Outcomes of path MTU probes, (size, generation, acknowledged), for the core's PmtuSearch to take.
         self.mtu_outcomes: list[tuple[int, int, bool]] = []
 
@@ -141,6 +146,34 @@ class PinnedQuicConnection(QuicConnection):
                 part._max_datagram_size = size
         if hasattr(self._loss._cc, "additive_increase_factor"):  # cubic's per-RTT growth is one datagram
             self._loss._cc.additive_increase_factor = size
+
+    def ack_every(self, n: int) -> None:
+        """Acknowledge every n-th ack-eliciting datagram at once; the ACK covers the ones before it (RFC 9000
+        §13.2.2 asks for at least every second). The caller sends a postponed one by ack_now() in time."""
+        self._ack_every = n
+
+    def receive_datagram(self, data: bytes, addr: tuple[str, int], now: float) -> None:
+        super().receive_datagram(data, addr, now)
+        if self._ack_every > 1:
+            space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
+            if space is not None and space.ack_at is not None:
+                self._unacked += 1
+                if self._unacked < self._ack_every:
+                    space.ack_at = None  # the next one's ACK covers it: ack_queue keeps its number
+                else:
+                    self._unacked = 0
+
+    @property
+    def ack_postponed(self) -> bool:
+        """An ack-eliciting datagram is waiting for the next one's acknowledgement."""
+        return self._unacked > 0
+
+    def ack_now(self, now: float) -> None:
+        """Acknowledge what ack_every postponed in the next datagrams_to_send."""
+        space = self._spaces.get(quic_tls.Epoch.ONE_RTT)
+        if self._unacked and space is not None:
+            space.ack_at = now
+        self._unacked = 0
 
     def mtu_probe(self, size: int, generation: int, now: float) -> bytes | None:
         """One datagram of exactly `size` bytes: a 1-RTT packet holding a PING and padding (RFC 9000 §14.4).
@@ -323,6 +356,11 @@ class Link:
             finally:
                 self._waiting -= 1
 
+    def ack_every_second(self) -> None:
+        """Acknowledge every second datagram arriving on this link, the other within ACK_LATE_S (a ring edge's
+        inbound end: see kafila.net.late_acks)."""
+        self._owner.ack_every_second(self)
+
     @property
     def blocked(self) -> bool:
         """True while a send() waits for the peer to acknowledge."""
@@ -376,6 +414,9 @@ class LinkOwner:
         raise NotImplementedError
 
     def flush(self, link: Link) -> None:
+        raise NotImplementedError
+
+    def ack_every_second(self, link: Link) -> None:
         raise NotImplementedError
 
     def close_link(self, link: Link, reason: str) -> None:

@@ -67,6 +67,7 @@ class Serving(MemberCore):
         try:
             async with asyncio.TaskGroup() as tg:
                 if self.edges.prev is not None:
+                    self.edges.prev.ack_every_second()
                     tg.create_task(pump(self.edges.prev, inbox))
                 if is_head:
                     path = self.worker.engine.path
