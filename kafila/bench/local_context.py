@@ -2,7 +2,7 @@
 
 The long prompt goes through llama-cpp-python's greedy chat completion (its reply is what the ring's
 must equal, and its time to first token the ring's TTFT is held against); decode is timed on a context of
-Kafila's engine from position 0.
+Kafila's engine from position 0, alternating with the ring's decode (LocalDecoder).
 
 Runs in a process of its own (spawned), so its memory is its own and the benchmark's process
 keeps the host's peak RSS for itself. Same settings as a stage (ContextConfig), all cores.
@@ -69,33 +69,94 @@ def greedy_chat(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens:
             "reply": text_bytes.decode("utf-8", errors="ignore")}
 
 
-def decode_step_s(model: Path, config: ContextConfig, tokens: int) -> float:
-    """Median seconds per greedy decode step of one llama.cpp context (ReferenceContext) on the whole file, from
-    position 0 for `tokens` steps (as the ring's and the pipes' decode figures are taken: after a short prompt)."""
+def decode_steps(ref: Any, tokens: int) -> list[float]:
+    """Seconds of each greedy decode step of a ReferenceContext, from position 0 of sequence 0 for `tokens` steps
+    (as the ring's and the pipes' decode figures are taken: after a short prompt); the sequence is dropped after."""
     import numpy as np
 
-    from kafila.engine.reference import ReferenceContext
     from kafila.engine.stage import Rows
+
+    times, token = [], 1
+    for pos in range(tokens):
+        rows = Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool))
+        t0 = time.perf_counter()
+        token = int(np.argmax(ref.run(np.array([token], np.int32), rows)[0]))
+        times.append(time.perf_counter() - t0)
+    ref.free(0)
+    return times
+
+
+def decode_step_s(model: Path, config: ContextConfig, tokens: int) -> float:
+    """Median seconds per greedy decode step of one llama.cpp context on the whole file (decode_steps)."""
+    from kafila.engine.reference import ReferenceContext
 
     ref = ReferenceContext(model, config)
     try:
-        times, token = [], 1
-        for pos in range(tokens):
-            rows = Rows(np.zeros(1, np.int32), np.array([pos], np.int32), np.ones(1, bool))
-            t0 = time.perf_counter()
-            token = int(np.argmax(ref.run(np.array([token], np.int32), rows)[0]))
-            times.append(time.perf_counter() - t0)
+        return statistics.median(decode_steps(ref, tokens))
     finally:
         ref.close()
-    return statistics.median(times)
 
 
-def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, tokens: int, reply_tokens: int) -> dict[str, Any]:
-    from kafila.engine.stage import ContextConfig
+def _decoder(conn: Connection, model: str, config: ContextConfig) -> None:
+    from kafila.engine.reference import ReferenceContext
 
+    try:
+        ref = ReferenceContext(Path(model), config)
+    except BaseException as exc:  # sent back, raised in the parent with its text
+        conn.send(exc)
+        return
+    conn.send(None)
+    try:
+        while tokens := conn.recv():
+            conn.send(statistics.median(decode_steps(ref, tokens)))
+    finally:
+        ref.close()
+
+
+class LocalDecoder:
+    """One local llama.cpp context on the whole file, in a process of its own, timing greedy decode when asked.
+
+    `bench scale` asks it between the ring's decode replies, so that both figures come from the same minutes:
+    this shared machine's speed moves by up to a third between runs minutes apart, as much as the ratio's
+    margin. It holds the model only while the ring's decode is measured (its RSS is not the ring's)."""
+
+    def __init__(self, model: Path, config: ContextConfig) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_decoder, args=(theirs, str(model), config), daemon=True)
+        self._proc.start()
+        self._answer()  # loaded, or why not
+
+    def _answer(self) -> Any:
+        while not self._conn.poll(1.0):
+            if not self._proc.is_alive():
+                raise EngineError(f"the local llama.cpp context's process ended (exit {self._proc.exitcode})")
+        out = self._conn.recv()
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def ms_per_token(self, tokens: int) -> float:
+        """Median ms per greedy decode step over `tokens` steps from position 0."""
+        self._conn.send(tokens)
+        return float(self._answer()) * 1e3
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._conn.send(0)
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+    def __enter__(self) -> LocalDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _measure(model: str, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
     result = greedy_chat(model, prompt, n_ctx, n_batch, reply_tokens)
-    config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=1, n_batch=n_batch)
-    result["decode_ms_per_token"] = decode_step_s(Path(model), config, tokens) * 1e3
     result["n_batch"] = n_batch
     return result
 
@@ -113,13 +174,12 @@ def _child(conn: Connection, *args: Any) -> None:
         conn.send(exc)
 
 
-def local_context(model: Path, prompt: str, n_ctx: int, n_batch: int, tokens: int,
-                  reply_tokens: int) -> dict[str, Any]:
+def local_context(model: Path, prompt: str, n_ctx: int, n_batch: int, reply_tokens: int) -> dict[str, Any]:
     """llama-cpp-python's greedy chat reply to `prompt` (`reply_tokens` long) and its TTFT (prefilled in n_batch
-    rows), and the median decode ms/token of one context."""
+    rows); decode is LocalDecoder's."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(theirs, str(model), prompt, n_ctx, n_batch, tokens, reply_tokens),
+    proc = ctx.Process(target=_child, args=(theirs, str(model), prompt, n_ctx, n_batch, reply_tokens),
                        daemon=True)
     proc.start()
     try:

@@ -70,9 +70,10 @@ def print_report(r: dict[str, Any], out: Any) -> None:
     table.add_row("local context", f"{local['peak_rss_mb']:.0f}")
     out.print(table)
     table = Table("figure", "ring", "local", "", title="decode and time to first token")
-    dec = (ring.get("decode") or {}).get("ms_per_token")
+    decode = ring.get("decode") or {}
+    dec, dec_local = decode.get("ms_per_token"), decode.get("local_ms_per_token")
     floor = r.get("pipe_floor") or {}
-    table.add_row("decode ms/token (median)", f"{dec:.1f}" if dec else "—", f"{local['decode_ms_per_token']:.1f}",
+    table.add_row("decode ms/token (median)", f"{dec:.1f}" if dec else "—", f"{dec_local:.1f}" if dec_local else "—",
                   f"pipe floor {floor['ms_per_token']:.1f}" if floor else "")
     for label, which in (("TTFT s, no slow-down", ring), (f"TTFT s, slow-downs {r['throttles']}", slow)):
         t, at_head = which["ttft"], head_ttft(which["ttft"])

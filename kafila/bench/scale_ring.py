@@ -127,12 +127,26 @@ def ttft(url: str, prompt: str, reply_tokens: int) -> dict[str, Any]:
             "reply_tokens": stats.get("completion_tokens"), "stats": stats}
 
 
-def decode(url: str, tokens: int) -> dict[str, Any]:
-    """Median gap between tokens of a greedy reply of `tokens` tokens, and its stage timings."""
+def decode(url: str, tokens: int, local: Any, rounds: int) -> dict[str, Any]:
+    """The ring's greedy decode against one local context's (`local`, a LocalDecoder), `rounds` times each,
+    alternating: the median gap between the ring's tokens of each reply of `tokens` tokens, the local median step,
+    and their ratio (the median over rounds of each round's: the two halves of a round are seconds apart)."""
+    import statistics
+
     asyncio.run(_completion(url, "Once upon a time", 4))  # warm-up
-    _, stats = asyncio.run(_completion(url, "Once upon a time", tokens))
-    return {"ms_per_token": stats.get("token_interval_median_ms"),
-            "completion_tokens": stats.get("completion_tokens"), "stages": stats.get("stages") or {}}
+    out: dict[str, Any] = {"rounds": []}
+    for _ in range(rounds):
+        _, stats = asyncio.run(_completion(url, "Once upon a time", tokens))
+        ring_ms, local_ms = stats.get("token_interval_median_ms"), local.ms_per_token(tokens)
+        out["rounds"].append({"ring_ms": ring_ms, "local_ms": local_ms,
+                              "completion_tokens": stats.get("completion_tokens")})
+        out["stages"] = stats.get("stages") or {}
+    ring = [r["ring_ms"] for r in out["rounds"] if r["ring_ms"]]
+    out["ms_per_token"] = statistics.median(ring) if ring else None
+    out["local_ms_per_token"] = statistics.median(r["local_ms"] for r in out["rounds"])
+    out["vs_local"] = statistics.median(r["local_ms"] / r["ring_ms"] for r in out["rounds"]) if ring else None
+    out["completion_tokens"] = min(r["completion_tokens"] or 0 for r in out["rounds"])
+    return out
 
 
 def stage_errors(stages: dict[str, Any], alone_ms: dict[str, float]) -> dict[str, dict[str, float]]:

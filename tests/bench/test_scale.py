@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kafila.bench.scale import parse_shapes
+from kafila.bench.scale import DECODE_ROUNDS, parse_shapes
 from kafila.errors import ModelError
 from kafila.model.random_gguf import SHAPES
 from tests.conftest import run_kafila
@@ -85,7 +85,7 @@ def check_run(doc: dict[str, Any], cache: Path) -> None:
     for t in (ring["ttft"], doc["ring_slowed"]["ttft"]):
         assert t["ok"], t
         assert t["ttft_s"] > 0 and t["prompt_tokens"] == local["prompt_tokens"] >= 100
-    assert local["ttft_s"] > 0 and local["decode_ms_per_token"] > 0
+    assert local["ttft_s"] > 0
 
     # the long prompt's greedy reply through both rings equals llama-cpp-python's greedy chat completion
     replies = doc["replies"]
@@ -100,7 +100,11 @@ def check_run(doc: dict[str, Any], cache: Path) -> None:
     assert sum(hi - lo for lo, hi in ring["ranges"].values()) == doc["blocks"]
 
     # decode: a random model never ends a reply early (its control tokens' output rows are zero)
-    assert ring["decode"]["completion_tokens"] == TOKENS and ring["decode"]["ms_per_token"] > 0
+    decode = ring["decode"]
+    assert decode["completion_tokens"] == TOKENS and len(decode["rounds"]) == DECODE_ROUNDS
+    assert all(r["completion_tokens"] == TOKENS and r["ring_ms"] > 0 and r["local_ms"] > 0 for r in decode["rounds"])
+    assert close(decode["ms_per_token"], statistics.median(r["ring_ms"] for r in decode["rounds"]))
+    assert close(decode["local_ms_per_token"], statistics.median(r["local_ms"] for r in decode["rounds"]))
     assert set(doc["stage_times"]) == members
     chain = ring["order"][1:] + ring["order"][:1]  # the pipe floor's stages: the head's last
     assert doc["pipe_floor"]["member_ms"] == dict(zip(chain, doc["pipe_floor"]["stage_ms"], strict=True))
@@ -113,7 +117,8 @@ def check_run(doc: dict[str, Any], cache: Path) -> None:
     t = doc["targets"]
     assert close(t["ttft_vs_local"]["value"], ring["ttft"]["ttft_s"] / local["ttft_s"])
     assert t["ttft_vs_local"]["met"] == (t["ttft_vs_local"]["value"] <= 1.3)
-    assert close(t["decode_vs_local"]["value"], local["decode_ms_per_token"] / ring["decode"]["ms_per_token"])
+    ratios = [r["local_ms"] / r["ring_ms"] for r in decode["rounds"]]
+    assert close(t["decode_vs_local"]["value"], statistics.median(ratios))
     assert t["decode_vs_local"]["met"] == (t["decode_vs_local"]["value"] >= 0.7)
     assert t["delivery_vs_aioquic"]["met"] == (t["delivery_vs_aioquic"]["value"] >= 0.9)
     assert t["stage_time_error"]["met"] == (t["stage_time_error"]["value"] <= 0.10)
