@@ -7,6 +7,7 @@ so the figures follow whatever the ring does when the benchmark runs.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +132,6 @@ def decode(url: str, tokens: int, local: Any, rounds: int) -> dict[str, Any]:
     """The ring's greedy decode against one local context's (`local`, a LocalDecoder), `rounds` times each,
     alternating: the median gap between the ring's tokens of each reply of `tokens` tokens, the local median step,
     and their ratio (the median over rounds of each round's: the two halves of a round are seconds apart)."""
-    import statistics
-
     asyncio.run(_completion(url, "Once upon a time", 4))  # warm-up
     out: dict[str, Any] = {"rounds": []}
     for _ in range(rounds):
@@ -141,10 +140,10 @@ def decode(url: str, tokens: int, local: Any, rounds: int) -> dict[str, Any]:
         out["rounds"].append({"ring_ms": ring_ms, "local_ms": local_ms,
                               "completion_tokens": stats.get("completion_tokens")})
         out["stages"] = stats.get("stages") or {}
-    ring = [r["ring_ms"] for r in out["rounds"] if r["ring_ms"]]
-    out["ms_per_token"] = statistics.median(ring) if ring else None
+    timed = [r for r in out["rounds"] if r["ring_ms"]]  # a reply without stats has no ring figure
+    out["ms_per_token"] = statistics.median(r["ring_ms"] for r in timed) if timed else None
     out["local_ms_per_token"] = statistics.median(r["local_ms"] for r in out["rounds"])
-    out["vs_local"] = statistics.median(r["local_ms"] / r["ring_ms"] for r in out["rounds"]) if ring else None
+    out["vs_local"] = statistics.median(r["local_ms"] / r["ring_ms"] for r in timed) if timed else None
     out["completion_tokens"] = min(r["completion_tokens"] or 0 for r in out["rounds"])
     return out
 

@@ -212,12 +212,9 @@ class StageEngine:
 
     def _check_seqs(self, seqs: np.ndarray) -> None:
         # llama.cpp aborts the process (GGML_ASSERT) on a sequence id past its slots in some calls
-        if not len(seqs):
-            return
-        low, high = (int(seqs[0]),) * 2 if len(seqs) == 1 else (int(seqs.min()), int(seqs.max()))
-        if not (0 <= low and high < self.config.n_seq_max):
+        if len(seqs) and not (0 <= int(seqs.min()) and int(seqs.max()) < self.config.n_seq_max):
             raise EngineError(f"sequence ids must be 0..{self.config.n_seq_max - 1} (the admitted slots), "
-                              f"got {low}..{high}")
+                              f"got {int(seqs.min())}..{int(seqs.max())}")
 
     def free(self, seq_id: int, keep: int = 0) -> None:
         """Drop a sequence's KV cache from position `keep` on (0: all of it)."""
