@@ -305,12 +305,18 @@ def test_a_restarted_serving_host_rejoins_as_a_member_at_the_next_re_plan(
         cluster.host.popen.wait()
         cluster.wait_state(url, lambda s: s["phase"] == "admitted" and sorted(s["plan"]["order"]) == ["ada", HEIR],
                            300)
-        # the host's machine back, as a member under its old name: held for the next plan, not refused
+        # the host's machine back, as a member under its old name: taken in, not refused
         back = Proc(HOST_MEMBER, ["join", cluster.code, "--rendezvous", cluster.rdv, "--name", HOST_MEMBER,
                                   "--api-port", "-1"], cluster.env)
         cluster.procs.append(back)
-        cluster.members[HEIR].wait_for(re.compile(f"{HOST_MEMBER} rejoined the session"), 240)
-        assert cluster.state(url)["phase"] == "admitted" and back.popen.poll() is None, back.output
+        heir = cluster.members[HEIR]
+        heir.wait_for(re.compile(f"{HOST_MEMBER} rejoined the session"), 240)
+        # held, or planned in at once where the probes say that cuts the slowest stage by GAIN (on one noisy
+        # machine either can happen): both end with the ring serving again and the host's machine still there
+        held = re.compile(f"{HOST_MEMBER} waits: a plan with it would not cut")
+        cluster.wait_state(url, lambda s: s["phase"] == "admitted" and (
+            HOST_MEMBER in s["plan"]["order"] or any(held.search(line) for line in list(heir.lines))), 300)
+        assert back.popen.poll() is None, back.output
         cluster.members["ada"].popen.kill()  # the next loss: the ring is planned again, with the host's machine
         state = cluster.wait_state(url, lambda s: s["phase"] == "admitted"
                                    and sorted(s["plan"]["order"]) == [HEIR, HOST_MEMBER], 300)
