@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from kafila.errors import EngineError
 
 if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
     from kafila.engine.stage import ContextConfig
 
 
@@ -113,6 +115,17 @@ def _decoder(conn: Connection, model: str, config: ContextConfig) -> None:
         ref.close()
 
 
+def _receive(conn: Connection, proc: BaseProcess) -> Any:
+    """The local context's process's next answer; the exception it sent back raised here, EngineError if it ended."""
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise EngineError(f"the local llama.cpp context's process ended (exit {proc.exitcode})")
+    out = conn.recv()
+    if isinstance(out, BaseException):
+        raise out
+    return out
+
+
 class LocalDecoder:
     """One local llama.cpp context on the whole file, in a process of its own, timing greedy decode when asked.
 
@@ -128,13 +141,7 @@ class LocalDecoder:
         self._answer()  # loaded, or why not
 
     def _answer(self) -> Any:
-        while not self._conn.poll(1.0):
-            if not self._proc.is_alive():
-                raise EngineError(f"the local llama.cpp context's process ended (exit {self._proc.exitcode})")
-        out = self._conn.recv()
-        if isinstance(out, BaseException):
-            raise out
-        return out
+        return _receive(self._conn, self._proc)
 
     def ms_per_token(self, tokens: int) -> float:
         """Median ms per greedy decode step over `tokens` steps from position 0."""
@@ -183,12 +190,6 @@ def local_context(model: Path, prompt: str, n_ctx: int, n_batch: int, reply_toke
                        daemon=True)
     proc.start()
     try:
-        while not ours.poll(1.0):
-            if not proc.is_alive():
-                raise EngineError(f"the local llama.cpp context's process ended (exit {proc.exitcode})")
-        result = ours.recv()
+        return dict(_receive(ours, proc))
     finally:
         proc.join(30)
-    if isinstance(result, BaseException):
-        raise result
-    return dict(result)
