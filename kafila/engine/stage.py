@@ -222,6 +222,17 @@ class StageEngine:
         if not llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1):
             raise EngineError(f"llama.cpp could not drop sequence {seq_id} from position {keep}")
 
+    def sequence_state(self, seq_id: int) -> bytes:
+        """Sequence `seq_id`'s KV cache as llama.cpp saves it (its cells' positions, then K and V of every layer
+        here): two stages hold the same cache for a request exactly when these bytes are equal."""
+        lc = llama()
+        self._check_seqs(np.array([seq_id]))
+        size = int(lc.llama_state_seq_get_size(self._ctx, seq_id))
+        out = (ctypes.c_uint8 * size)()
+        if int(lc.llama_state_seq_get_data(self._ctx, out, size, seq_id)) != size:
+            raise EngineError(f"llama.cpp could not save sequence {seq_id}'s KV cache")
+        return bytes(out)
+
     def close(self) -> None:
         """Free the context and the model; safe to call twice."""
         lc = llama()
