@@ -293,7 +293,8 @@ class Head:
         # an EngineError here is the head's own stage failing on its own rows: the member reports itself lost
         logits, head_ns = await self.worker.run(frame, want)
         if self.trace:
-            self.trace({"logits": frame.header.frame_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
+            self.trace({"logits": frame.header.frame_id, "sha256": hashlib.sha256(logits.tobytes()).hexdigest(),
+                        "rows": [hashlib.sha256(row.tobytes()).hexdigest() for row in logits]})  # wanted rows, in order
         if frame.header.phase == Phase.DECODE:
             self.stats.add(self.order[1:] + self.order[:1], (*frame.header.stage_times_ns, head_ns),
                            arrived - sent + head_ns, max(frame.header.steps, default=0) + 1)
