@@ -103,10 +103,12 @@ def alone(model: Path, chunks: list[tuple[int, int]], tokens: dict[int, int], wa
     return out
 
 
-def test_four_replies_cut_by_a_lost_member_go_on_bit_for_bit(tmp_path: Path, smollm: Path) -> None:
+@pytest.mark.parametrize("victim", ["a member", "the head"])
+def test_four_replies_cut_by_a_lost_member_go_on_bit_for_bit(tmp_path: Path, smollm: Path, victim: str) -> None:
+    """A member or the head SIGKILLed (the next head goes on with the trace in the same file)."""
     with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", []), ("dee", [])]) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
-        victim = next(n for n in plan["order"] if n != plan["head"])  # the head keeps the trace
+        victim = plan["head"] if victim == "the head" else next(n for n in plan["order"] if n != plan["head"])
         streaming = [threading.Event() for _ in STORIES]
         with concurrent.futures.ThreadPoolExecutor(len(STORIES)) as pool:
             pending = [pool.submit(cluster.stream_chat, s, MAX_TOKENS, REPLY_TIMEOUT_S, e,
@@ -133,12 +135,13 @@ def test_four_replies_cut_by_a_lost_member_go_on_bit_for_bit(tmp_path: Path, smo
         # rebuilt in the chunks it was first computed in: the prompt's, then a row per token
         cut = max(p for p in first.tokens if p in last.tokens and last.logits.get(p) is None) + 1
         assert [c for c in last.chunks if c[0] < cut] == [c for c in first.chunks if c[0] < cut], seq
-        assert len(last.logits) > 20 and cut - prompt > 20, (cut, prompt, len(last.logits))
+        after_cut = sum(len(c.logits) for c in later)
+        assert cut - prompt >= 10 and after_cut >= 10, (cut, prompt, after_cut)  # rows on both sides to compare
         wanted = set(first.logits) | {p for c in later for p in c.logits}
         truth = alone(smollm, last.chunks, last.tokens, wanted)
         for c in (first, *later):
             assert c.logits == {p: truth[p] for p in c.logits}, \
                 (seq, [p for p in c.logits if c.logits[p] != truth[p]][:5])
         print(f"slot {seq}: prompt {prompt + 1} tokens in chunks {[n for p, n in first.chunks if p <= prompt]}, "
-              f"cut at {cut - prompt} tokens, {len(first.logits)} rows before and "
-              f"{sum(len(c.logits) for c in later)} after equal the reply computed alone")
+              f"cut at {cut - prompt} tokens, {len(first.logits)} rows before and {after_cut} after "
+              f"({len(later)} later rings) equal the reply computed alone")
