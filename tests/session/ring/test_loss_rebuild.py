@@ -103,12 +103,12 @@ def alone(model: Path, chunks: list[tuple[int, int]], tokens: dict[int, int], wa
     return out
 
 
-@pytest.mark.parametrize("victim", ["a member", "the head"])
-def test_four_replies_cut_by_a_lost_member_go_on_bit_for_bit(tmp_path: Path, smollm: Path, victim: str) -> None:
+@pytest.mark.parametrize("lost", ["a member", "the head"])
+def test_four_replies_cut_by_a_lost_member_go_on_bit_for_bit(tmp_path: Path, smollm: Path, lost: str) -> None:
     """A member or the head SIGKILLed (the next head goes on with the trace in the same file)."""
     with Cluster(tmp_path, [("ada", []), ("bo", []), ("cy", []), ("dee", [])]) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
-        victim = plan["head"] if victim == "the head" else next(n for n in plan["order"] if n != plan["head"])
+        victim = plan["head"] if lost == "the head" else next(n for n in plan["order"] if n != plan["head"])
         streaming = [threading.Event() for _ in STORIES]
         with concurrent.futures.ThreadPoolExecutor(len(STORIES)) as pool:
             pending = [pool.submit(cluster.stream_chat, s, MAX_TOKENS, REPLY_TIMEOUT_S, e,
