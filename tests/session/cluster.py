@@ -357,7 +357,7 @@ DRIFT_NOTICE = re.compile(r"the ring is planned again: \S+ runs [\d.]+× (slower
 
 
 def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, reference: str | None,
-                        context: Any) -> str:
+                        context: Any, lost: str | None = None) -> str:
     """Check a streamed reply (Cluster.stream_chat's chunks) that a loss at `killed_at` cut and the ring resumed.
 
     It ends whole (no error), holds one notice of the loss, which reached the client within
@@ -369,7 +369,8 @@ def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, refer
     slower than planned for 30 s after the re-plan, and the ring was rightly planned around it (the reply
     then resumes once more, with the same tokens). A drift's re-plan begun within the loss's timeout (the
     kill not noticed yet) cuts the reply itself, and plans the ring without the member it then finds gone:
-    its notice is then the one after the kill, and the caller checks the new plan left the member out.
+    its notice is then the one after the kill, and the caller checks the new plan left the member out. With
+    `lost`, the notice must name that member unless it is such a drift's.
     """
     assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), (chunks[-3:], context)
     every = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
@@ -378,6 +379,7 @@ def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, refer
     assert len(notices) == 1, every
     noticed_at, notice = notices[0]
     assert noticed_at - killed_at < LOSS_NOTICED_WITHIN_S, (notice, noticed_at - killed_at)
+    assert lost is None or lost in notice or DRIFT_NOTICE.search(notice), notice
     pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
     before = "".join(p for t, p in pieces if t < noticed_at)
     after = "".join(p for t, p in pieces if t > noticed_at)
