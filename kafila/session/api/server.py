@@ -37,6 +37,10 @@ from kafila.session.state import SessionState
 log = logging.getLogger("kafila.api")
 Chat = Callable[[dict[str, Any]], AsyncGenerator[dict[str, Any], None]]
 RESUME_WAIT_S = 120.0  # how long a reply cut by a lost member waits for the re-planned ring
+# How long a request that arrives while the ring is planned again waits for it: under the read timeout
+# of kafila's own client (120 s, api/client.py), so that a re-plan too slow for it is a 503 that says why.
+REPLAN_HOLD_S = 60.0
+REPLANNING = ("lost", "waiting", "planning", "delivering", "connecting")  # the phases between two rings
 PORT_TRIES = 20  # a port in use: the chat API takes the next free one of this many
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
 
@@ -175,10 +179,11 @@ class ApiServer:
                 yield {"error": f"{cut}; {why}"}
                 return
 
-    async def _next_ring(self, epoch: int) -> str | None:
-        """Wait for a ring newer than `epoch`; None when it serves, else why there will be none."""
+    async def _next_ring(self, epoch: int, wait_s: float | None = None) -> str | None:
+        """Wait for a ring newer than `epoch` (RESUME_WAIT_S at most); None when it serves, else why not."""
+        wait_s = RESUME_WAIT_S if wait_s is None else wait_s
         try:
-            async with asyncio.timeout(RESUME_WAIT_S):
+            async with asyncio.timeout(wait_s):
                 while not (self._chat is not None and self._epoch > epoch):
                     if self.state.phase in ("rejected", "closed"):
                         why = self.state.rejection or self.state.lost or self.state.phase
@@ -186,7 +191,7 @@ class ApiServer:
                     self._ring_changed.clear()
                     await self._ring_changed.wait()
         except TimeoutError:
-            return f"no ring was planned within {RESUME_WAIT_S:.0f} s"
+            return f"no ring was planned within {wait_s:.0f} s"
         return None
 
     async def start(self) -> str:
@@ -279,8 +284,13 @@ class ApiServer:
             req = parse(_json_body(await request.read()))
         except BadRequest as exc:
             return error_response(400, str(exc), exc.param, exc.code)
+        held = None
+        if self.chat is None and self._epoch and self.state.phase in REPLANNING:
+            # A ring served and the next is being planned (a member lost, a stage drifting): a re-plan takes
+            # seconds, so the request waits for the new ring, as a reply cut by it does, instead of failing.
+            held = await self._next_ring(self._epoch, REPLAN_HOLD_S)
         if self.chat is None:
-            why = self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
+            why = held or self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
             return error_response(503, f"the session is not serving ({why})", code="not_serving")
         cid = f"{shape.prefix}-{int(time.time() * 1000)}"
         async with contextlib.aclosing(self.events(req.body())) as events:

@@ -1,4 +1,5 @@
-"""The API server's side of a lost member: the reply waits for the re-planned ring and goes on there.
+"""The API server's side of a lost member: the reply waits for the re-planned ring and goes on there; a
+request that arrives while the ring is planned again waits for it too.
 
 The heads here are stand-ins that speak the head's event protocol; test_ring_e2e kills a real
 member of a real ring.
@@ -10,11 +11,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from kafila.session.api import server as api_server
 from kafila.session.api.server import ApiServer
 from kafila.session.state import SessionState
+from tests.session.api_fixtures import REPLY, start_server
 
 pytestmark = pytest.mark.fast
 
@@ -104,3 +107,40 @@ async def test_other_errors_end_the_reply_at_once() -> None:
 
     server.chat = ring
     assert await collect(server, {"messages": []}) == [{"error": "the prompt is 900 tokens but the context holds 512"}]
+
+
+async def post_chat(server: ApiServer) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.post(
+            server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {server.token}"},
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) as r:
+        return r.status, await r.json()
+
+
+async def test_a_request_during_a_re_plan_waits_for_the_next_ring() -> None:
+    server, ring = await start_server()
+    try:
+        server.chat = None  # a stage drifted: the ring that served is taken down and another planned
+        server.state.set_phase("planning", "planning again: bo runs 2.0× slower than planned")
+        pending = asyncio.ensure_future(post_chat(server))
+        await asyncio.sleep(0.5)
+        assert not pending.done() and ring.bodies == []  # held, neither refused nor sent to the old ring
+        server.chat = ring
+        server.state.set_phase("admitted")
+        status, answer = await pending
+        assert status == 200 and answer["choices"][0]["message"]["content"] == "".join(REPLY), answer
+    finally:
+        await server.stop()
+
+
+async def test_a_request_during_a_re_plan_waits_only_so_long(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(api_server, "REPLAN_HOLD_S", 0.3)
+    server, ring = await start_server()
+    try:
+        server.chat = None
+        server.state.set_phase("lost", "member bo was lost: link closed")
+        status, answer = await post_chat(server)
+        assert status == 503 and answer["error"]["code"] == "not_serving"
+        assert answer["error"]["message"] == "the session is not serving (no ring was planned within 0 s)"
+        assert ring.bodies == []
+    finally:
+        await server.stop()
