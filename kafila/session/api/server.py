@@ -174,14 +174,13 @@ class ApiServer:
             if cut is None:
                 return
             yield {"notice": f"{cut}; the reply continues once the ring is planned again"}
-            why = await self._next_ring(epoch)
+            why = await self._next_ring(epoch, RESUME_WAIT_S)
             if why is not None:
                 yield {"error": f"{cut}; {why}"}
                 return
 
-    async def _next_ring(self, epoch: int, wait_s: float | None = None) -> str | None:
-        """Wait for a ring newer than `epoch` (RESUME_WAIT_S at most); None when it serves, else why not."""
-        wait_s = RESUME_WAIT_S if wait_s is None else wait_s
+    async def _next_ring(self, epoch: int, wait_s: float) -> str | None:
+        """Wait up to `wait_s` for a ring newer than `epoch`; None when it serves, else why there will be none."""
         try:
             async with asyncio.timeout(wait_s):
                 while not (self._chat is not None and self._epoch > epoch):
