@@ -99,15 +99,13 @@ def measured_speed(speed: dict[str, float], stages: dict[str, tuple[float, float
                    drift: Drift) -> dict[str, float]:
     """Each member's time over its probe's as the serving ring measures it: `speed` (the factors planned so far)
     times the drifting member's drift, and times each other stage's running median over its prediction
-    {member: (predicted_s, measured_s|None)}.
-
-    Every stage the ring measures counts, however far from its plan: a machine loaded as a whole slows
-    them all alike, and a plan that took only the drifting one at its measured speed would move its blocks
-    onto members that are as slow, then plan again for the next one (seen: 3-4 re-plans a run, member by
-    member, beside a job loading both cores)."""
+    {member: (predicted_s, measured_s|None)}. A probe that misjudged a member by less than a drift is then put
+    right at the same new plan instead of carried into it; one off by SLOWER or more is a drift of its own,
+    left to the watch."""
     out = dict(speed)
     for name, (predicted, measured) in stages.items():
-        if name != drift.member and measured is not None and predicted > 0:
+        if name != drift.member and measured is not None and predicted > 0 and \
+                1 / SLOWER < measured / predicted < SLOWER:
             out[name] = out.get(name, 1.0) * measured / predicted
     out[drift.member] = out.get(drift.member, 1.0) * drift.factor
     return out
