@@ -190,7 +190,7 @@ class Epochs(ModelCopies):
     def _worth_planning_again(self, drift: Drift) -> bool:
         """Whether a plan with every member at its measured speed cuts the slowest stage by GAIN or more
         (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
-        new = self._slowest([n for n in self.order if n in self.joined], self._measured_speed(drift, every=True))
+        new = self._slowest([n for n in self.order if n in self.joined], self._measured_speed(drift))
         now = max((drift.measured_s if n == drift.member else s.measured_s or s.predicted_s
                    for n, s in self.state.stages.items()), default=0.0)
         if cuts_enough(now, new):
@@ -200,9 +200,9 @@ class Epochs(ModelCopies):
         self.state.log(f"{drift.text()}; a new plan would not help (slowest stage {now * 1e3:.1f} ms now, {again})")
         return False
 
-    def _measured_speed(self, drift: Drift, every: bool = False) -> dict[str, float]:
+    def _measured_speed(self, drift: Drift) -> dict[str, float]:
         return measured_speed(self.speed, {n: (s.predicted_s, s.measured_s) for n, s in self.state.stages.items()},
-                              drift, every=every)
+                              drift)
 
     def _slowest(self, names: list[str], speed: dict[str, float] | None = None) -> float | None:
         """The slowest stage of the plan over `names` at their measured speeds (or `speed`); None: no feasible plan."""
