@@ -99,15 +99,13 @@ def measured_speed(speed: dict[str, float], stages: dict[str, tuple[float, float
                    drift: Drift) -> dict[str, float]:
     """Each member's time over its probe's as the serving ring measures it: `speed` (the factors planned so far)
     times the drifting member's drift, and times each other stage's running median over its prediction
-    {member: (predicted_s, measured_s|None)}.
-
-    Every stage the ring measures counts, however far from its plan: beside a job loading the whole machine
-    every stage runs slower than planned, and a plan that took only the drifting member at its measured speed
-    moved its blocks onto members as slow as it, then planned again for the next one (test_drift_replan's
-    ring, beside a 2-core load, then ran at 0.73-0.87 of its new plan's speed; its bar is 0.9)."""
+    {member: (predicted_s, measured_s|None)}. A probe that misjudged a member by less than a drift is then put
+    right at the same new plan instead of carried into it; one off by SLOWER or more is a drift of its own,
+    left to the watch."""
     out = dict(speed)
     for name, (predicted, measured) in stages.items():
-        if name != drift.member and measured is not None and predicted > 0:
+        if name != drift.member and measured is not None and predicted > 0 and \
+                1 / SLOWER < measured / predicted < SLOWER:
             out[name] = out.get(name, 1.0) * measured / predicted
     out[drift.member] = out.get(drift.member, 1.0) * drift.factor
     return out

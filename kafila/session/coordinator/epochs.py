@@ -188,7 +188,7 @@ class Epochs(ModelCopies):
                     return await self._on_arrival(arrival.result(), *gain)
 
     def _worth_planning_again(self, drift: Drift) -> bool:
-        """Whether a plan with every member at its measured speed cuts the slowest stage by GAIN or more
+        """Whether a plan with the drifting member at its measured speed cuts the slowest stage by GAIN or more
         (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
         new = self._slowest([n for n in self.order if n in self.joined], self._measured_speed(drift))
         now = max((drift.measured_s if n == drift.member else s.measured_s or s.predicted_s

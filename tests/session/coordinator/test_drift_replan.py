@@ -1,10 +1,9 @@
 """A member that slows down while serving (EMULATION: `--throttle-schedule`) is planned around.
 
 Real processes on loopback: a coordinate-only host and three members, one of which runs 4x slower from
-SLOW_AT s after it first served. Replies keep the ring decoding; once a stage has run at least 1.5x its
-prediction for 30 s (kafila.session.coordinator.drift: the slow member's, or another's that a load on the
-machine slowed first), the host plans again with every member at its measured speed: the slow member holds
-fewer blocks, `/kafila/state` says whose drift called for it and by how much, and
+SLOW_AT s after it first served. Replies keep the ring decoding; once the slow member's stage has run
+at least 1.5x its prediction for 30 s (kafila.session.coordinator.drift), the host plans again with the
+measured numbers: the slow member holds fewer blocks, `/kafila/state` says who and by how much, and
 the replies cut by the new plan go on with exactly llama.cpp's tokens, and a reply on the new plan runs at
 (at least 0.9 times) the speed the plan's stage times give (with the ring's own time outside them).
 """
@@ -41,11 +40,10 @@ def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm
         serving = time.monotonic()  # cy serves from about now: it slows down SLOW_AT s later
         # the ring decodes all along: a drift is measured only while it computes
         with BackToBack(cluster, STORY, TOKENS) as decoding:
-            # another member's drift may call for the new plan first (a probe that predicted its stage far off,
-            # seen once: the head 1.9x faster; beside a 2-core load, bo at 1.7x): that plan takes every member at
-            # its measured speed, cy too, which is then planned around without a drift of its own. Any drift
-            # comes HOLD_S after the ring first decodes, long after cy slowed.
-            state = cluster.wait_state(cluster.url, lambda s: bool(s["replans"]), SLOW_AT + 2 * HOLD_S + 120)
+            # another member may be planned around first: a probe that predicted its stage far off (seen once:
+            # the head 1.9x faster than predicted) is a drift too
+            state = cluster.wait_state(cluster.url, lambda s: any(r["member"] == "cy" for r in s["replans"]),
+                                       SLOW_AT + 2 * HOLD_S + 120)
             replanned_after = time.monotonic() - serving - SLOW_AT
             # the new plan admitted (the phase may still read "admitted" of the old one for a moment)
             after = cluster.wait_state(cluster.url, lambda s: s["phase"] == "admitted"
@@ -76,9 +74,8 @@ def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm
                                            [e.get("rtt_ms") for e in after["edges"]], len(after["replans"]))
         print(f"re-planned {replanned_after:.1f} s after the slow-down; {measured:.1f} tok/s against "
               f"{1 / token_s:.1f} predicted")
-        replan = state["replans"][0]
-        drift = replan["measured_s"] / replan["predicted_s"]
-        assert max(drift, 1 / drift) >= 1.5, (replan, cluster.host.output[-3000:])
+        replan = next(r for r in state["replans"] if r["member"] == "cy")
+        assert replan["measured_s"] >= 1.5 * replan["predicted_s"], (replan, cluster.host.output[-3000:])
         blocks = {p: {n: r[1] - r[0] for n, r in plan["ranges"].items()} for p, plan in
                   (("before", before), ("after", after["plan"]))}
         assert blocks["after"]["cy"] < blocks["before"]["cy"], blocks
