@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, cost, nat, ring, mixed, scale, wan) and write a report"
+HELP = "run a benchmark (engine, planner, cost, nat, ring, drift, mixed, scale, wan) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "cost": "cost",
     "nat": "nat",
     "ring": "ring",
+    "drift": "drift",
     "mixed": "mixed",
     "scale": "scale",
     "wan": "wan",

@@ -46,6 +46,7 @@ class DemoMember:
     memory_gb: float | None = None
     llama_path: Path | None = None  # a second llama-cpp-python build to run on (kafila.engine.variant)
     link_delay_ms: float = 0.0  # every datagram it sends leaves this much later (a member far away)
+    throttle_schedule: str = ""  # its slow-down changing while it serves, as `kafila join --throttle-schedule`
 
 
 DEFAULT_MEMBERS = (DemoMember("ada", 1.0), DemoMember("bo", 2.0), DemoMember("cy", 4.0))
@@ -200,6 +201,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                             argv += ["--memory", str(m.memory_gb)]
                         if m.link_delay_ms:
                             argv += ["--link-delay", str(m.link_delay_ms)]
+                        if m.throttle_schedule:
+                            argv += ["--throttle-schedule", m.throttle_schedule]
                         if opts.draft is not None:
                             argv += ["--draft", str(opts.draft)]
                         member_env = {**env, JOIN_CODE_ENV: state.code}

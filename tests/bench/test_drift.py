@@ -1,0 +1,30 @@
+"""`kafila bench drift`'s measure: a reply's median token against the token its plan predicts, the time outside
+the stages counted on both sides."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafila.bench.drift import plan_speed
+
+pytestmark = pytest.mark.fast
+
+
+def _stats(interval_ms: float, stages: dict[str, tuple[float, float | None]]) -> dict[str, object]:
+    return {"token_interval_median_ms": interval_ms,
+            "stages": {n: {"predicted_s": p / 1e3, "measured_s": None if m is None else m / 1e3}
+                       for n, (p, m) in stages.items()}}
+
+
+def test_stages_slower_than_planned_lower_the_ratio_by_their_excess_alone() -> None:
+    # 20 ms a token, 18 of them in stages planned at 15: the plan predicts 15 + the 2 outside
+    speed = plan_speed(_stats(20.0, {"ada": (5.0, 6.0), "bo": (5.0, 6.0), "cy": (5.0, 6.0)}))
+    assert speed["outside_ms"] == pytest.approx(2.0)
+    assert speed["predicted_token_ms"] == pytest.approx(17.0)
+    assert speed["ratio"] == pytest.approx(0.85) and not speed["target_met"]
+    assert speed["stages_ms"]["cy"] == pytest.approx({"predicted": 5.0, "measured": 6.0})
+
+
+def test_stages_on_their_plan_meet_the_target_however_long_the_time_outside() -> None:
+    speed = plan_speed(_stats(40.0, {"ada": (6.0, 6.0), "bo": (6.0, 5.5), "cy": (6.0, None)}))
+    assert speed["ratio"] == pytest.approx((18.0 + 40.0 - 11.5) / 40.0) and speed["target_met"]
