@@ -129,7 +129,8 @@ class SessionState:
     coordinator_left: str | None = None  # the host left the session: when and why, for a person
     rendezvous_unreachable: str | None = None  # why the rendezvous is unreachable (None: reachable, or not yet asked)
     # each time the ring was planned again because a member ran slower or faster than planned: member,
-    # predicted_s, measured_s (its stage's call), was_bottleneck_s, bottleneck_s (the new plan's)
+    # predicted_s, measured_s (its stage's call), was_bottleneck_s, bottleneck_s (the new plan's), slower (each
+    # member whose speed the new plan changed → its measured time over the old plan's prediction)
     replans: list[dict[str, Any]] = field(default_factory=list)
     # member → the share of the model copied to its disk so far (1.0: held and verified), so that the ring
     # outlives a host no other member holds the model for (coordinator.model_copy)

@@ -99,13 +99,16 @@ def measured_speed(speed: dict[str, float], stages: dict[str, tuple[float, float
                    drift: Drift) -> dict[str, float]:
     """Each member's time over its probe's as the serving ring measures it: `speed` (the factors planned so far)
     times the drifting member's drift, and times each other stage's running median over its prediction
-    {member: (predicted_s, measured_s|None)}. A probe that misjudged a member by less than a drift is then put
-    right at the same new plan instead of carried into it; one off by SLOWER or more is a drift of its own,
-    left to the watch."""
+    {member: (predicted_s, measured_s|None)}, however far off.
+
+    A new plan takes all the ring measured: a member left at its old speed because it had not drifted for
+    HOLD_S yet (cy 4x slower, its stage's median well past SLOWER, while another member's drift was planned
+    for first) needed a second new plan 30 s later; and a machine loaded as a whole slows every stage alike,
+    so a plan that took only the drifting one at its measured speed moved its blocks onto members as slow
+    (4 members at 6x their plan beside a job loading both cores were planned again one by one)."""
     out = dict(speed)
     for name, (predicted, measured) in stages.items():
-        if name != drift.member and measured is not None and predicted > 0 and \
-                1 / SLOWER < measured / predicted < SLOWER:
+        if name != drift.member and measured is not None and predicted > 0:
             out[name] = out.get(name, 1.0) * measured / predicted
     out[drift.member] = out.get(drift.member, 1.0) * drift.factor
     return out

@@ -188,7 +188,7 @@ class Epochs(ModelCopies):
                     return await self._on_arrival(arrival.result(), *gain)
 
     def _worth_planning_again(self, drift: Drift) -> bool:
-        """Whether a plan with the drifting member at its measured speed cuts the slowest stage by GAIN or more
+        """Whether a plan with every member at its measured speed cuts the slowest stage by GAIN or more
         (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
         new = self._slowest([n for n in self.order if n in self.joined], self._measured_speed(drift))
         now = max((drift.measured_s if n == drift.member else s.measured_s or s.predicted_s
@@ -246,11 +246,13 @@ class Epochs(ModelCopies):
 
     async def _on_drift(self, drift: Drift) -> int | None:
         """End this epoch to plan again with the drifting member at the speed it shows (None: plan again)."""
-        self.speed = self._measured_speed(drift)
+        speed = self._measured_speed(drift)
+        slower = {n: f / self.speed.get(n, 1.0) for n, f in speed.items() if f != self.speed.get(n, 1.0)}
+        self.speed = speed
         self.drift.planned_again(drift.member, asyncio.get_running_loop().time())
         was = max((s.measured_s or s.predicted_s for s in self.state.stages.values()), default=0.0)
         self.state.replans.append({"member": drift.member, "predicted_s": drift.predicted_s,
-                                   "measured_s": drift.measured_s, "was_bottleneck_s": was})
+                                   "measured_s": drift.measured_s, "was_bottleneck_s": was, "slower": slower})
         await self._plan_again(drift.text())
         return None
 

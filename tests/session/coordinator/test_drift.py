@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kafila.net.trust import VerifiedMember
+from kafila.planner import ModelSpec, NatClass, Workload, make_plan
 from kafila.session.coordinator.drift import HOLD_S, SETTLE_S, SLOWER, Drift, DriftWatch, measured_speed
+from kafila.session.coordinator.epochs import cuts_enough, planner_member
 
 pytestmark = pytest.mark.fast
 
@@ -83,4 +86,25 @@ def test_a_new_plan_for_a_drift_takes_every_stage_at_its_measured_speed() -> Non
     stages = {"ada": (0.010, 0.012), "bo": (0.010, 0.040), "cy": (0.010, None), "dee": (0.010, 0.010 * SLOWER)}
     speed = measured_speed({"ada": 2.0, "bo": 1.0}, stages, Drift("bo", 0.010, 0.040))
     assert speed["ada"] == pytest.approx(2.4) and speed["bo"] == pytest.approx(4.0)
-    assert "cy" not in speed and "dee" not in speed  # unmeasured; off by a drift of its own: the watch's to judge
+    assert speed["dee"] == pytest.approx(SLOWER)  # off by a drift of its own: measured all the same
+    assert "cy" not in speed  # unmeasured: as planned
+
+
+def test_a_machine_loaded_as_a_whole_is_not_planned_again() -> None:
+    # every stage 3x its prediction: the plan at the measured speeds keeps the slowest stage at 3x, so no new plan
+    # cuts it (only the drifting member taken at its measured speed, the others would look 3x faster than they run)
+    fleet = {n: VerifiedMember(n.encode(), n, b"", NatClass.ORDINARY, None, None, None, 5.0,
+                               {"bw": bw, "disp": 2e-4, "mem": 8 << 30, "ubw": bw, "blk": 5e-5})
+             for n, bw in (("ada", 4e9), ("bo", 6e9), ("cy", 9e9))}
+    model = ModelSpec("m", (8 << 20,) * 30, (1024,) * 30, 40 << 20, 40 << 20)
+
+    def plan(speed: dict[str, float]) -> tuple[dict[str, tuple[int, int]], dict[str, float], float]:
+        p = make_plan([planner_member(fleet[n], speed.get(n, 1.0)) for n in fleet], model, Workload()).kafila
+        return p.ranges, p.stage_seconds, p.bottleneck_seconds
+
+    ranges, predicted, slowest = plan({})
+    stages = {n: (s, 3 * s) for n, s in predicted.items()}
+    drift = max((Drift(n, p, m) for n, (p, m) in stages.items()), key=lambda d: d.factor)
+    new_ranges, _, new_slowest = plan(measured_speed({}, stages, drift))
+    assert new_ranges == ranges and new_slowest == pytest.approx(3 * slowest)
+    assert not cuts_enough(3 * slowest, new_slowest)
