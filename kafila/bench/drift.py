@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kafila.bench.report import emit, envelope
     from kafila.errors import SessionError
-    from kafila.session.coordinator.drift import HOLD_S
+    from kafila.session.coordinator.drift import HOLD_S, SLOWER
     from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
     from kafila.session.state import SessionState
     from kafila.session.terminal.background import SessionThread
@@ -67,10 +67,13 @@ def run(args: argparse.Namespace) -> int:
     members = (DemoMember("ada"), DemoMember("bo"),
                DemoMember("cy", throttle_schedule=f"0:1,{args.slow_at:g}:{args.factor:g}"))
     opts = DemoOptions(members=members, api_port=0, context=1024, threads=1)
-    replanned: list[float] = []
+    replanned: list[float] = []  # when a new plan first took cy at its measured speed (whoever's drift called)
+
+    def cy_slower(replan: dict[str, Any]) -> bool:
+        return float(replan.get("slower", {}).get("cy", 0.0)) >= SLOWER
 
     def watch(s: SessionState) -> None:
-        if not replanned and any(r.get("member") == "cy" for r in s.replans):
+        if not replanned and any(cy_slower(r) for r in s.replans):
             replanned.append(time.monotonic())
 
     with SessionThread(lambda state: run_demo(opts, state)) as session:
@@ -90,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
                 raise SessionError(f"the ring did not plan around cy within {deadline - serving:.0f} s")
             text, last = asyncio.run(_reply(url, args.tokens))
             texts.add(text)
-            new = state.plan or {}
-            if replanned and state.phase == "admitted" and new.get("ranges") != before.get("ranges"):
+            replan = next((r for r in state.replans if cy_slower(r)), {})
+            if state.phase == "admitted" and "bottleneck_s" in replan:  # that plan made and admitted
                 after -= 1
-        replan = next(r for r in state.replans if r.get("member") == "cy")
         plan = dict(state.plan or {})
     speed = plan_speed(last)
     blocks = {when: {n: r[1] - r[0] for n, r in p["ranges"].items()} for when, p in (("before", before),
