@@ -24,10 +24,12 @@ REPLAN_WITHIN_S = 60.0  # issue 32: the ring plans again within a minute of the 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokens", type=int, default=64, help="tokens per reply (default 64)")
+    from kafila.commands._common import positive_int
+
+    p.add_argument("--tokens", type=positive_int, default=64, help="tokens per reply (default 64)")
     p.add_argument("--slow-at", type=float, default=5.0, help="seconds after cy first served it slows (default 5)")
     p.add_argument("--factor", type=float, default=4.0, help="EMULATION: how much slower cy gets (default 4)")
-    p.add_argument("--after", type=int, default=2, help="replies served on the new plan (default 2)")
+    p.add_argument("--after", type=positive_int, default=2, help="replies served on the new plan (default 2)")
 
 
 def plan_speed(stats: dict[str, Any]) -> dict[str, Any]:
