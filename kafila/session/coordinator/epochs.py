@@ -245,7 +245,7 @@ class Epochs(ModelCopies):
         return None
 
     async def _on_drift(self, drift: Drift) -> int | None:
-        """End this epoch to plan again with the drifting member at the speed it shows (None: plan again)."""
+        """End this epoch to plan again with every member at the speed it shows (None: plan again)."""
         speed = self._measured_speed(drift)
         slower = {n: f / self.speed.get(n, 1.0) for n, f in speed.items() if f != self.speed.get(n, 1.0)}
         self.speed = speed
