@@ -16,6 +16,8 @@ import asyncio
 import time
 from typing import Any
 
+from kafila.session.coordinator.drift import SLOWER
+
 HELP = "a member slowing down mid-session: the re-plan's delay and the new plan's speed against the ring's"
 PROMPT = "Tell me a long story about a dragon."
 TARGET = 0.9  # issue 32: the ring's tokens/s recovers to at least this share of the new plan's prediction
@@ -43,32 +45,21 @@ def plan_speed(stats: dict[str, Any]) -> dict[str, Any]:
             "stages_ms": {n: {"predicted": p * 1e3, "measured": m * 1e3} for n, (p, m) in stages.items()}}
 
 
-async def _reply(url: str, tokens: int) -> tuple[str, list[str], dict[str, Any]]:
-    """One greedy reply: its text, the notices it carried (a new plan cut it) and its final stats."""
-    from kafila.session.api.client import ApiClient, Notice, ReplyStats
-
-    text, notices, stats = [], [], {}
-    async with ApiClient(url, read_timeout=600) as api:
-        # the prompt computed afresh, so that a greedy reply is llama.cpp's own (a cached prefix may change it)
-        async for item in api.stream_chat([{"role": "user", "content": PROMPT}], max_tokens=tokens, temperature=0,
-                                          extra={"cache_prompt": False}):
-            if isinstance(item, str):
-                text.append(item)
-            elif isinstance(item, Notice):
-                notices.append(item.text)
-            elif isinstance(item, ReplyStats):
-                stats = dict(item.raw)
-    return "".join(text), notices, stats
+def cy_slower(replan: dict[str, Any]) -> bool:
+    """Whether a new plan (a `/kafila/state` replans entry) took cy at least a drift (SLOWER) slower than planned,
+    whoever's drift called for it."""
+    return float(replan.get("slower", {}).get("cy", 0.0)) >= SLOWER
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from kafila.bench.local_context import greedy_chat
+    from kafila.bench.replies import greedy_reply
     from kafila.bench.report import emit, envelope
     from kafila.errors import SessionError
     from kafila.model.embedded import default_model_path
-    from kafila.session.coordinator.drift import HOLD_S, SLOWER
+    from kafila.session.coordinator.drift import HOLD_S
     from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
     from kafila.session.state import SessionState
     from kafila.session.terminal.background import SessionThread
@@ -80,9 +71,6 @@ def run(args: argparse.Namespace) -> int:
                DemoMember("cy", throttle_schedule=f"0:1,{args.slow_at:g}:{args.factor:g}"))
     opts = DemoOptions(members=members, api_port=0, context=CONTEXT, threads=1)
     replanned: list[float] = []  # when a new plan first took cy at its measured speed (whoever's drift called)
-
-    def cy_slower(replan: dict[str, Any]) -> bool:
-        return float(replan.get("slower", {}).get("cy", 0.0)) >= SLOWER
 
     def watch(s: SessionState) -> None:
         if not replanned and any(cy_slower(r) for r in s.replans):
@@ -103,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
         while after > 0:
             if time.monotonic() > deadline:
                 raise SessionError(f"the ring did not plan around cy within {deadline - serving:.0f} s")
-            text, notices, last = asyncio.run(_reply(url, args.tokens))
-            replies.append({"identical": text == truth, "notices": notices} | ({} if text == truth else {"text": text}))
+            last = asyncio.run(greedy_reply(url, PROMPT, args.tokens))
+            text = last["text"]
+            replies.append({"identical": text == truth, "notices": last["notices"]}
+                           | ({} if text == truth else {"text": text}))
             replan = next((r for r in state.replans if cy_slower(r)), {})
             if state.phase == "admitted" and "bottleneck_s" in replan:  # that plan made and admitted
                 after -= 1

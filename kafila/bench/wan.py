@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kafila.bench.replies import greedy_reply
+
 if TYPE_CHECKING:
     from kafila.session.state import SessionState
 
@@ -60,26 +62,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the draft model of the draft-model ring (default: the target itself, the ceiling)")
 
 
-async def _reply(url: str, prompt: str, tokens: int, mode: str) -> dict[str, Any]:
-    """One greedy chat with speculation `mode`: its text and the head's figures."""
-    from kafila.session.api.client import ApiClient, ReplyStats
-
-    text, stats = [], {}
-    async with ApiClient(url, read_timeout=600) as api:
-        async for item in api.stream_chat([{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0,
-                                          extra={"speculate": mode, "cache_prompt": False}):
-            if isinstance(item, ReplyStats):
-                stats = dict(item.raw)
-            elif isinstance(item, str):
-                text.append(item)
-    return {"text": "".join(text), **stats}
-
-
 async def _together(url: str, prompts: list[str], tokens: int, mode: str) -> tuple[float, float | None]:
     """Aggregate tokens/s of the prompts sent at once, and the median compute share of their circuits: what this
     machine's shared cores serialize (the rest, the links' delays, overlaps as on separate machines)."""
     t0 = time.perf_counter()
-    replies = await asyncio.gather(*(_reply(url, p, tokens, mode) for p in prompts))
+    replies = await asyncio.gather(*(greedy_reply(url, p, tokens, speculate=mode) for p in prompts))
     rate = sum(int(r.get("completion_tokens") or 0) for r in replies) / (time.perf_counter() - t0)
     shares = [r["network_share"] for r in replies if r.get("network_share") is not None]
     return rate, 1 - statistics.median(shares) if shares else None
@@ -139,7 +126,7 @@ def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool, mode
             raise SessionError(f"the bench ring was not admitted: {state.rejection or state.lost}")
         url = state.api_url or ""
         # warm-up: the serving ring's circuits measured outside compute, the edges' share of the prediction
-        asyncio.run(_reply(url, "Count from one to twenty.", 24, "off"))
+        asyncio.run(greedy_reply(url, "Count from one to twenty.", 24, speculate="off"))
         token_time = _measured_token_time(state)
         result: dict[str, Any] = {"delay_ms": delay_ms, "plan_token_time": token_time,
                                   "draft": None if draft is None else draft.name}
@@ -147,7 +134,7 @@ def _ring(delay_ms: float, tokens: int, truth: dict[str, str], fresh: bool, mode
             replies: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
             for name, p in prompts.items():
                 for mode in modes:  # each prompt in every mode in turn: the machine's drift hits all modes alike
-                    replies[mode].append({"name": name, **asyncio.run(_reply(url, p, tokens, mode))})
+                    replies[mode].append({"name": name, **asyncio.run(greedy_reply(url, p, tokens, speculate=mode))})
             result[group] = {mode: _summary(replies[mode], truth, token_time) for mode in modes}
         if draft is None:
             four = list(GROUNDED.values())[:4]

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from kafila.session.coordinator.drift import HOLD_S, SLOWER
+from kafila.bench.drift import cy_slower
+from kafila.session.coordinator.drift import HOLD_S
 from kafila.session.coordinator.epochs import GAIN
 from kafila.session.launch.demo import SHARED_MACHINE_ENV
 from tests.conftest import llama_cpp_reply
@@ -34,11 +34,6 @@ SLOW_AT = 5
 REPLAN_WITHIN_S = 60  # issue 32: the ring re-plans within a minute of a member's slow-down
 STORY = "Tell me a long story about a dragon."
 TOKENS = 64
-
-
-def cy_slower(replan: dict[str, Any]) -> bool:
-    """Whether a new plan took cy at its measured speed, at least a drift (SLOWER) slower than planned."""
-    return replan.get("slower", {}).get("cy", 0.0) >= SLOWER
 
 
 def test_a_member_4x_slower_mid_session_is_planned_around(tmp_path: Path, smollm: Path) -> None:
