@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from kafila.session.coordinator.drift import SLOWER
+from kafila.session.coordinator.drift import HOLD_S, SLOWER
 
 HELP = "a member slowing down mid-session: the re-plan's delay and the new plan's speed against the ring's"
 PROMPT = "Tell me a long story about a dragon."
@@ -59,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
     from kafila.bench.report import emit, envelope
     from kafila.errors import SessionError
     from kafila.model.embedded import default_model_path
-    from kafila.session.coordinator.drift import HOLD_S
     from kafila.session.launch.demo import DemoMember, DemoOptions, run_demo
     from kafila.session.state import SessionState
     from kafila.session.terminal.background import SessionThread
