@@ -31,20 +31,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 async def _replies(url: str, n_users: int, tokens: int) -> tuple[float, int, list[dict[str, Any]]]:
     """n_users chats at once; (wall seconds, completion tokens, final stats of each)."""
-    from kafila.session.api.client import ApiClient, ReplyStats
-
-    async def one(prompt: str) -> tuple[int, dict[str, Any]]:
-        async with ApiClient(url, read_timeout=600) as api:
-            stats: dict[str, Any] = {}
-            async for item in api.stream_chat([{"role": "user", "content": prompt}], max_tokens=tokens,
-                                              temperature=0):
-                if isinstance(item, ReplyStats):
-                    stats = dict(item.raw)
-            return int(stats.get("completion_tokens") or 0), stats
+    from kafila.bench.replies import chat
 
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(PROMPTS[i % len(PROMPTS)]) for i in range(n_users)))
-    return time.perf_counter() - t0, sum(n for n, _ in results), [s for _, s in results]
+    replies = await asyncio.gather(*(chat(url, PROMPTS[i % len(PROMPTS)], tokens) for i in range(n_users)))
+    return time.perf_counter() - t0, sum(int(r.stats.get("completion_tokens") or 0) for r in replies), \
+        [r.stats for r in replies]
 
 
 def _session(members: tuple, strategy: str, fresh: bool, threads: int | None = None) -> Any:

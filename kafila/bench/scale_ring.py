@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kafila.bench.replies import chat
 from kafila.session.state import SessionState
 
 
@@ -96,36 +97,16 @@ async def _completion(url: str, prompt: str, max_tokens: int) -> tuple[float, di
     return time.perf_counter() - t0, stats
 
 
-async def _chat(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """A greedy chat of one user message: seconds to its first text, its text, its final stats."""
-    from kafila.session.api.client import ApiClient, ReplyStats
-
-    first: float | None = None
-    text: list[str] = []
-    stats: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    async with ApiClient(url, read_timeout=3600) as api:
-        async for item in api.stream_chat([{"role": "user", "content": prompt}], max_tokens=max_tokens,
-                                          temperature=0):
-            if isinstance(item, str) and item:
-                first = first if first is not None else time.perf_counter() - t0
-                text.append(item)
-            elif isinstance(item, ReplyStats):
-                stats = dict(item.raw)
-    return {"ttft_s": first, "reply": "".join(text), "stats": stats}
-
-
 def ttft(url: str, prompt: str, reply_tokens: int) -> dict[str, Any]:
     """Time to first token of `prompt` as a chat through the ring, and its greedy reply of `reply_tokens`."""
     try:
-        r = asyncio.run(_chat(url, prompt, reply_tokens))
+        r = asyncio.run(chat(url, prompt, reply_tokens, read_timeout=3600))
     except Exception as exc:  # a failed long prompt is a result to report, not the end of the benchmark
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    if r["ttft_s"] is None:
-        return {"ok": False, "error": "the reply had no text", "stats": r["stats"]}
-    stats = r["stats"]
-    return {"ok": True, "ttft_s": r["ttft_s"], "prompt_tokens": stats.get("prompt_tokens"), "reply": r["reply"],
-            "reply_tokens": stats.get("completion_tokens"), "stats": stats}
+    if r.first_text_s is None:
+        return {"ok": False, "error": "the reply had no text", "stats": r.stats}
+    return {"ok": True, "ttft_s": r.first_text_s, "prompt_tokens": r.stats.get("prompt_tokens"), "reply": r.text,
+            "reply_tokens": r.stats.get("completion_tokens"), "stats": r.stats}
 
 
 def decode(url: str, tokens: int, local: Any, rounds: int) -> dict[str, Any]:
