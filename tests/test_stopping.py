@@ -79,3 +79,50 @@ def test_a_stuck_unwind_is_cut_short_naming_the_await_it_hangs_in() -> None:
     stuck_line = FLOW.splitlines().index("            await asyncio.Event().wait()  # a clean-up that never ends") + 2
     assert f"<string>:{stuck_line} in flow" in out.stderr, out.stderr  # the task's own chain of awaits
     assert "locks.py" in out.stderr.split(f"<string>:{stuck_line} in flow")[1]  # ...down into Event.wait
+
+
+# Work on a worker thread that takes the SIGTERM itself, as the kernel may choose (after a SIGCONT, the
+# thread that runs first takes a signal that arrived while the process was stopped), once the main thread
+# sleeps in the event loop's poll. Nothing else is on the loop: no timer wakes the poll, only the signal can.
+SIGTERM_IN_A_WORKER = """
+import asyncio, signal, sys, threading, time
+from pathlib import Path
+from kafila.errors import WorkStopped
+from kafila.session.stoppable import run_stoppable
+from kafila.stopping import cancelled_by_sigterm
+
+def main_thread_sleeps():
+    stat = Path(f"/proc/self/task/{threading.main_thread().native_id}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "S"
+
+def work(progress):
+    asleep = 0
+    while asleep < 5:  # seen asleep five times in a row, 20 ms apart, while this thread lets it have the GIL
+        time.sleep(0.02)
+        asleep = asleep + 1 if main_thread_sleeps() else 0
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    pieces = 0
+    try:
+        while True:  # a cut that would run far longer than the test waits
+            progress(pieces, 0)
+            pieces += 1
+            time.sleep(0.01)
+    except WorkStopped:
+        print("the work stopped", flush=True)
+        raise
+
+try:
+    asyncio.run(cancelled_by_sigterm(run_stoppable(work)))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_a_sigterm_taken_by_a_worker_thread_stops_its_work_and_the_flow() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_IN_A_WORKER], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=HANG_S)  # before, the loop slept on: a hang until this bound
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (130, "the work stopped\n", "")
