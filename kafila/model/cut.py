@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import gguf
 import numpy as np
@@ -146,6 +147,39 @@ def _stage_tensors(
     return out
 
 
+PIECE = 8 << 20  # bytes written between two progress calls: a stop reaches a cut within one piece
+
+
+class _Written:
+    """Bytes of tensor data written so far, told to `progress` (which may raise to stop the cut)."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.done, self.total, self.progress = 0, total, progress
+
+    def add(self, n: int) -> None:
+        self.done += n
+        self.check()
+
+    def check(self) -> None:
+        if self.progress:
+            self.progress(self.done, self.total)
+
+
+class _InPieces:
+    """A tensor's raw bytes that GGUFWriter.write_tensor_data writes in PIECE-sized writes (it uses only
+    `nbytes` and `tofile`): one real tensor (an 8B model's token_embd) is over a gigabyte, seconds of writing."""
+
+    def __init__(self, data: np.ndarray, written: _Written) -> None:
+        self.flat, self.written = data.reshape(-1).view(np.uint8), written
+        self.nbytes = int(data.nbytes)
+
+    def tofile(self, f: BinaryIO) -> None:
+        for start in range(0, self.nbytes, PIECE):
+            piece = self.flat[start:start + PIECE]
+            f.write(piece.data)
+            self.written.add(len(piece))
+
+
 def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress: Progress | None = None) -> Path:
     """Write the stage GGUF for `spec` to `dest` atomically (temp file, fsync, rename)."""
     gf = GGUFSet(source)
@@ -170,15 +204,13 @@ def write_stage(source: str | Path, spec: StageSpec, dest: str | Path, progress:
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         total = sum(int(d.nbytes) for _, d, _ in tensors)
-        done = 0
+        written = _Written(total, progress)
         for _, data, _ in tensors:
-            writer.write_tensor_data(data)
-            done += int(data.nbytes)
-            if progress:
-                progress(done, total)
+            writer.write_tensor_data(_InPieces(data, written))  # type: ignore[arg-type]  # it reads nbytes, tofile
         writer.close()
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
+        written.check()  # a stop that came while closing still leaves no file
         os.replace(tmp, dest)
     except BaseException:
         writer.close()

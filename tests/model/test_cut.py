@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kafila.errors import ModelError
-from kafila.model.cut import STUB_VOCAB, StageSpec, write_stage
+from kafila.errors import ModelError, WorkStopped
+from kafila.model.cut import PIECE, STUB_VOCAB, StageSpec, write_stage
 from kafila.model.describe import describe_model
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
@@ -61,6 +61,36 @@ def test_interrupted_cut_leaves_nothing(synthetic_models: dict[str, Path], tmp_p
     dest = tmp_path / "stage.gguf"
     with pytest.raises(KeyboardInterrupt):
         write_stage(synthetic_models["llama"], StageSpec(0, 4, True), dest, crash)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_big_tensor_is_written_in_pieces_each_of_which_a_stop_can_follow(tmp_path: Path) -> None:
+    source = write_synthetic(tmp_path / "big.gguf", "llama", n_blocks=2, filler_mb=20)  # 20 MiB in one tensor
+    calls: list[int] = []
+
+    def stop_in_the_second_tensor_piece(done: int, total: int) -> None:
+        calls.append(done)
+        if done > 10 << 20:  # inside the first filler tensor, which a per-tensor check would pass whole
+            raise WorkStopped("stop")
+
+    dest = tmp_path / "out" / "stage.gguf"
+    with pytest.raises(WorkStopped):
+        write_stage(source, StageSpec(0, 2, True), dest, stop_in_the_second_tensor_piece)
+    assert list(dest.parent.iterdir()) == []
+    assert calls[-1] - calls[-2] == PIECE and calls[-1] < 20 << 20  # stopped one piece into the 20 MiB tensor
+
+
+def test_a_stop_while_the_cut_is_synced_still_leaves_nothing(synthetic_models: dict[str, Path], tmp_path: Path) -> None:
+    ends: list[int] = []
+
+    def stop_once_synced(done: int, total: int) -> None:
+        if done == total:
+            ends.append(done)
+        if len(ends) == 2:  # the last byte written (1), then the file closed and synced (2), not yet in place
+            raise WorkStopped("stop")
+
+    with pytest.raises(WorkStopped):
+        write_stage(synthetic_models["llama"], StageSpec(0, 4, True), tmp_path / "stage.gguf", stop_once_synced)
     assert list(tmp_path.iterdir()) == []
 
 
