@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kafila.errors import SessionError
-from kafila.model.cut import StageSpec
+from kafila.model.cut import Progress, StageSpec
 from kafila.model.gguf_set import SHARD_NAME, GGUFSet
 from kafila.model.stage_cache import StageCache
 from kafila.session.delivery.stage_files import manifest_for, no_space
@@ -86,15 +86,18 @@ def judge_model(host_sha256: str, name: str, measurements: Mapping[str, Any]) ->
     return None
 
 
-def cut_locally(cache: StageCache, model: Path, spec: StageSpec, manifest: StageManifest) -> Path:
-    """Cut this member's stage from its own model file and verify it as a delivered stage is verified."""
+def cut_locally(cache: StageCache, model: Path, spec: StageSpec, manifest: StageManifest,
+                progress: Progress | None = None) -> Path:
+    """Cut this member's stage from its own model file and verify it as a delivered stage is verified.
+
+    `progress` hears the hashing and the cut, then the verification, each from 0; it may raise to stop."""
     try:
-        path = cache.stage(model, spec)
+        path = cache.stage(model, spec, progress)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # said as a delivery says it: the host plans again without us
             raise no_space(cache.root, manifest.size) from None
         raise
-    got = manifest_for(path)
+    got = manifest_for(path, progress=progress)
     if got != manifest:
         raise SessionError(f"the stage cut locally from {model} has sha256 {got.sha256} ({got.size} bytes), but the "
                            f"host's manifest says {manifest.sha256} ({manifest.size} bytes): is this Kafila the "

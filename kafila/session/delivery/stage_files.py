@@ -65,8 +65,8 @@ class StageReceiver:
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.have: set[int] = set()
 
-    def missing(self) -> list[int]:
-        """Chunk indices still needed (verifying what a previous attempt left)."""
+    def missing(self, progress: Callable[[int, int], None] | None = None) -> list[int]:
+        """Chunk indices still needed (verifying what a previous attempt left; `progress` as manifest_for's)."""
         if self.final.is_file():
             return []
         n = len(self.manifest.chunks)
@@ -77,6 +77,8 @@ class StageReceiver:
                     f.seek(i * self.manifest.chunk_size)
                     if hashlib.sha256(f.read(self.manifest.chunk_size)).hexdigest() == self.manifest.chunks[i]:
                         self.have.add(i)
+                    if progress is not None:
+                        progress((i + 1) * self.manifest.chunk_size, self.manifest.size)
         else:
             with self.part.open("wb") as f:
                 f.truncate(self.manifest.size)
@@ -116,14 +118,17 @@ class StageReceiver:
     def complete(self) -> bool:
         return self.final.is_file() or len(self.have) == len(self.manifest.chunks)
 
-    def finish(self) -> Path:
-        """Verify the whole file and move it into place atomically."""
+    def finish(self, progress: Callable[[int, int], None] | None = None) -> Path:
+        """Verify the whole file and move it into place atomically (`progress` as manifest_for's)."""
         if self.final.is_file():
             return self.final
-        h = hashlib.sha256()
+        h, done = hashlib.sha256(), 0
         with self.part.open("rb") as f:
             while data := f.read(1 << 22):
                 h.update(data)
+                done += len(data)
+                if progress is not None:
+                    progress(done, self.manifest.size)
             os.fsync(f.fileno())
         if h.hexdigest() != self.manifest.sha256:
             self.part.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from kafila.session.delivery.stage_files import StageReceiver, read_chunk
 from kafila.session.protocol import messages
 from kafila.session.protocol.chunks import CHUNK_MAGIC, chunk, parse_chunk
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.stoppable import run_stoppable
 
 
 class Superseded(Exception):
@@ -55,4 +56,4 @@ async def receive_stage(link: Link, receiver: StageReceiver, timeout_s: float,
         receiver.accept(index, data)
         if progress is not None:
             progress(len(receiver.have))
-    return await asyncio.to_thread(receiver.finish)
+    return await run_stoppable(receiver.finish)

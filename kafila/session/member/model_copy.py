@@ -21,6 +21,7 @@ from kafila.session.member.core import MemberCore, log
 from kafila.session.protocol import messages
 from kafila.session.protocol.chunks import COPY_BATCH, COPY_MAGIC, parse_chunk
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.stoppable import run_stoppable
 
 
 class ModelCopy(MemberCore):
@@ -46,7 +47,7 @@ class ModelCopy(MemberCore):
             if self.use is not None:
                 for path in (receiver.part, receiver.final):
                     self.use.add(path)
-            self._copy_todo = await asyncio.to_thread(receiver.missing)
+            self._copy_todo = await run_stoppable(receiver.missing)
             receiver.check_space()
         except (DiskFullError, OSError) as exc:
             await self._give_copy_up(f"{self.opts.name} cannot hold a copy: {exc}")
@@ -91,7 +92,7 @@ class ModelCopy(MemberCore):
 
     async def _finish_copy(self, receiver: StageReceiver) -> None:
         try:
-            self.model_copy = await asyncio.to_thread(receiver.finish)
+            self.model_copy = await run_stoppable(receiver.finish)
         except (KafilaError, OSError) as exc:
             await self._give_copy_up(str(exc))
             return

@@ -6,8 +6,8 @@ Each step the host cannot watch is announced by a heartbeat, so that the host bo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+from functools import partial
 from pathlib import Path
 
 from kafila.engine.stage import StageEngine
@@ -110,7 +110,7 @@ class MemberStage(MemberCore):
             raise ProtocolError("the host asked this member to cut its stage, but it was given no --model")
         self.state.log(f"cutting blocks [{spec.start}, {spec.end}) from {self.opts.model}")
         async with working(self.send_host, msg.epoch, "cutting its stage"):
-            path = await asyncio.to_thread(cut_locally, self.cache, self.opts.model, spec, msg.stage)
+            path = await run_stoppable(partial(cut_locally, self.cache, self.opts.model, spec, msg.stage))
         await self.send_host(messages.Need(msg.epoch, ()))  # nothing to send: the host counts 0 bytes
         self.state.delivery[self.opts.name] = (msg.stage.size, msg.stage.size)
         self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
@@ -133,7 +133,7 @@ class MemberStage(MemberCore):
         if self.use is not None:  # from its first byte: a session starting meanwhile (its cache cap) leaves it
             for path in (receiver.part, receiver.final):
                 self.use.add(path)
-        missing = await asyncio.to_thread(receiver.missing)
+        missing = await run_stoppable(receiver.missing)
         receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
         await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))
         total = manifest.size
