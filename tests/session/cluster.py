@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 import urllib.error
@@ -81,6 +85,36 @@ class Proc:
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
+
+    def settled_output(self, timeout: float = 30) -> str:
+        """Its output once the pipe is empty and the reader has taken every line (call it stopped: SIGSTOP).
+
+        What a stopped process printed just before may still be in the pipe or the reader's hands: a check
+        of `output` alone could miss a line that is already written."""
+        assert self.popen.stdout is not None
+        deadline, seen = time.monotonic() + timeout, -1
+        while time.monotonic() < deadline:
+            waiting = struct.unpack("i", fcntl.ioctl(self.popen.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            if waiting == 0 and len(self.lines) == seen:  # nothing in the pipe, and no line taken in 50 ms
+                return self.output
+            seen = len(self.lines)
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}'s output never settled")
+
+    def stop_now(self, timeout: float = 30) -> None:
+        """SIGSTOP it, and return once every thread has stopped: a thread inside a long system call (a write of
+        megabytes) finishes that call first, so the signal's return alone does not mean the process stands."""
+        os.kill(self.popen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for stat in Path(f"/proc/{self.popen.pid}/task").glob("*/stat"):
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            if states and all(s == "T" for s in states):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"{self.name} did not stop within {timeout} s of SIGSTOP")
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         if m := self.wait_for_either(pattern, timeout):
@@ -225,7 +259,11 @@ class Cluster:
         deadline = time.monotonic() + timeout
         state: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            state = self.state(url)
+            try:
+                state = self.state(url)
+            except (urllib.error.URLError, ConnectionError, OSError):  # a busy API past urlopen's 10 s: ask again
+                time.sleep(0.2)
+                continue
             if done(state):
                 return state
             time.sleep(0.2)

@@ -274,6 +274,7 @@ def test_fleet_that_cannot_fit_is_rejected(tmp_path: Path, smollm: Path) -> None
     concurrency, context = 4, 512  # the host's defaults in Cluster
     with Cluster(tmp_path, [(n, ["--memory", str(gb)]) for n, gb in MEMORY_GB.items()]) as cluster:
         assert cluster.host.popen.wait(240) == 3
+        cluster.host.reader.join(5)  # its last lines, printed just before it ended, may still be in the pipe
         text = cluster.host.output
         need = weights + concurrency * context * kv
         assert f"rejected: does not fit in memory: the model needs {need / 1e9:.2f} GB " \
@@ -302,5 +303,6 @@ def test_fleet_that_cannot_fit_is_rejected(tmp_path: Path, smollm: Path) -> None
         assert found[3:] == ["more members or memory"]
         for m in cluster.members.values():
             assert m.popen.wait(30) == 1
+            m.reader.join(5)
             assert "Traceback" not in m.output
             assert remedies.group(0) in m.output and re.search(r"closest layout: .*short by", m.output), m.output
