@@ -40,13 +40,12 @@ NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a mode
 MAX_TOP_K = 1 << 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("stop", "tools", "functions", "tool_choice", "function_call", "logit_bias", "logprobs",
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "logprobs",
                "top_logprobs", "presence_penalty", "frequency_penalty", "response_format", "n", "audio",
                "modalities", "prediction")
 # ... unless they carry the value that asks for nothing (what many clients send by default).
 NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
-                                       "n": (1,), "response_format": ({"type": "text"},), "tools": ([],),
-                                       "stop": ([],)}
+                                       "n": (1,), "response_format": ({"type": "text"},), "tools": ([],)}
 # The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
 COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "logprobs", "logit_bias", "presence_penalty",
                           "frequency_penalty", "tools", "functions", "response_format")
@@ -73,7 +72,7 @@ class ChatRequest:
 
     messages: tuple[tuple[str, str], ...] = ()
     prompt: str | None = None  # set: a text completion (no chat template); `messages` is then empty
-    stop: tuple[str, ...] = ()  # a text completion ends before the first of these (never part of the text)
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these (never part of the text)
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
@@ -124,7 +123,7 @@ def parse_request(body: Any, *, internal: bool = False) -> ChatRequest:
 def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
     """Validate a chat body; BadRequest names the first bad field. `internal`: from our own API (resume kept)."""
     common = _common(body, UNSUPPORTED, NEUTRAL, DEFAULT_MAX_TOKENS, internal)
-    return ChatRequest(messages=_messages(body.get("messages")), **common)
+    return ChatRequest(messages=_messages(body.get("messages")), stop=_stop(body.get("stop")), **common)
 
 
 def parse_completion(body: Any, *, internal: bool = False) -> ChatRequest:
