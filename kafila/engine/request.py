@@ -211,6 +211,7 @@ class Request:
             self.finish_reason = "stop"
             return self._stopped(self.text.flush())
         self.generated.append(token)
+        self.sampler.accept(token)  # its penalties count it for the next token (a drafted one's row included)
         piece = self.text.push(token)
         if len(self.generated) >= self.max_tokens or self.fed + 1 >= self.n_ctx:
             self.finish_reason = "length"

@@ -1,21 +1,34 @@
-"""Token sampling from logits: greedy, or temperature with top-k and top-p, reproducible by seed."""
+"""Token sampling from logits: greedy, or temperature with top-k, top-p and min-p, reproducible by seed.
+
+The logits are first adjusted by the request's logit_bias and penalties (penalties.py), in llama.cpp's
+order: bias, penalties, top-k, top-p, min-p, temperature."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from kafila.engine.penalties import History
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+    """temperature 0 means greedy; top_k 0, top_p 1.0 and min_p 0 disable those filters; penalties.py says
+    what the penalties and logit_bias ((token, bias) pairs) do."""
 
     temperature: float = 0.0
     top_k: int = 40
     top_p: float = 0.95
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64  # llama.cpp's default window
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Checked by type as well as range: these come from request bodies, and NaN passes every
@@ -28,6 +41,17 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not _real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty", "repeat_penalty"):
+            if not _real(getattr(self, name)) or not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+        if not isinstance(self.repeat_last_n, int) or isinstance(self.repeat_last_n, bool) or self.repeat_last_n < 0:
+            raise ValueError(f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
+        if not all(isinstance(t, int) and t >= 0 and _real(b) and math.isfinite(b) for t, b in self.logit_bias):
+            raise ValueError("logit_bias must hold (token id >= 0, finite bias) pairs")
 
 
 def _real(x: object) -> bool:
@@ -35,14 +59,26 @@ def _real(x: object) -> bool:
 
 
 class Sampler:
-    """Samples one request's tokens; owns that request's random generator."""
+    """Samples one request's tokens; owns that request's random generator and the tokens its penalties count
+    (the prompt and a resumed reply's tokens so far to start with, then each token the reply takes)."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt: Sequence[int] = (), reply: Sequence[int] = ()) -> None:
         self.params = params
         self._rng = np.random.default_rng(params.seed)
+        self.history = History(params)
+        self.history.prime(prompt, reply)
+
+    def accept(self, token: int) -> None:
+        """A token the reply took (sampled, or drafted and verified): the penalties count it from now on."""
+        self.history.accept(token)
+
+    def adjusted(self, logits: np.ndarray) -> np.ndarray:
+        """The logits this sampler draws from: with the logit bias and the penalties (penalties.py)."""
+        return self.history.adjust(logits) if self.history.active else logits
 
     def sample(self, logits: np.ndarray) -> int:
         """The next token id for one row of logits."""
+        logits = self.adjusted(logits)
         if self.params.temperature == 0.0:
             return int(np.argmax(logits))  # first maximum, as llama.cpp's greedy sampler
         order, probs = self._filtered(logits)
@@ -50,6 +86,7 @@ class Sampler:
 
     def distribution(self, logits: np.ndarray) -> np.ndarray:
         """The probability of every token under these settings (greedy: all on the first maximum)."""
+        logits = self.adjusted(logits)
         out = np.zeros(len(logits))
         if self.params.temperature == 0.0:
             out[int(np.argmax(logits))] = 1.0
@@ -72,7 +109,10 @@ class Sampler:
         return int(self._rng.choice(len(p), p=residual / total))
 
     def _filtered(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The tokens left by top-k and top-p, most likely first, and their probabilities at the temperature."""
+        """The tokens left by top-k, top-p and min-p, most likely first, and their probabilities at the temperature.
+
+        min-p keeps the tokens whose probability at temperature 1 is at least min_p times the top one's (llama.cpp:
+        a logit at least the top's + log(min_p)); top-p, before it in llama.cpp's chain, counts the mass before it."""
         p = self.params
         z = logits.astype(np.float64)
         order = top_first(z, p.top_k)
@@ -85,6 +125,10 @@ class Sampler:
         if p.top_p < 1.0:
             # keep the smallest prefix whose mass reaches top_p (at least one token)
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+        if p.min_p > 0.0:
+            raw = logits[order].astype(np.float64)
+            keep = max(1, int(np.count_nonzero(raw >= raw[0] + math.log(p.min_p))))  # a prefix: sorted by logit
             order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
         return order, probs
 

@@ -40,17 +40,16 @@ NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a mode
 MAX_TOP_K = 1 << 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "logprobs",
-               "top_logprobs", "presence_penalty", "frequency_penalty", "response_format", "n", "audio",
-               "modalities", "prediction")
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs",
+               "response_format", "n", "audio", "modalities", "prediction")
 # ... unless they carry the value that asks for nothing (what many clients send by default).
-NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
-                                       "n": (1,), "response_format": ({"type": "text"},), "tools": ([],)}
+NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "n": (1,), "response_format": ({"type": "text"},),
+                                       "tools": ([],)}
 # The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
-COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "logprobs", "logit_bias", "presence_penalty",
-                          "frequency_penalty", "tools", "functions", "response_format")
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,),
-                                                  "presence_penalty": (0,), "frequency_penalty": (0,)}
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "logprobs", "tools", "functions", "response_format")
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,)}
+MAX_LOGIT_BIAS = 1024  # entries of a request's logit_bias
+DEFAULT_REPEAT_LAST_N = 64  # llama.cpp's server's
 
 
 class BadRequest(SessionError):
@@ -85,6 +84,13 @@ class ChatRequest:
     cache_prompt: bool = True  # llama-server's field: false computes the whole prompt afresh (a reply as exact
     # as one context's, never reusing a cache an earlier request's batches computed)
     speculate: str | None = None  # None: the session's mode
+    # What shapes the logits before sampling (kafila.engine.penalties): OpenAI's fields, llama.cpp's extensions
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
@@ -104,13 +110,18 @@ class ChatRequest:
             out["cache_prompt"] = False
         if self.speculate is not None:
             out["speculate"] = self.speculate
+        for name in ("min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n"):
+            if getattr(self, name) != getattr(ChatRequest, name):
+                out[name] = getattr(self, name)
+        if self.logit_bias:
+            out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
         return out
 
     def sampling(self) -> SamplingParams:
         """The sampler's settings; top_p 0 (allowed by OpenAI) keeps only the most likely token."""
-        if self.top_p == 0.0:
-            return SamplingParams(self.temperature, 1, 1.0, self.seed)
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+        top_k, top_p = (1, 1.0) if self.top_p == 0.0 else (self.top_k, self.top_p)
+        return SamplingParams(self.temperature, top_k, top_p, self.seed, self.min_p, self.presence_penalty,
+                              self.frequency_penalty, self.repeat_penalty, self.repeat_last_n, self.logit_bias)
 
 
 def parse_request(body: Any, *, internal: bool = False) -> ChatRequest:
@@ -164,6 +175,14 @@ def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[An
         "resume_cuts": _resume(body, "resume_cuts") if internal else (),
         "cache_prompt": _optional(body, "cache_prompt", bool, True),
         "speculate": _speculate(body),
+        "min_p": _number(body, "min_p", 0.0, 1.0, 0.0),
+        "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        "repeat_penalty": _number(body, "repeat_penalty", 0.01, 100.0, 1.0),
+        # llama.cpp's -1: the whole context (no window is longer than the longest reply's prompt and reply)
+        "repeat_last_n": _integer(body, "repeat_last_n", -1, MAX_TOKENS_LIMIT, DEFAULT_REPEAT_LAST_N) % (
+            MAX_TOKENS_LIMIT + 1),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
     }
 
 
@@ -266,6 +285,25 @@ def _stop(value: Any) -> tuple[str, ...]:
         raise BadRequest(f"'stop' must be a string or a list of at most {MAX_STOP} strings, each of 1 to "
                          f"{MAX_STOP_CHARS} characters, got {_shown(value)}", "stop", "invalid_type")
     return tuple(stops)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings: JSON's keys) to a bias from -100 (a ban) to 100, as sorted pairs."""
+    if value is None:
+        return ()
+    shape = (f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids (\"123\") to numbers from -100 to 100, "
+             f"got {_shown(value)}")
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise BadRequest(shape, "logit_bias", "invalid_type")
+    out = {}
+    for key, bias in value.items():
+        token = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12:
+            token = int(key)
+        if token is None or token < 0 or not _is_number(bias) or not -100 <= bias <= 100:
+            raise BadRequest(shape, "logit_bias")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
 
 
 def _content(value: Any, where: str) -> str:

@@ -158,8 +158,9 @@ class Head:
     def _make_request(self, job: Job, slot: int) -> Request:
         """The engine's request for a chat or completion body; BadRequest (never anything else) when it is bad."""
         chat = parse_request(job.body, internal=True)
-        if any(t >= self.embedder.n_vocab for t in chat.resume):
-            raise BadRequest("'resume' holds a token id outside the vocabulary", "resume")
+        for name, ids in (("resume", chat.resume), ("logit_bias", [t for t, _ in chat.logit_bias])):
+            if any(t >= self.embedder.n_vocab for t in ids):
+                raise BadRequest(f"'{name}' holds a token id outside the vocabulary", name)
         prompt = self._prompt_tokens(chat)
         n_ctx = self.config.n_ctx_per_seq
         field_name = "messages" if chat.prompt is None else "prompt"
@@ -169,7 +170,8 @@ class Head:
                              "context_length_exceeded")
         replay = self._replay(chat, len(prompt))
         # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
-        request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx, Sampler(chat.sampling()),
+        request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx,
+                          Sampler(chat.sampling(), prompt, chat.resume),
                           self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
                           drafter=self.speculator.drafter(chat.speculate, chat.sampling()))
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)

@@ -173,7 +173,17 @@ async def test_the_token_file_is_private_and_goes_with_the_server() -> None:
     b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": true}',
     b'{"messages": [{"role": "user", "content": "hi"}], "seed": "7"}',
     b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
-    b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["\\n"]}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "stop": [""]}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": "1"}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "repeat_penalty": 0}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "repeat_last_n": -2}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "min_p": 1.5}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": -101}}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-5": 1}}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": [1]}',
     b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}',
     b'{"messages": []}', b'{"messages": "hi"}', b'{"messages": [{"role": "user"}]}',
     b'{"messages": [{"role": "wizard", "content": "hi"}]}', b'{"messages": [{"role": "user", "content": 5}]}',
@@ -211,6 +221,20 @@ async def test_what_the_ring_is_sent_is_only_the_validated_fields(api: tuple[Api
     assert status == 200, answer
     assert ring.bodies == [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
                             "max_tokens": 12, "temperature": 0.7, "top_p": 0.95, "top_k": 5, "seed": 2**64 - 1}]
+
+
+async def test_the_sampling_fields_reach_the_ring_normalised(api: tuple[ApiServer, ScriptedRing]) -> None:
+    server, ring = api
+    body = {"messages": [{"role": "user", "content": "hi"}], "stop": "\n", "presence_penalty": 0.5,
+            "frequency_penalty": -1, "repeat_penalty": 1.1, "repeat_last_n": -1, "min_p": 0.1,
+            "logit_bias": {"42": -100, "7": 2}}
+    status, _, answer = await raw(server, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n"
+                                          "Content-Type: application/json", json.dumps(body).encode())
+    assert status == 200, answer
+    sent = ring.bodies[-1]
+    assert {k: sent[k] for k in body if k != "messages"} == {
+        "stop": ["\n"], "presence_penalty": 0.5, "frequency_penalty": -1.0, "repeat_penalty": 1.1,
+        "repeat_last_n": 1 << 20, "min_p": 0.1, "logit_bias": {"7": 2.0, "42": -100.0}}
 
 
 async def test_usage_and_model_are_filled(api: tuple[ApiServer, ScriptedRing]) -> None:
