@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from kafila.engine.logprobs import token_logprobs
 from kafila.engine.sampler import Sampler
 from kafila.engine.vocab import TextStream, Vocab
 from kafila.errors import EngineError
@@ -104,6 +105,8 @@ class Request:
     trim_from: int | None = None  # rejected rows from this position on are still in the stages' KV caches
     circuits: int = 0  # decode steps taken (each one trip round the ring), and their rows (drafted ones included)
     circuit_rows: int = 0
+    logprobs: int | None = None  # set: each reply token's log-probability and this many top alternatives are kept
+    token_logprobs: list[dict[str, Any]] = field(default_factory=list)  # one per token of `generated` (logprobs.py)
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.vocab)
@@ -184,13 +187,13 @@ class Request:
         if logits is None:
             raise EngineError("a chunk that wanted logits finished without them")
         if not chunk.draft:
-            return self._sampled(self.sampler.sample(logits))
+            return self._sampled(self.sampler.sample(logits), logits)
         drafted = chunk.tokens[-chunk.draft:]
         piece, kept = "", 0
         for row in logits:
             q = self.drafter.q(kept) if self.drafter is not None and kept < len(drafted) else None
             token = self.sampler.sample(row) if q is None else self.sampler.verify(row, drafted[kept], q)
-            piece += self._sampled(token)
+            piece += self._sampled(token, row)
             if self.done or kept == len(drafted) or token != drafted[kept]:
                 break
             kept += 1
@@ -205,11 +208,18 @@ class Request:
         """The rejected rows are on their way out of every stage's cache (a trim went ahead of the next frame)."""
         self.trim_from = None
 
-    def _sampled(self, token: int) -> str:
-        """Take one sampled token: the end, or the next token of the reply (text, less any stop string)."""
+    def logprobs_since(self, start: int) -> dict[str, Any]:
+        """The log-probabilities of the reply's tokens from `start` on, as {"logprobs": [...]}; {} when not asked."""
+        return {} if self.logprobs is None else {"logprobs": self.token_logprobs[start:]}
+
+    def _sampled(self, token: int, row: np.ndarray) -> str:
+        """Take one sampled token (from logits `row`): the end, or the next token of the reply (text, less any
+        stop string)."""
         if self.vocab.is_end(token):
             self.finish_reason = "stop"
             return self._stopped(self.text.flush())
+        if self.logprobs is not None:
+            self.token_logprobs.append(token_logprobs(self.vocab, row, token, self.logprobs))
         self.generated.append(token)
         self.sampler.accept(token)  # its penalties count it for the next token (a drafted one's row included)
         piece = self.text.push(token)

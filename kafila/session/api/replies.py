@@ -1,6 +1,7 @@
 """How the head's events become OpenAI's answers: one object, or Server-Sent Events ending `data: [DONE]`.
 
-The events (kafila.session.ring.head.Head.chat): {"delta": text, "tokens": ids}, {"notice": text},
+The events (kafila.session.ring.head.Head.chat): {"delta": text, "tokens": ids, "logprobs"?: entries},
+{"notice": text},
 {"progress": {"prefilled", "prompt_tokens"}}, {"done": stats} or {"error": message, "status"?,
 "param"?, "code"?}. A chat is answered with chat.completion objects, a text completion with
 text_completion ones (`Shape`); both carry the head's stats as an extra "kafila" block.
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from kafila.session.api.guard import error_response
+from kafila.session.api.logprobs import chat_logprobs, text_logprobs
 
 
 @dataclass(frozen=True)
@@ -34,44 +36,57 @@ class Shape:
     def chunk(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def choice(self, text: str, finish: str | None) -> dict[str, Any]:
+    def logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+        """The choice's `logprobs` (None: not asked for); `offset`: the reply's characters before these tokens."""
+        if entries is None:
+            return None
+        return chat_logprobs(entries) if self.chat else text_logprobs(entries, offset)
+
+    def choice(self, text: str, finish: str | None, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """A whole reply's one choice."""
         if self.chat:
             return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                    "logprobs": None}
-        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+                    "logprobs": self.logprobs(logprobs)}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": self.logprobs(logprobs)}
 
-    def delta(self, text: str | None, finish: str | None) -> dict[str, Any]:
-        """A streamed chunk's one choice: a piece of text (None: the closing chunk, no text)."""
+    def delta(self, text: str | None, finish: str | None, logprobs: list[dict[str, Any]] | None = None,
+              offset: int = 0) -> dict[str, Any]:
+        """A streamed chunk's one choice: a piece of text (None: the closing chunk, no text) and its tokens'
+        log-probabilities when asked for."""
         if self.chat:
-            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            out = {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": finish}
+            return out | ({} if logprobs is None else {"logprobs": self.logprobs(logprobs)})
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": self.logprobs(logprobs, offset)}
 
 
 CHAT, TEXT = Shape(chat=True), Shape(chat=False)
 
 
 async def whole(shape: Shape, base: dict[str, Any], first: dict[str, Any],
-                events: AsyncIterator[dict[str, Any]]) -> web.Response:
+                events: AsyncIterator[dict[str, Any]], logprobs: bool = False) -> web.Response:
     """A non-streamed reply: every event gathered into one chat.completion (or text_completion)."""
     text, notices, done = [], [], None
+    entries: list[dict[str, Any]] | None = [] if logprobs else None
     async for evt in chain(first, events):
         if "error" in evt:
             return event_error(evt)
         if "delta" in evt:
             text.append(evt["delta"])
+            if entries is not None:
+                entries += evt.get("logprobs", [])
         if "notice" in evt:
             notices.append(evt["notice"])
         done = evt.get("done", done)
     done = {**(done or {}), **({"notices": notices} if notices else {})}
     return web.json_response({
-        **base, "object": shape.whole(), "choices": [shape.choice("".join(text), done.get("finish_reason"))],
+        **base, "object": shape.whole(), "choices": [shape.choice("".join(text), done.get("finish_reason"), entries)],
         "usage": _usage(done), "kafila": done,
     })
 
 
 async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first: dict[str, Any],
-                 events: AsyncIterator[dict[str, Any]], include_usage: bool) -> web.StreamResponse:
+                 events: AsyncIterator[dict[str, Any]], include_usage: bool, logprobs: bool = False
+                 ) -> web.StreamResponse:
     """A streamed reply as Server-Sent Events: OpenAI's chunk objects of the endpoint's shape, then [DONE]."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
@@ -83,9 +98,12 @@ async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first
 
     if shape.chat:  # a chat stream opens with the speaker's role
         await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    sent = 0  # characters of the reply sent so far (a text completion's text_offset)
     async for evt in chain(first, events):
-        if evt.get("delta"):
-            await send({**base, "choices": [shape.delta(evt["delta"], None)]})
+        if evt.get("delta") or (logprobs and evt.get("logprobs")):  # a held piece's tokens still go with their numbers
+            entries = evt.get("logprobs", []) if logprobs else None
+            await send({**base, "choices": [shape.delta(evt["delta"], None, entries, sent)]})
+            sent += len(evt["delta"])
         elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
             await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
         elif "progress" in evt:  # a long prompt's prefill so far, likewise without choices

@@ -300,8 +300,8 @@ class ApiServer:
                 return event_error(first)
             base = {"id": cid, "created": int(time.time()), "model": self.model_id}
             if not req.stream:
-                return await whole(shape, base, first, events)
-            return await stream(request, shape, base, first, events, req.include_usage)
+                return await whole(shape, base, first, events, req.logprobs is not None)
+            return await stream(request, shape, base, first, events, req.include_usage, req.logprobs is not None)
 
 
 def _json_body(data: bytes) -> Any:

@@ -40,13 +40,15 @@ NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a mode
 MAX_TOP_K = 1 << 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs",
-               "response_format", "n", "audio", "modalities", "prediction")
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "response_format", "n", "audio",
+               "modalities", "prediction")
 # ... unless they carry the value that asks for nothing (what many clients send by default).
-NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "n": (1,), "response_format": ({"type": "text"},),
+NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (1,), "response_format": ({"type": "text"},),
                                        "tools": ([],)}
 # The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
-COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "logprobs", "tools", "functions", "response_format")
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "tools", "functions", "response_format")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limits: a chat's top_logprobs, a completion's logprobs
+MAX_COMPLETION_LOGPROBS = 5
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,)}
 MAX_LOGIT_BIAS = 1024  # entries of a request's logit_bias
 DEFAULT_REPEAT_LAST_N = 64  # llama.cpp's server's
@@ -91,6 +93,7 @@ class ChatRequest:
     repeat_penalty: float = 1.0
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # set: each token's log-probability and this many most likely alternatives
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
@@ -115,6 +118,9 @@ class ChatRequest:
                 out[name] = getattr(self, name)
         if self.logit_bias:
             out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        if self.logprobs is not None:  # each endpoint's own way to ask
+            out |= ({"logprobs": self.logprobs} if self.prompt is not None
+                    else {"logprobs": True, "top_logprobs": self.logprobs})
         return out
 
     def sampling(self) -> SamplingParams:
@@ -134,13 +140,20 @@ def parse_request(body: Any, *, internal: bool = False) -> ChatRequest:
 def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
     """Validate a chat body; BadRequest names the first bad field. `internal`: from our own API (resume kept)."""
     common = _common(body, UNSUPPORTED, NEUTRAL, DEFAULT_MAX_TOKENS, internal)
-    return ChatRequest(messages=_messages(body.get("messages")), stop=_stop(body.get("stop")), **common)
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+    if top is not None and body.get("logprobs") is not True:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    logprobs = (top or 0) if _optional(body, "logprobs", bool, False) else None
+    return ChatRequest(messages=_messages(body.get("messages")), stop=_stop(body.get("stop")), logprobs=logprobs,
+                       **common)
 
 
 def parse_completion(body: Any, *, internal: bool = False) -> ChatRequest:
     """Validate a text-completion body (`/v1/completions`): a string `prompt`, optional `stop`, the sampling fields."""
     common = _common(body, COMPLETION_UNSUPPORTED, COMPLETION_NEUTRAL, DEFAULT_COMPLETION_TOKENS, internal)
-    return ChatRequest(prompt=_prompt(body.get("prompt")), stop=_stop(body.get("stop")), **common)
+    logprobs = _integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
+    return ChatRequest(prompt=_prompt(body.get("prompt")), stop=_stop(body.get("stop")), logprobs=logprobs,
+                       **common)
 
 
 def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[Any, ...]], default_tokens: int,

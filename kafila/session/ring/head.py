@@ -171,8 +171,8 @@ class Head:
         replay = self._replay(chat, len(prompt))
         # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx,
-                          Sampler(chat.sampling(), prompt, chat.resume),
-                          self.vocab, stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
+                          Sampler(chat.sampling(), prompt, chat.resume), self.vocab, logprobs=chat.logprobs,
+                          stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
                           drafter=self.speculator.drafter(chat.speculate, chat.sampling()))
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
@@ -327,7 +327,7 @@ class Head:
                 self.stats.count_token()
                 job.token_times.append(time.perf_counter())
             if piece or new:
-                evt: dict[str, Any] = {"delta": piece, "tokens": new}
+                evt: dict[str, Any] = {"delta": piece, "tokens": new, **job.request.logprobs_since(before)}
                 if new and before == 0 and not job.request.cached:  # what a resumed reply is rebuilt in
                     evt["prompt_cuts"] = list(job.request.cuts)
                 job.events.put_nowait(evt)

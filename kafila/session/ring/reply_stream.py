@@ -18,7 +18,7 @@ async def paced(events: asyncio.Queue[dict[str, Any]]) -> AsyncGenerator[dict[st
     STREAM_INTERVAL_S, and text held goes out before any other event."""
     pending, sent_at = "", -STREAM_INTERVAL_S
     tokens: list[int] = []
-    extra: dict[str, Any] = {}  # a delta's prompt_cuts (once a request) go out with the joined piece
+    extra: dict[str, Any] = {}  # a delta's prompt_cuts (once a request) and logprobs go out with the joined piece
     while True:
         wait = sent_at + STREAM_INTERVAL_S - time.perf_counter() if pending or tokens else None
         try:
@@ -30,6 +30,8 @@ async def paced(events: asyncio.Queue[dict[str, Any]]) -> AsyncGenerator[dict[st
             pending += evt["delta"]
             tokens += evt["tokens"]
             extra |= {k: v for k, v in evt.items() if k == "prompt_cuts"}
+            if "logprobs" in evt:  # one entry per token, joined as the tokens are
+                extra["logprobs"] = extra.get("logprobs", []) + evt["logprobs"]
             if time.perf_counter() - sent_at < STREAM_INTERVAL_S:
                 continue
         if pending or tokens:

@@ -95,7 +95,7 @@ def test_a_streamed_completion(served: tuple[ApiServer, ScriptedRing], ring: Scr
     ({"prompt": PROMPT, "stream": "yes"}, "stream"), ({"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": PROMPT, "stop": [""]}, "stop"), ({"prompt": PROMPT, "stop": 5}, "stop"),
     ({"prompt": PROMPT, "echo": True}, "echo"), ({"prompt": PROMPT, "n": 2}, "n"),
-    ({"prompt": PROMPT, "logprobs": 1}, "logprobs"), ({"prompt": PROMPT, "suffix": "end"}, "suffix"),
+    ({"prompt": PROMPT, "logprobs": 6}, "logprobs"), ({"prompt": PROMPT, "suffix": "end"}, "suffix"),
     ({"prompt": PROMPT, "best_of": 3}, "best_of"), ({"prompt": PROMPT, "model": 5}, "model"),
     ({"prompt": PROMPT, "resume": [1, 2]}, None),  # a client's `resume` is dropped, not trusted: served
 ])

@@ -1,6 +1,6 @@
 """The sampling fields of a chat body at the head, on real llama.cpp: logit_bias and the penalties give the
 greedy reply llama-cpp-python gives with llama.cpp's own samplers on its logits; a seeded sampled reply with
-them comes out the same twice."""
+them comes out the same twice; `logprobs` are the log-softmax of llama-cpp-python's logits at each step."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kafila.session.ring.head import Head
 from tests.conftest import reference_llama
-from tests.engine.llama_samplers import LlamaSamplers, greedy_reply
+from tests.engine.llama_samplers import LlamaSamplers, greedy_reply, last_logits
 from tests.session.solo_head import N_CTX
 
 pytestmark = pytest.mark.fast
@@ -61,3 +62,35 @@ async def test_a_seeded_sampled_reply_with_every_field_repeats(head: Head) -> No
     first = await reply(head, chat)
     assert len(first[0]) > 3 and (await reply(head, chat))[:2] == first[:2]
     assert (await reply(head, {**chat, "seed": 100}))[:2] != first[:2]
+
+
+def llama_cpp_log_softmax(model: Path, prompt: list[int], reply: list[int]) -> list[np.ndarray]:
+    """Ground truth: the log-softmax of llama-cpp-python's logits before each token of `reply`."""
+    with reference_llama(model, N_CTX) as m:
+        m.eval(prompt)
+        rows = []
+        for t in reply:
+            z = last_logits(m).astype(np.float64)
+            rows.append(z - z.max() - np.log(np.exp(z - z.max()).sum()))
+            m.eval([t])
+        return rows
+
+
+async def test_logprobs_are_the_log_softmax_of_llama_cpps_logits(head: Head, smollm: Path) -> None:
+    chat = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": LONG, "temperature": 0,
+            "logprobs": True, "top_logprobs": 5, "cache_prompt": False, **SHAPING}  # penalties move no number
+    evts = [e async for e in head.chat(chat)]
+    tokens = [t for e in evts for t in e.get("tokens", [])]
+    entries = [x for e in evts for x in e.get("logprobs", [])]
+    assert len(entries) == len(tokens) == evts[-1]["done"]["completion_tokens"] > 5
+    prompt = head.vocab.chat_tokens([{"role": "user", "content": QUESTION}])
+    truth = await asyncio.to_thread(llama_cpp_log_softmax, smollm, prompt, tokens)
+    worst = 0.0
+    for token, entry, logp in zip(tokens, entries, truth, strict=True):
+        assert entry["bytes"] == list(head.vocab.piece(token))
+        worst = max(worst, abs(entry["logprob"] - logp[token]))
+        top = np.argsort(-logp, kind="stable")[:5]
+        assert [t["bytes"] for t in entry["top_logprobs"]] == [list(head.vocab.piece(int(t))) for t in top]
+        worst = max(worst, *(abs(t["logprob"] - logp[i]) for t, i in zip(entry["top_logprobs"], top, strict=True)))
+    print(f"max |logprob - llama-cpp-python's| = {worst:.2e}")
+    assert worst < 1e-4
