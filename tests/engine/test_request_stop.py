@@ -63,3 +63,28 @@ def test_a_stop_string_split_across_pieces_is_held_back_then_cut() -> None:
     assert req._stopped("Q: next") == "" and req.finish_reason == "stop"
     other = request(["\n\nQ:"])
     assert other._stopped("Paris.\n") == "Paris." and other._stopped("It") == "\nIt"  # not a stop: released
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text("ab x", max_size=30), st.text("ab x", min_size=1, max_size=4), st.data())
+def test_a_stream_never_shows_the_stop_string_and_holds_back_only_what_may_become_it(
+        text: str, stop: str, data: st.DataObject) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=10)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    req, shown, seen = request([stop]), "", ""
+    for piece in pieces:
+        seen += piece
+        shown += req._stopped(piece)
+        assert stop not in shown
+        if req.finish_reason == "stop":
+            break
+        # what is held is the longest end of the text so far that a stop string could still grow from
+        held = seen[len(shown):]
+        assert seen.startswith(shown) and held == max(
+            (seen[-k:] for k in range(1, min(len(stop), len(seen) + 1)) if stop.startswith(seen[-k:])),
+            key=len, default="")
+    expected = text[:text.index(stop)] if stop in text else text
+    if req.finish_reason != "stop":
+        req.finish_reason = "length"  # the end of the reply: what was held goes out
+        shown += req._stopped("")
+    assert shown == expected
