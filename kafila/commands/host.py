@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from kafila.commands._common import draft_arg, positive_int, speculate_arg
+from kafila.commands._common import draft_arg, positive_int, positive_seconds, speculate_arg
 
 HELP = "open a session for a model, coordinate it and serve a stage of it (prints the join code)"
 
@@ -15,7 +15,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rendezvous", default="127.0.0.1:3478", help="rendezvous HOST:PORT (default 127.0.0.1:3478)")
     p.add_argument("--members", type=int, default=3,
                    help="members to wait for before planning, besides this machine (default 3)")
-    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for them (default 120)")
+    p.add_argument("--wait", type=positive_seconds, default=120.0,
+                   help="seconds to wait for them to arrive (default 120); one that arrived is waited for while it "
+                        "measures its machine, up to --measure-wait")
+    p.add_argument("--measure-wait", type=positive_seconds, default=900.0,
+                   help="seconds each member that arrived may take to measure its machine, from when its own "
+                        "measurement began (default 900: a slow laptop's three probe attempts); then the session is "
+                        "planned without it, and it is planned in later if it finishes")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
     p.add_argument("--batch", type=positive_int, default=128,
@@ -49,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = HostOptions(
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
-        members=args.members, wait_s=args.wait, concurrency=args.concurrency, context=args.context,
-        batch=args.batch,
+        members=args.members, wait_s=args.wait, measure_wait_s=args.measure_wait, concurrency=args.concurrency,
+        context=args.context, batch=args.batch,
         api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan, copy=not args.no_copy,
         mixed_builds=args.mixed_builds, coordinate_only=args.coordinate_only, name=args.name, threads=args.threads,
         stall_s=args.stall_limit, speculate=args.speculate, draft=Path(args.draft) if args.draft else None,

@@ -285,9 +285,12 @@ def probe(
         overhead = max(resident_memory() - weights, 0)
         counts = [n for n, _ in cuts]
 
+        attempts = iter(range(1, DECODE_ATTEMPTS + 1))
+
         def decode_fit() -> tuple[list[float], tuple[float, float, float, float]]:
+            step = f"timing decode calls (attempt {next(attempts)} of {DECODE_ATTEMPTS})"  # a member reports it
             timed_s = time_decode_calls(
-                engines, calls, warmup, lambda done: on_step("timing decode calls", done, total) if on_step else None
+                engines, calls, warmup, lambda done: on_step(step, done, total) if on_step else None
             )
             return timed_s, fit_cost([(b, t) for (_, b), t in zip(cuts, timed_s[:len(cuts)], strict=True)], counts)
 

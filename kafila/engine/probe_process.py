@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import signal
+import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,6 +24,7 @@ from kafila.model.stage_cache import StageCache
 
 log = logging.getLogger("kafila.probe")
 STALL_S = 300.0  # a child silent this long (its steps come every call) is hung, not slow: killed, as if crashed
+POLL_S = 0.5  # how soon a stop (the member's session ended meanwhile) kills the child
 Measure = Callable[..., ProbeResult]  # kafila.engine.probe.probe's signature
 
 
@@ -47,8 +49,8 @@ def _exit_text(code: int | None) -> str:
 
 
 def _run(measure: Measure, model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None,
-         kwargs: dict[str, Any], stall_s: float) -> ProbeResult | str:
-    """The child's result, or how it ended when it sent none (a crash, a hang)."""
+         kwargs: dict[str, Any], stall_s: float, stop: threading.Event | None) -> ProbeResult | str:
+    """The child's result, or how it ended when it sent none (a crash, a hang); EngineError once `stop` is set."""
     ctx = mp.get_context("spawn")  # a fork would copy the caller's threads' locks (asyncio, the QUIC endpoint)
     ours, theirs = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(theirs, measure, str(model), str(cache.root), kwargs), daemon=True)
@@ -56,9 +58,15 @@ def _run(measure: Measure, model: Path, cache: StageCache, on_step: Callable[[st
     theirs.close()  # the child's end: EOF here once the child is gone, however it ended
     try:
         while True:
-            if not ours.poll(stall_s):
-                proc.kill()
-                return f"no progress for {stall_s:.0f} s"
+            silent = 0.0
+            while not ours.poll(min(POLL_S, stall_s)):  # in slices: a stop must not wait for the next step
+                silent += min(POLL_S, stall_s)
+                if stop is not None and stop.is_set():
+                    proc.kill()
+                    raise EngineError("the probe was stopped")
+                if silent >= stall_s:
+                    proc.kill()
+                    return f"no progress for {stall_s:.0f} s"
             try:
                 kind, *payload = ours.recv()
             except EOFError:
@@ -79,15 +87,16 @@ def _run(measure: Measure, model: Path, cache: StageCache, on_step: Callable[[st
 
 
 def probe_isolated(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
-                   measure: Measure = probe, stall_s: float = STALL_S, **kwargs: Any) -> ProbeResult:
+                   measure: Measure = probe, stall_s: float = STALL_S, stop: threading.Event | None = None,
+                   **kwargs: Any) -> ProbeResult:
     """`measure(model, cache, on_step=…, **kwargs)` (the probe) in a spawned process; again without its
-    mixture-of-experts blocks when the first run crashed or hung."""
-    got = _run(measure, model, cache, on_step, kwargs, stall_s)
+    mixture-of-experts blocks when the first run crashed or hung. Setting `stop` kills it (EngineError)."""
+    got = _run(measure, model, cache, on_step, kwargs, stall_s, stop)
     if isinstance(got, ProbeResult):
         return got
     log.warning("the probe failed (%s); probing again without mixture-of-experts blocks, whose routed "
                 "experts are then planned at the dense prefill rate", got)
-    again = _run(measure, model, cache, on_step, {**kwargs, "expert_shapes": ()}, stall_s)
+    again = _run(measure, model, cache, on_step, {**kwargs, "expert_shapes": ()}, stall_s, stop)
     if isinstance(again, ProbeResult):
         return again
     raise EngineError(f"the probe failed twice ({got}; then without mixture-of-experts blocks, {again}): "

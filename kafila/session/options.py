@@ -59,7 +59,10 @@ class HostOptions:
     coordinate_only: bool = False  # True: this machine holds no stage (the ring is the members alone)
     name: str = field(default_factory=socket.gethostname)  # the host's machine's name as a ring member
     threads: int = 0  # llama.cpp threads of the host's own stage (0: all cores)
-    wait_s: float = 120.0  # then plan with whoever joined (at least one)
+    wait_s: float = 120.0  # for members to arrive; then plan with whoever joined (at least one)
+    # for each member that arrived to measure its machine (a fresh probe: three decode timing attempts on a slow
+    # laptop), from when its own measurement began; then the session is planned without it
+    measure_wait_s: float = 900.0
     concurrency: int = 4
     context: int = 2048
     batch: int = 128  # most rows per call: prompts go round the ring in chunks of this many tokens

@@ -28,7 +28,7 @@ class MemberView:
 
     name: str
     role: str = "member"  # "host" (coordinator only) or "member"
-    status: str = "joined"  # joined, measuring, ready, loading, serving, lost, refused
+    status: str = "joined"  # measuring, measured, joined, ready, loading, serving, lost, refused
     bandwidth_bytes_per_s: float | None = None
     dispatch_s: float | None = None
     memory_bytes: int | None = None
@@ -42,7 +42,7 @@ class MemberView:
     expert_rates: dict[str, float] = field(default_factory=dict)  # routed experts' prefill bytes/s per weight type
     machine: str = ""
     build: str = ""
-    note: str = ""  # why refused or lost
+    note: str = ""  # why refused or lost; how its measurement goes (its step, so far)
 
 
 def expert_rates(measurements: dict[str, Any]) -> dict[str, float]:

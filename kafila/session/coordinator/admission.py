@@ -1,6 +1,10 @@
 """Members arriving at the coordinator: each is admitted to the session or refused (another llama.cpp build,
 another model file, a name taken), and the coordinator waits until enough have come.
 
+A member connects before it measures its machine (minutes on a fresh one): it is shown measuring, with its
+progress, and judged once its measurements come. `--wait` bounds the wait for members to arrive; one that
+arrived is waited for while it measures, up to `--measure-wait`, then planned without (and held, if it ends).
+
 A member that comes after the first plan (a friend arriving late, or a lost member's restarted machine) is
 held: the coordinator plans it in when that cuts the slowest stage enough (epochs._until_change), then or
 at any later plan (epochs._plan_over).
@@ -12,12 +16,13 @@ import asyncio
 import contextlib
 import hmac
 import secrets
+from dataclasses import replace
 
-from kafila.errors import KafilaError, SessionError
+from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session.coordinator.builds import judge_member
-from kafila.session.coordinator.core import CoordinatorCore, Joined
+from kafila.session.coordinator.core import Arrival, CoordinatorCore, Joined
 from kafila.session.coordinator.epochs import GAIN, planner_member
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
 from kafila.session.protocol import messages
@@ -70,39 +75,95 @@ class Admission(CoordinatorCore):
                 link = await self.ep.accept(timeout_s=3600)
             except TimeoutError:
                 continue
-            peer = link.peer
-            view = member_view(peer)
+            self._tg.create_task(self._arrive(link))  # each on its own: one member's minutes of measuring hold no other
+
+    async def _arrive(self, link: Link) -> None:
+        """A member has connected: refuse it, or wait for its measurements (MEASURING_KEY), then admit it."""
+        peer = link.peer
+        verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
+        if not verdict.admitted:  # another build or protocol: said at once, before it spends minutes measuring
+            await self._refuse(peer, link, verdict.reason)
+            return
+        if peer.name in self.joined or peer.name in self.measuring:
+            await self._refuse(peer, link, "a member of that name is already in the session (join with another --name)",
+                               shown=False)
+            return
+        if peer.measurements.get(messages.MEASURING_KEY):
+            measured = await self._measured(peer, link)
+            if measured is None:
+                return
+            peer = measured
             verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
-            refusal = verdict.reason if not verdict.admitted else \
-                unusable_measurements(peer) or await self._model_refusal(peer, link)
-            if refusal is not None:
-                reason = refusal
-                view.status, view.note = "refused", reason
-                self.state.upsert_member(view)
-                self.state.log(f"refused {peer.name}: {reason}")
-                with contextlib.suppress(KafilaError):
-                    await link.send(messages.encode(messages.Refused(reason)))
-                continue
-            if peer.name in self.joined:
-                with contextlib.suppress(KafilaError):
-                    await link.send(messages.encode(messages.Refused(
-                        "a member of that name is already in the session (join with another --name)")))
-                continue
-            self.joined[peer.name] = Joined(peer, link)
-            self.builds.add(peer.name, verdict)
-            came = "rejoined" if peer.name in self.departed else "joined"
-            self.departed.discard(peer.name)
-            if self.state.plan is None:
-                self.state.log(f"{peer.name} {came} ({len(self.joined)}/{self.expected})")
-            else:  # after the first plan: held until a plan takes it in
-                view.note = f"{came} after planning: planned in when that cuts the slowest stage"
-                self.state.log(f"{peer.name} {came} the session; planned in when that cuts the slowest stage by "
-                               f"{GAIN:.0%}, now or at a later plan")
-                self.held.add(peer.name)
-                self.arrivals.put_nowait(peer.name)
-            self.state.upsert_member(view)
-            self._tg.create_task(self._recv_loop(peer.name, link))
+        refusal = verdict.reason if not verdict.admitted else \
+            unusable_measurements(peer) or await self._model_refusal(peer, link)
+        if refusal is not None:
+            await self._refuse(peer, link, refusal)
+            return
+        if peer.name in self.joined:
+            await self._refuse(peer, link, "a member of that name is already in the session (join with another --name)",
+                               shown=False)
+            return
+        view = member_view(peer)
+        self.joined[peer.name] = Joined(peer, link)
+        self.builds.add(peer.name, verdict)
+        came = "rejoined" if peer.name in self.departed else "joined"
+        self.departed.discard(peer.name)
+        if self.state.plan is None:
+            self.state.log(f"{peer.name} {came} ({len(self.joined)}/{self.expected})")
+        else:  # after the first plan: held until a plan takes it in
+            view.note = f"{came} after planning: planned in when that cuts the slowest stage"
+            self.state.log(f"{peer.name} {came} the session; planned in when that cuts the slowest stage by "
+                           f"{GAIN:.0%}, now or at a later plan")
+            self.held.add(peer.name)
+            self.arrivals.put_nowait(peer.name)
+        self.state.upsert_member(view)
+        self._tg.create_task(self._recv_loop(peer.name, link))
+        self._arrived.set()
+
+    async def _refuse(self, peer: VerifiedMember, link: Link, reason: str, shown: bool = True) -> None:
+        if shown:
+            self.state.upsert_member(replace(member_view(peer), status="refused", note=reason))
+            self.state.log(f"refused {peer.name}: {reason}")
+        with contextlib.suppress(KafilaError):
+            await link.send(messages.encode(messages.Refused(reason)))
+
+    async def _measured(self, peer: VerifiedMember, link: Link) -> VerifiedMember | None:
+        """`peer` with the measurements it sends once it has measured its machine; None if it is lost first.
+
+        Meanwhile it is shown measuring, with its step and attempt; the wait for members waits for it."""
+        name, loop = peer.name, asyncio.get_running_loop()
+        arriving = Arrival(link, loop.time())
+        self.measuring[name] = arriving
+        self.state.upsert_member(replace(member_view(peer), status="measuring", note="measuring its machine"))
+        self.state.log(f"{name} arrived ({len(self.joined) + len(self.measuring)}/{self.expected}); "
+                       "it is measuring its machine")
+        self._arrived.set()
+        try:
+            while True:
+                msg = messages.decode(await link.recv())
+                if isinstance(msg, messages.MeasuredSelf):
+                    took = loop.time() - arriving.since
+                    self.state.log(f"{name} measured its machine in {took:.0f} s")
+                    return replace(peer, measurements=msg.measurements)
+                if isinstance(msg, messages.Bye):
+                    raise NetworkError(msg.reason)
+                if isinstance(msg, messages.Measuring):
+                    self._on_measuring(name, arriving, msg)
+        except (NetworkError, ProtocolError) as exc:
+            self.state.update_member(name, status="lost", note=f"lost while measuring: {exc}")
+            self.state.log(f"{name} was lost while measuring its machine: {exc}")
+            return None
+        finally:
+            self.measuring.pop(name, None)
             self._arrived.set()
+
+    def _on_measuring(self, name: str, arriving: Arrival, msg: messages.Measuring) -> None:
+        if msg.waiting != arriving.waiting:  # its own measurement starts now: the limit counts from here
+            arriving.since = asyncio.get_running_loop().time()
+        if msg.attempt != arriving.attempt or msg.waiting != arriving.waiting:
+            self.state.log(f"{name} is {msg.step}" if msg.waiting else f"{name} is measuring: {msg.step}")
+        arriving.step, arriving.attempt, arriving.waiting = msg.step, msg.attempt, msg.waiting
+        self.state.update_member(name, status="measuring", note=arriving.text(msg.elapsed_s))
 
     @property
     def expected(self) -> int:
@@ -110,13 +171,29 @@ class Admission(CoordinatorCore):
         return self.opts.members + (0 if self.opts.coordinate_only else 1)
 
     async def _wait_for_members(self) -> None:
+        """Until the expected members have joined; or `wait_s` for members to arrive, and `measure_wait_s` for
+        each that arrived to measure its machine (from when its own measurement began), whichever is later."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.opts.wait_s
+        arrive_by = loop.time() + self.opts.wait_s
+        self.state.log(f"waiting up to {self.opts.wait_s:.0f} s for {self.expected} members to arrive (--wait), "
+                       f"and up to {self.opts.measure_wait_s:.0f} s for each to measure its machine (--measure-wait)")
         while len(self.joined) < self.expected:
+            now = loop.time()
+            deadlines = [a.since + self.opts.measure_wait_s for a in self.measuring.values()]
+            arriving = now < arrive_by and len(self.joined) + len(self.measuring) < self.expected
+            later = [d for d in deadlines if d > now] + ([arrive_by] if arriving else [])
+            if not later:
+                break
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
-            if loop.time() >= deadline:
-                break
+                await asyncio.wait_for(self._arrived.wait(), min(later) - now)
+        for name, a in self.measuring.items():  # each goes on measuring, and is held as a late arrival if it ends
+            why = (f"left out: still measuring its machine after {self.opts.measure_wait_s:.0f} s (--measure-wait; "
+                   f"{a.step}); planned in later if it finishes and that cuts the slowest stage")
+            self.state.update_member(name, note=why)
+            self.state.log(f"{name} {why}")
         if not self.joined:
+            if self.measuring:
+                raise SessionError(f"no member finished measuring its machine within {self.opts.measure_wait_s:.0f} s "
+                                   f"(--measure-wait): {', '.join(self.measuring)}")
             raise SessionError(f"no member joined within {self.opts.wait_s:.0f} s")

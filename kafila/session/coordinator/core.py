@@ -49,6 +49,21 @@ class Joined:
     step: str = "receiving its stage"  # what it was doing then, for a person
 
 
+@dataclass
+class Arrival:
+    """A member connected and measuring its machine: not admitted until its measurements come."""
+
+    link: Link
+    since: float  # loop time its arrival, or the wait for or the start of its own measurement, was heard
+    step: str = "measuring its machine"
+    attempt: int = 0  # the probe's decode timing attempt (0 before it)
+    waiting: bool = False  # for another Kafila process's measurement on its machine
+
+    def text(self, elapsed_s: float) -> str:
+        """How its measurement goes, for a person."""
+        return f"{self.step}, {elapsed_s:.0f} s so far"
+
+
 class CoordinatorCore:
     """The host's session after it is open: the state every part of the coordinator shares."""
 
@@ -66,6 +81,7 @@ class CoordinatorCore:
         self._replanning = False  # a loss ended this epoch: members' reports of it are stale (_on_lost_report)
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
+        self.measuring: dict[str, Arrival] = {}  # connected, not measured yet (admission._measured)
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.drift = DriftWatch()  # members running slower (or faster) than the plan says
         self.drifted: asyncio.Queue[Drift] = asyncio.Queue()

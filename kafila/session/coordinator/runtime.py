@@ -50,17 +50,21 @@ class HostRuntime(Admission, MemberMessages, Epochs):
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             accept = tg.create_task(self._accept_loop())
+            reason = "the host is closing the session"
             try:
                 await self._wait_for_members()
                 status = None if self.serving is None else await self._adopt(self.serving)
                 while status is None:
                     status = await self._epoch()
                 return status
+            except KafilaError as exc:  # the members still measuring say why, not only that the host went
+                reason = f"the host ended the session: {exc}"
+                raise
             finally:
                 accept.cancel()
-                for j in self.joined.values():
+                for link in [j.link for j in self.joined.values()] + [a.link for a in self.measuring.values()]:
                     with contextlib.suppress(KafilaError):
-                        j.link.post(messages.encode(messages.Bye("the host is closing the session")))
+                        link.post(messages.encode(messages.Bye(reason)))
                 await asyncio.sleep(0.2)  # let the goodbyes leave before the endpoint closes
 
 

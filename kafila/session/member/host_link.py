@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from kafila.errors import NetworkError, SessionError
 from kafila.net.endpoint import PeerEndpoint
@@ -26,10 +27,13 @@ def coordinator_mark(fingerprint: bytes) -> str:
     return fingerprint[:8].hex()
 
 
-async def announce_following(ep: PeerEndpoint, coordinator: VerifiedMember) -> None:
-    """Announce again, saying that this member follows `coordinator` (late joiners count such members)."""
+async def announce_following(ep: PeerEndpoint, coordinator: VerifiedMember,
+                             measurements: dict[str, Any] | None = None) -> None:
+    """Announce again (with new `measurements`, or the last ones), saying that this member follows
+    `coordinator` (late joiners count such members)."""
     if ep.me is not None:
-        await ep.announce({**ep.me.measurements, COORD_KEY: coordinator_mark(coordinator.fingerprint)})
+        now = ep.me.measurements if measurements is None else measurements
+        await ep.announce({**now, COORD_KEY: coordinator_mark(coordinator.fingerprint)})
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] = frozenset(),

@@ -1,4 +1,4 @@
-"""`kafila join`: measure this machine, announce it at the rendezvous, connect to the host, and serve.
+"""`kafila join`: announce this machine at the rendezvous, connect to the host, measure the machine, and serve.
 
 After the connection the member follows its coordinator (runtime.MemberRuntime) until the session ends.
 """
@@ -15,9 +15,11 @@ from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery.local_model import model_claim
 from kafila.session.member.host_link import announce_following, connect_host
-from kafila.session.member.measure import Emulation, cached_probe, measurements
+from kafila.session.member.measure import Emulation, cached_probe, identity, measurements
+from kafila.session.member.measuring import measure_connected
 from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import MemberOptions
+from kafila.session.protocol import messages
 from kafila.session.state import SessionState, member_view
 
 
@@ -38,24 +40,31 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         state.set_phase("measuring", f"hashing {opts.model} (once per file: the hash is cached)")
         claim = await asyncio.to_thread(model_claim, cache, opts.model)
         state.log(f"holding the model {opts.model.name} (sha256 {claim['model_sha256']})")
-    state.set_phase("measuring", "measuring this machine")
-    result = await asyncio.to_thread(cached_probe, default_model_path(), cache, None, False, opts.threads)
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous,
                             link_delay_s=opts.link_delay_ms / 1e3) as ep:
         report = await ep.probe_nat(opts.rendezvous)
-        meas = {**measurements(result, emulation), "role": "member", **claim}
         await ep.join_session(opts.rendezvous, opts.code)
-        me = await ep.announce(meas)
-        view = member_view(me)
+        # joined before measuring: the host knows this member has arrived, and waits for its measurements
+        me = await ep.announce({**identity(emulation), "role": "member", **claim, messages.MEASURING_KEY: True})
+        view = replace(member_view(me), status="measuring")
         view.nat_evidence.update({"alt_port": report.mapped_alt_port, "alt_ip": report.mapped_alt_ip,
                                   "heard_change_ip_port": report.heard_change_ip_port,
                                   "heard_change_port": report.heard_change_port})
         state.upsert_member(view)
-        state.set_phase("waiting", f"joined as {opts.name}; waiting for the host's plan")
+        state.set_phase("waiting", f"joined as {opts.name}; connecting to the host")
         control = await connect_host(ep, opts.join_timeout_s)
         state.coordinator = control.peer.name
         await announce_following(ep, control.peer)
+        state.set_phase("measuring", "measuring this machine (the host knows this member has arrived)")
+        result = await measure_connected(control, state, lambda on_step, on_wait, stop: cached_probe(
+            default_model_path(), cache, on_step, False, opts.threads, on_wait=on_wait, stop=stop))
+        meas = {**measurements(result, emulation), "role": "member", **claim}
+        # announced too: a member that takes coordination over later reads the others' measurements there
+        await announce_following(ep, control.peer, meas)
+        state.upsert_member(replace(member_view(ep.me or me), status="measured", nat_evidence=view.nat_evidence))
+        await control.send(messages.encode(messages.MeasuredSelf(meas)))
+        state.set_phase("waiting", f"measured; waiting for the host's plan as {opts.name}")
         api = None
         if opts.api_port is not None:
             api = await ApiServer(state, port=opts.api_port).start_or_none()

@@ -1,25 +1,32 @@
 """A member's measurements for its announcement: the engine probe (cached), emulation, build identity.
 
 The probe runs once per machine and llama.cpp build and is cached for a day, so several members
-started together on one machine (the demo) do not time each other's noise. Emulation (`--throttle`,
-`--memory`) is applied on top and always reported as such.
+started together on one machine (the demo) do not time each other's noise. Processes with caches of
+their own take turns: each probe holds a per-user lock of the whole machine (`machine_lock`), so it is
+timed alone. Emulation (`--throttle`, `--memory`) is applied on top and always reported as such.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import getpass
 import hashlib
 import json
 import os
 import socket
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kafila.engine.build import build_identity
 from kafila.engine.probe import LARGE_SHAPE, ProbeResult
-from kafila.engine.probe_process import probe_isolated
+from kafila.engine.probe_process import POLL_S, probe_isolated
+from kafila.errors import EngineError
 from kafila.model.random_gguf import Shape
 from kafila.model.stage_cache import StageCache
 from kafila.session.coordinator.builds import build_tag, wire_protocol
@@ -48,22 +55,63 @@ class Emulation:
         return d
 
 
+def machine_lock_path() -> Path:
+    """The per-user lock every Kafila probe on this machine holds: in the temporary directory, not a cache
+    (each process may have a cache of its own, and they all share the cores)."""
+    return Path(tempfile.gettempdir()) / f"kafila-probe-{getpass.getuser()}.lock"
+
+
+@contextlib.contextmanager
+def machine_lock(on_wait: Callable[[], None] | None = None, stop: threading.Event | None = None) -> Iterator[None]:
+    """Hold the machine's probe lock; `on_wait()` once if another process holds it. flock: the kernel frees it
+    when its holder dies, even by kill -9. Polled, so that setting `stop` ends the wait (EngineError)."""
+    with machine_lock_path().open("a") as lock:
+        waited = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited and on_wait is not None:
+                    on_wait()
+                waited = True
+                if stop is None:
+                    time.sleep(POLL_S)
+                elif stop.wait(POLL_S):
+                    raise EngineError("the probe was stopped") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _saved(path: Path, tag: str) -> ProbeResult | None:
+    try:
+        saved = json.loads(path.read_text())
+        if saved["build"] == tag and time.time() - saved["time"] < PROBE_MAX_AGE_S:
+            return ProbeResult.from_dict(saved["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def cached_probe(model: Path, cache: StageCache, on_step: Callable[[str, int, int], None] | None = None,
-                 fresh: bool = False, threads: int = 0, large_shape: Shape = LARGE_SHAPE) -> ProbeResult:
+                 fresh: bool = False, threads: int = 0, large_shape: Shape = LARGE_SHAPE,
+                 on_wait: Callable[[], None] | None = None, stop: threading.Event | None = None) -> ProbeResult:
     """The engine probe on `threads` threads (0: all), reused from the cache when recent and from this build.
 
-    `large_shape`: the block shape of the probe's large-block cuts (tests pass a small one to save disk)."""
+    `large_shape`: the block shape of the probe's large-block cuts (tests pass a small one to save disk);
+    `on_wait()`: called once if another process's probe holds the machine first; `stop`: ends it (EngineError)."""
     tag = build_tag(build_identity())
     # one file per build: members of two builds on one machine must not overwrite each other's
     path = cache.root / f"{PROBE_FILE_PREFIX}{threads or 'all'}-threads-{tag.replace('/', '-')}.json"
-    if not fresh:
-        try:
-            saved = json.loads(path.read_text())
-            if saved["build"] == tag and time.time() - saved["time"] < PROBE_MAX_AGE_S:
-                return ProbeResult.from_dict(saved["result"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    result = probe_isolated(model, cache, on_step=on_step, threads=threads, large_shape=large_shape)
+    if not fresh and (result := _saved(path, tag)) is not None:
+        return result
+    with machine_lock(on_wait, stop):
+        # a process sharing this cache may have measured while we waited (the demo's members)
+        if not fresh and (result := _saved(path, tag)) is not None:
+            return result
+        result = probe_isolated(model, cache, on_step=on_step, threads=threads, large_shape=large_shape, stop=stop)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".probe.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"build": tag, "time": time.time(), "result": result.as_dict()}))
@@ -116,8 +164,16 @@ def measurements(result: ProbeResult, emulation: Emulation) -> dict[str, Any]:
         "patt": _sig(result.prefill_attn_s * t),  # per row, earlier position and unit of attention width
         # routed experts' rows per expert weight type (those no slower than dense left out)
         "pebw": {kind: round(rate / t) for kind, rate in result.expert_rates if rate > 0},
-        "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
         "samples": [round(b / s / t) for b, s in result.samples],
+        **identity(emulation),
+    }
+
+
+def identity(emulation: Emulation) -> dict[str, Any]:
+    """What a member announces before it has measured: its machine, emulation, build and protocol (the
+    host refuses another build or protocol at once, not after the member's minutes of measuring)."""
+    return {
+        "mach": machine_id(),  # members on one machine do not compute in parallel (the planner's TTFT)
         "emu": emulation.as_dict(),
         "build": build_tag(build_identity()),
         "proto": wire_protocol(),  # must match the host's in every mode (kafila.session.coordinator.builds)

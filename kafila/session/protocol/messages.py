@@ -27,6 +27,11 @@ that may be null; fields this build does not know are ignored):
     admit     host → member   epoch
     reject    host → member   reason (the planner's text)
     refused   host → member   reason (this member cannot take part, e.g. a different llama.cpp build)
+    measuring member → host   step, attempt, waiting, elapsed_s (how its measurement of its own machine goes:
+                              it connects before measuring; attempt: of the probe's decode timing, 0 before it;
+                              waiting: for another Kafila process's measurement on its machine; at most 1/s)
+    measured  member → host   measurements {...} (what its announcement would have carried: the host judges
+                              them as it judges an announcement's; a member that announced "measuring" sends it)
     lost      any → host/all  who, reason, epoch
     replan    host → all      reason, epoch (this epoch ends though nobody was lost: a member slowed or
                               joined; stop serving, fail requests in flight as resumable, await `assign`)
@@ -107,9 +112,11 @@ from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
 
 # 2: assign and roster carry the members' fingerprints; prove/proof of a model file. 3: stats carry
-# circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk)
-CONTROL_VERSION = 3
+# circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk). 4: measuring, measured (a
+# member connects before it measures itself)
+CONTROL_VERSION = 4
 
+MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
 
 
@@ -237,6 +244,21 @@ class Reject(_Reason):
 
 class Refused(_Reason):
     T = "refused"
+
+
+@dataclass(frozen=True)
+class Measuring(Control):
+    T = "measuring"
+    step: str
+    attempt: int  # the probe's decode timing attempt (kafila.engine.probe.DECODE_ATTEMPTS in all); 0 before it
+    waiting: bool  # for another Kafila process's measurement on the same machine (it holds the cores)
+    elapsed_s: float  # since this member began measuring
+
+
+@dataclass(frozen=True)
+class MeasuredSelf(Control):
+    T = "measured"
+    measurements: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -378,6 +400,9 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "admit": (Admit, {"epoch": EPOCH}),
     "reject": (Reject, {"reason": TEXT}),
     "refused": (Refused, {"reason": TEXT}),
+    "measuring": (Measuring, {"step": TEXT, "attempt": integer(0, 1000), "waiting": boolean,
+                              "elapsed_s": SECONDS}),
+    "measured": (MeasuredSelf, {"measurements": json_object}),
     "lost": (Lost, {"who": NAME, "reason": TEXT, "epoch": EPOCH}),
     "replan": (Replan, {"reason": TEXT, "epoch": EPOCH}),
     "stats": (Stats, {"stages": map_of(_STAGE_TIME), "network_share": null_or(number(0.0, 1.0)),

@@ -12,8 +12,8 @@ from kafila.tui.format import gb, gbps, ms, sparkline
 
 COLUMNS = (("name", "member"), ("status", "status"), ("bw", "GB/s"), ("probe", "probe"), ("mem", "mem GB"),
            ("dispatch", "disp"), ("rtt", "RTT ms"), ("nat", "NAT"))
-STATUS_STYLE = {"ready": "green", "serving": "bold green", "measuring": "yellow", "loading": "cyan",
-                "joined": "", "lost": "bold red", "refused": "bold red"}
+STATUS_STYLE = {"ready": "green", "serving": "bold green", "measuring": "yellow", "measured": "green",
+                "loading": "cyan", "joined": "", "lost": "bold red", "refused": "bold red"}
 EMULATED = "magenta"
 
 

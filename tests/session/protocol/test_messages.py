@@ -56,6 +56,12 @@ events = st.one_of(
 )
 edges = st.none() | st.builds(m.EdgeOutcome, st.sampled_from(["direct", "relay"]),
                               st.sampled_from(["direct", "relay", "failed"]), st.none() | seconds, st.none() | texts)
+
+
+def _finite(v: Any) -> bool:
+    return "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v)
+
+
 controls = st.one_of(
     assigns(),
     st.builds(m.Need, epochs, st.lists(st.integers(0, 2**31 - 1), max_size=8).map(tuple)),
@@ -64,6 +70,8 @@ controls = st.one_of(
     st.builds(m.Ready, epochs, edges),
     st.builds(m.Reject, texts), st.builds(m.Refused, texts), st.builds(m.Bye, texts),
     st.builds(m.Lost, names, texts, epochs), st.builds(m.Replan, texts, epochs),
+    st.builds(m.Measuring, texts, st.integers(0, 1000), st.booleans(), seconds),
+    st.builds(m.MeasuredSelf, st.dictionaries(st.text(max_size=8), json_values.filter(_finite), max_size=4)),
     st.builds(m.Stats, st.dictionaries(names, st.builds(m.StageTime, seconds, st.none() | seconds), max_size=4),
               st.none() | st.floats(0, 1), st.none() | seconds,
               st.none() | st.builds(m.TtftTime, st.integers(0, 2**31 - 1), seconds, st.none() | seconds),
@@ -72,8 +80,7 @@ controls = st.one_of(
     st.builds(m.CopyNeed, st.lists(st.integers(0, 2**31 - 1), max_size=COPY_BATCH).map(tuple)),
     st.builds(m.Copied, st.none() | sha, st.none() | texts),
     st.builds(m.Free, st.integers(0, 0xFFFF)),
-    st.builds(m.Chat, names, names, st.dictionaries(st.text(max_size=8), json_values.filter(_finite := (
-        lambda v: "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v))), max_size=4)),
+    st.builds(m.Chat, names, names, st.dictionaries(st.text(max_size=8), json_values.filter(_finite), max_size=4)),
     st.builds(m.ChatEvt, names, names, events),
     st.builds(m.Roster, names, texts, st.dictionaries(names, st.builds(
         m.Measured, seconds, seconds, st.integers(0, 2**40), seconds, names, st.none() | seconds), max_size=4),
