@@ -90,3 +90,28 @@ def test_a_proof_reads_a_split_model_as_one_stream(tmp_path: Path) -> None:
     for offset, n in ((19998, 5), (0, 4096), (51000, 4096), (20000, 1)):  # across files, at the start and end
         assert _read_stream(parts, sizes, offset, n) == whole[offset:offset + n]
     assert model_proof(one, bytes(32)) == model_proof(one, bytes(32)) != model_proof(one, b"\1" * 32)
+
+
+async def test_measurements_sent_after_arriving_are_judged_when_they_come(tmp_path: Path) -> None:
+    # issue 59: a member connects before it measures; the host shows its progress and judges what it sends later
+    model = write_synthetic(tmp_path / "tiny.gguf", "llama", n_blocks=6)
+    first = {k: v for k, v in member_measurements().items() if k in ("role", "build", "proto")}
+    arriving = {**first, messages.MEASURING_KEY: True}
+    async with coordinator(tmp_path, model, ["ada", "bo"], announced={"ada": arriving, "bo": arriving}) as c:
+        ada, bo = c.members["ada"], c.members["bo"]
+        await bo.send(messages.Measuring("timing decode calls (attempt 2 of 3)", 2, False, 12.0))
+        async with asyncio.timeout(60):
+            while "attempt 2 of 3" not in c.state.members["bo"].note:
+                await asyncio.sleep(0.05)
+        assert c.state.members["bo"].status == "measuring" and not c.runtime.joined, c.log()
+        assert "bo is measuring: timing decode calls (attempt 2 of 3)" in c.log()
+        await bo.send(messages.MeasuredSelf({**member_measurements(), "bw": float("nan")}))
+        refused = await bo.inbox.first(messages.Refused)
+        assert refused.reason == "member bo announced unusable measurements (bandwidth)"
+        await ada.send(messages.MeasuredSelf(member_measurements()))
+        async with asyncio.timeout(60):
+            while "ada" not in c.runtime.joined:
+                await asyncio.sleep(0.05)
+        assert c.state.members["bo"].status == "refused" and "bo" not in c.runtime.joined, c.log()
+        assert c.runtime.joined["ada"].peer.measurements["bw"] == 1e10  # what it sent, not what it announced
+        assert "ada measured its machine in" in c.log() and "ada joined (1/2)" in c.log()
