@@ -110,6 +110,10 @@ from kafila.session.protocol.fields import MAX_NAME as MAX_NAME
 from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
 from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.protocol.records import EdgeOutcome as EdgeOutcome  # the records messages carry, read from here
+from kafila.session.protocol.records import Measured as Measured
+from kafila.session.protocol.records import StageTime as StageTime
+from kafila.session.protocol.records import TtftTime as TtftTime
 
 # 2: assign and roster carry the members' fingerprints; prove/proof of a model file. 3: stats carry
 # circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk). 4: measuring, measured (a
@@ -138,34 +142,6 @@ class Control:
     """A control message; T is its "t" on the wire."""
 
     T: ClassVar[str]
-
-
-@dataclass(frozen=True)
-class EdgeOutcome:
-    """A member's outgoing ring edge: predicted against what verification found."""
-
-    predicted: str
-    actual: str  # "direct", "relay" or "failed"
-    ready_ms: float | None
-    error: str | None
-    rtt_ms: float | None = None  # its round trip as QUIC measured it (emulated link delays included)
-
-
-@dataclass(frozen=True)
-class StageTime:
-    """One stage's predicted and measured compute time per call, in seconds."""
-
-    predicted_s: float
-    measured_s: float | None
-
-
-@dataclass(frozen=True)
-class TtftTime:
-    """The latest request's time to first token against the plan's prediction for its prompt."""
-
-    prompt_tokens: int  # the tokens it prefilled (those a reused cache held are not counted)
-    measured_s: float  # from its arrival at the head to its first token
-    predicted_s: float | None  # the plan's TTFT for as many tokens (None: the plan predicts none)
 
 
 @dataclass(frozen=True)
@@ -350,18 +326,6 @@ class Prove(Control):
 class Proof(Control):
     T = "proof"
     digest: str  # the SHA-256 (hex) of the nonce and those bytes
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One member as the planner saw it: its measurements (kafila.planner.Member's numbers)."""
-
-    bw: float
-    disp: float
-    mem: int
-    ubw: float
-    nat: str
-    rtt_ms: float | None
 
 
 @dataclass(frozen=True)
