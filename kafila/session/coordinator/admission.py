@@ -21,7 +21,7 @@ from dataclasses import replace
 from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
-from kafila.session.coordinator.builds import judge_member
+from kafila.session.coordinator.builds import BuildVerdict, judge_member
 from kafila.session.coordinator.core import Arrival, CoordinatorCore, Joined
 from kafila.session.coordinator.epochs import GAIN, planner_member
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
@@ -78,7 +78,8 @@ class Admission(CoordinatorCore):
             self._tg.create_task(self._arrive(link))  # each on its own: one member's minutes of measuring hold no other
 
     async def _arrive(self, link: Link) -> None:
-        """A member has connected: refuse it, or wait for its measurements (MEASURING_KEY), then admit it."""
+        """A member has connected: refuse it, or (once its measurements came, when it announced MEASURING_KEY)
+        admit it. It counts as measuring until it is admitted or refused (a model proof takes a while)."""
         peer = link.peer
         verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
         if not verdict.admitted:  # another build or protocol: said at once, before it spends minutes measuring
@@ -88,12 +89,21 @@ class Admission(CoordinatorCore):
             await self._refuse(peer, link, "a member of that name is already in the session (join with another --name)",
                                shown=False)
             return
-        if peer.measurements.get(messages.MEASURING_KEY):
+        if not peer.measurements.get(messages.MEASURING_KEY):  # measured before it came (a survivor of a takeover)
+            await self._admit(peer, link, verdict)
+            return
+        self.measuring[peer.name] = Arrival(link, asyncio.get_running_loop().time())
+        try:
             measured = await self._measured(peer, link)
-            if measured is None:
-                return
-            peer = measured
-            verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
+            if measured is not None:
+                verdict = judge_member(self.my_build, measured.measurements, self.opts.mixed_builds)
+                await self._admit(measured, link, verdict, status="measured")
+        finally:
+            self.measuring.pop(peer.name, None)
+            self._arrived.set()
+
+    async def _admit(self, peer: VerifiedMember, link: Link, verdict: BuildVerdict, status: str = "joined") -> None:
+        """Admit a member with its measurements, or refuse it (unusable numbers, a model file it cannot prove)."""
         refusal = verdict.reason if not verdict.admitted else \
             unusable_measurements(peer) or await self._model_refusal(peer, link)
         if refusal is not None:
@@ -103,7 +113,7 @@ class Admission(CoordinatorCore):
             await self._refuse(peer, link, "a member of that name is already in the session (join with another --name)",
                                shown=False)
             return
-        view = member_view(peer)
+        view = replace(member_view(peer), status=status)  # "measured": until its stage is loaded (the Members tab)
         self.joined[peer.name] = Joined(peer, link)
         self.builds.add(peer.name, verdict)
         came = "rejoined" if peer.name in self.departed else "joined"
@@ -131,9 +141,7 @@ class Admission(CoordinatorCore):
         """`peer` with the measurements it sends once it has measured its machine; None if it is lost first.
 
         Meanwhile it is shown measuring, with its step and attempt; the wait for members waits for it."""
-        name, loop = peer.name, asyncio.get_running_loop()
-        arriving = Arrival(link, loop.time())
-        self.measuring[name] = arriving
+        name, arriving = peer.name, self.measuring[peer.name]
         self.state.upsert_member(replace(member_view(peer), status="measuring", note="measuring its machine"))
         self.state.log(f"{name} arrived ({len(self.joined) + len(self.measuring)}/{self.expected}); "
                        "it is measuring its machine")
@@ -142,7 +150,7 @@ class Admission(CoordinatorCore):
             while True:
                 msg = messages.decode(await link.recv())
                 if isinstance(msg, messages.MeasuredSelf):
-                    took = loop.time() - arriving.since
+                    took = asyncio.get_running_loop().time() - arriving.since
                     self.state.log(f"{name} measured its machine in {took:.0f} s")
                     return replace(peer, measurements=msg.measurements)
                 if isinstance(msg, messages.Bye):
@@ -153,9 +161,6 @@ class Admission(CoordinatorCore):
             self.state.update_member(name, status="lost", note=f"lost while measuring: {exc}")
             self.state.log(f"{name} was lost while measuring its machine: {exc}")
             return None
-        finally:
-            self.measuring.pop(name, None)
-            self._arrived.set()
 
     def _on_measuring(self, name: str, arriving: Arrival, msg: messages.Measuring) -> None:
         if msg.waiting != arriving.waiting:  # its own measurement starts now: the limit counts from here

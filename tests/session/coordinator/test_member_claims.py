@@ -113,5 +113,6 @@ async def test_measurements_sent_after_arriving_are_judged_when_they_come(tmp_pa
             while "ada" not in c.runtime.joined:
                 await asyncio.sleep(0.05)
         assert c.state.members["bo"].status == "refused" and "bo" not in c.runtime.joined, c.log()
+        assert c.state.members["ada"].status == "measured", c.log()
         assert c.runtime.joined["ada"].peer.measurements["bw"] == 1e10  # what it sent, not what it announced
         assert "ada measured its machine in" in c.log() and "ada joined (1/2)" in c.log()
