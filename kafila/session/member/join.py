@@ -60,7 +60,7 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         result = await measure_connected(control, state, lambda on_step, on_wait, stop: cached_probe(
             default_model_path(), cache, on_step, False, opts.threads, on_wait=on_wait, stop=stop))
         meas = {**measurements(result, emulation), "role": "member", **claim}
-        # announced too: a member that takes coordination over later reads the others' measurements there
+        # announced too: a coordinator that takes over later reads a survivor's measurements from its announcement
         await announce_following(ep, control.peer, meas)
         state.upsert_member(replace(member_view(ep.me or me), status="measured", nat_evidence=view.nat_evidence))
         await control.send(messages.encode(messages.MeasuredSelf(meas)))
