@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import secrets
 from dataclasses import replace
+from functools import partial
 
 from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.net.quic import Link
@@ -27,6 +28,7 @@ from kafila.session.coordinator.epochs import GAIN, planner_member
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
 from kafila.session.protocol import messages
 from kafila.session.state import member_view
+from kafila.session.stoppable import run_stoppable
 
 
 def unusable_measurements(peer: VerifiedMember) -> str | None:
@@ -50,7 +52,7 @@ class Admission(CoordinatorCore):
         if MODEL_KEY not in peer.measurements:
             return None
         if self._model_sha256 is None:
-            self._model_sha256 = await asyncio.to_thread(self.cache.source_hash, self.model)
+            self._model_sha256 = await run_stoppable(partial(self.cache.source_hash, self.model))
         refusal = judge_model(self._model_sha256, peer.name, peer.measurements)
         if refusal is not None:
             return refusal

@@ -28,9 +28,9 @@ MODEL_KEY = "model_sha256"  # the announcement's measurement naming the member's
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
-def model_claim(cache: StageCache, model: Path) -> dict[str, str]:
+def model_claim(cache: StageCache, model: Path, progress: Progress | None = None) -> dict[str, str]:
     """What a member with its own model file announces (the hash is cached by path, size and mtime)."""
-    return {MODEL_KEY: cache.source_hash(model)}
+    return {MODEL_KEY: cache.source_hash(model, progress)}
 
 
 def claimed_hash(measurements: Mapping[str, Any]) -> str | None:

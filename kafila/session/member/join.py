@@ -5,8 +5,8 @@ After the connection the member follows its coordinator (runtime.MemberRuntime) 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
+from functools import partial
 
 from kafila.model.embedded import default_model_path, resolve_model
 from kafila.model.stage_cache import StageCache
@@ -21,6 +21,7 @@ from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
 from kafila.session.state import SessionState, member_view
+from kafila.session.stoppable import run_stoppable
 
 
 async def run_member(opts: MemberOptions, state: SessionState) -> int:
@@ -38,7 +39,7 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
     claim: dict[str, str] = {}
     if opts.model is not None:
         state.set_phase("measuring", f"hashing {opts.model} (once per file: the hash is cached)")
-        claim = await asyncio.to_thread(model_claim, cache, opts.model)
+        claim = await run_stoppable(partial(model_claim, cache, opts.model))  # minutes for a big model
         state.log(f"holding the model {opts.model.name} (sha256 {claim['model_sha256']})")
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous,
