@@ -1,7 +1,8 @@
 """Token sampling from logits: greedy, or temperature with top-k, top-p and min-p, reproducible by seed.
 
 The logits are first adjusted by the request's logit_bias and penalties (penalties.py), in llama.cpp's
-order: bias, penalties, top-k, top-p, min-p, temperature."""
+order: bias, penalties, top-k, top-p, min-p, temperature. A request's grammar (grammar.py) constrains the
+token drawn, as llama.cpp's common sampler does: the whole vocabulary only when the token drawn breaks it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kafila.engine.grammar import Grammar, GrammarError
 from kafila.engine.penalties import History
 
 
@@ -59,25 +61,48 @@ def _real(x: object) -> bool:
 
 
 class Sampler:
-    """Samples one request's tokens; owns that request's random generator and the tokens its penalties count
-    (the prompt and a resumed reply's tokens so far to start with, then each token the reply takes)."""
+    """Samples one request's tokens; owns that request's random generator, the tokens its penalties count
+    (the prompt and a resumed reply's tokens so far to start with, then each token the reply takes) and its
+    grammar, if any (advanced over the resumed reply's tokens, then over each token the reply takes)."""
 
-    def __init__(self, params: SamplingParams, prompt: Sequence[int] = (), reply: Sequence[int] = ()) -> None:
+    def __init__(self, params: SamplingParams, prompt: Sequence[int] = (), reply: Sequence[int] = (),
+                 grammar: Grammar | None = None) -> None:
         self.params = params
         self._rng = np.random.default_rng(params.seed)
         self.history = History(params)
         self.history.prime(prompt, reply)
+        self.grammar = grammar
+        if grammar is not None:
+            for token in reply:
+                grammar.accept(token)
 
     def accept(self, token: int) -> None:
-        """A token the reply took (sampled, or drafted and verified): the penalties count it from now on."""
+        """A token the reply took (sampled, or drafted and verified): the penalties count it from now on, and
+        the grammar moves past it."""
         self.history.accept(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
 
     def adjusted(self, logits: np.ndarray) -> np.ndarray:
         """The logits this sampler draws from: with the logit bias and the penalties (penalties.py)."""
         return self.history.adjust(logits) if self.history.active else logits
 
     def sample(self, logits: np.ndarray) -> int:
-        """The next token id for one row of logits."""
+        """The next token id for one row of logits (one the grammar allows)."""
+        token = self._draw(logits)
+        if self.grammar is None or self.grammar.allows(token):
+            return token
+        return self._draw(self._constrained(logits))  # as llama.cpp's common_sampler_sample resamples
+
+    def _constrained(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every token the grammar refuses here at -inf."""
+        assert self.grammar is not None
+        masked = self.grammar.mask(logits)
+        if not np.isfinite(masked).any():
+            raise GrammarError("the grammar allows no token of this vocabulary here")
+        return masked
+
+    def _draw(self, logits: np.ndarray) -> int:
         logits = self.adjusted(logits)
         if self.params.temperature == 0.0:
             return int(np.argmax(logits))  # first maximum, as llama.cpp's greedy sampler
@@ -85,8 +110,9 @@ class Sampler:
         return int(order[self._rng.choice(len(order), p=probs)])
 
     def distribution(self, logits: np.ndarray) -> np.ndarray:
-        """The probability of every token under these settings (greedy: all on the first maximum)."""
-        logits = self.adjusted(logits)
+        """The probability of every token under these settings (greedy: all on the first maximum), the grammar's
+        refused tokens at 0."""
+        logits = self.adjusted(logits if self.grammar is None else self._constrained(logits))
         out = np.zeros(len(logits))
         if self.params.temperature == 0.0:
             out[int(np.argmax(logits))] = 1.0

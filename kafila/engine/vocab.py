@@ -21,6 +21,11 @@ class Vocab:
         self.eos = int(lc.llama_vocab_eos(vocab_ptr))
         self.chat_template = chat_template
 
+    @property
+    def pointer(self) -> object:
+        """llama.cpp's vocabulary (what its grammar sampler reads token pieces from)."""
+        return self._vocab
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; the defaults are what llama.cpp's own completion uses for a prompt."""
         lc = llama()

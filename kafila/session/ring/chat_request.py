@@ -9,7 +9,9 @@ The body is hostile input (DESIGN §5: any web page or local user can send one),
 ring acts on is checked here for type, finiteness, range and size, once at the API and again at the
 head, and a bad one becomes a `BadRequest` naming the field, which the API answers as a 400 in
 OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` and `speculate` (this
-request's speculation mode instead of the session's: auto, lookup, draft or off) are extensions, and
+request's speculation mode instead of the session's: auto, lookup, draft or off) are extensions, as are
+llama-server's `grammar` and `json_schema` (structured.py turns them and `response_format` into the GBNF text of
+`ChatRequest.grammar`, which the head's sampler follows), and
 `resume` (token ids an earlier ring generated, see api.ApiServer.events) and `resume_cuts` (the chunks
 its prompt went round in) are only ever set by the API itself: a client's are dropped, not trusted.
 """
@@ -20,10 +22,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kafila.engine.sampler import SamplingParams
+from kafila.engine.grammar import Grammar, GrammarError
+from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.engine.vocab import Vocab
 from kafila.errors import SessionError
 from kafila.session.protocol.fields import SPECULATION_MODES
 from kafila.session.protocol.messages import DEFAULT_MAX_TOKENS
+from kafila.session.ring.structured import FieldError, request_grammar
 
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.95
@@ -40,13 +45,11 @@ NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a mode
 MAX_TOP_K = 1 << 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "response_format", "n", "audio",
-               "modalities", "prediction")
+UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "n", "audio", "modalities", "prediction")
 # ... unless they carry the value that asks for nothing (what many clients send by default).
-NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (1,), "response_format": ({"type": "text"},),
-                                       "tools": ([],)}
+NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (1,), "tools": ([],)}
 # The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
-COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "tools", "functions", "response_format")
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "tools", "functions")
 MAX_TOP_LOGPROBS = 20  # OpenAI's limits: a chat's top_logprobs, a completion's logprobs
 MAX_COMPLETION_LOGPROBS = 5
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,)}
@@ -94,6 +97,7 @@ class ChatRequest:
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # set: each token's log-probability and this many most likely alternatives
+    grammar: str | None = None  # GBNF text the reply follows (grammar-constrained sampling at the head)
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
@@ -121,7 +125,21 @@ class ChatRequest:
         if self.logprobs is not None:  # each endpoint's own way to ask
             out |= ({"logprobs": self.logprobs} if self.prompt is not None
                     else {"logprobs": True, "top_logprobs": self.logprobs})
+        if self.grammar is not None:
+            out["grammar"] = self.grammar
         return out
+
+    def sampler(self, vocab: Vocab, prompt: list[int]) -> Sampler:
+        """The head's sampler for this request, with its grammar compiled (a BadRequest when llama.cpp's parser
+        refuses it) and advanced over a resumed reply's tokens."""
+        try:
+            grammar = None if self.grammar is None else Grammar(vocab, self.grammar)
+        except GrammarError as exc:
+            raise BadRequest(f"'grammar': {exc}", "grammar") from None
+        try:
+            return Sampler(self.sampling(), prompt, self.resume, grammar)
+        except GrammarError as exc:
+            raise BadRequest(f"'resume' does not follow the grammar: {exc}", "resume") from None
 
     def sampling(self) -> SamplingParams:
         """The sampler's settings; top_p 0 (allowed by OpenAI) keeps only the most likely token."""
@@ -196,7 +214,15 @@ def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[An
         "repeat_last_n": _integer(body, "repeat_last_n", -1, MAX_TOKENS_LIMIT, DEFAULT_REPEAT_LAST_N) % (
             MAX_TOKENS_LIMIT + 1),
         "logit_bias": _logit_bias(body.get("logit_bias")),
+        "grammar": _grammar(body),
     }
+
+
+def _grammar(body: dict[str, Any]) -> str | None:
+    try:
+        return request_grammar(body)
+    except FieldError as exc:
+        raise BadRequest(str(exc), exc.param) from None
 
 
 def _speculate(body: dict[str, Any]) -> str | None:

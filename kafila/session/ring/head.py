@@ -35,7 +35,6 @@ from kafila.engine.chain import Batch, logit_rows, take_batch
 from kafila.engine.draft import DraftModel
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
-from kafila.engine.sampler import Sampler
 from kafila.engine.stage import ContextConfig
 from kafila.engine.vocab import Vocab
 from kafila.errors import NeighbourFault, NetworkError, SessionEnded
@@ -171,7 +170,7 @@ class Head:
         replay = self._replay(chat, len(prompt))
         # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
         request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx,
-                          Sampler(chat.sampling(), prompt, chat.resume), self.vocab, logprobs=chat.logprobs,
+                          chat.sampler(self.vocab, prompt), self.vocab, logprobs=chat.logprobs,
                           stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
                           drafter=self.speculator.drafter(chat.speculate, chat.sampling()))
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)

@@ -45,7 +45,8 @@ fields = {"messages": st.lists(message, max_size=4) | any_json, "temperature": n
           "top_p": numbers | scalars, "top_k": numbers | scalars, "max_tokens": numbers | scalars,
           "max_completion_tokens": numbers | scalars, "seed": numbers | scalars, "stream": scalars,
           "stream_options": any_json, "model": scalars, "stop": any_json, "n": numbers, "logprobs": scalars,
-          "resume": any_json, "raw": scalars}
+          "resume": any_json, "raw": scalars, "response_format": any_json, "json_schema": any_json,
+          "grammar": any_json}
 valid_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
                                        "content": st.text(max_size=30)})
 valid = st.fixed_dictionaries({"messages": st.lists(valid_message, min_size=1, max_size=3)}, optional={
