@@ -15,7 +15,7 @@ import pytest
 
 from kafila.engine.sampler import Sampler
 from kafila.session.protocol import messages
-from kafila.session.ring import head as head_module
+from kafila.session.ring import chat_request as chat_request_module
 from kafila.session.ring.head import Head
 from tests.conftest import llama_cpp_reply as reference_reply
 from tests.session.solo_head import N_CTX
@@ -92,7 +92,7 @@ async def test_a_request_whose_sampling_fails_ends_alone(head: Head, llama_cpp_r
                 raise ValueError("probabilities contain NaN")
             return super().sample(logits)
 
-    monkeypatch.setattr(head_module, "Sampler", Failing)
+    monkeypatch.setattr(chat_request_module, "Sampler", Failing)  # the head makes its sampler there
     bad, good = await asyncio.gather(remote(head, {"messages": HI, "seed": 666, "temperature": 1.0}),
                                      remote(head, {"messages": HI, "max_tokens": 16, "temperature": 0}))
     # what reaches the asker, decoded from the chat_evt messages: the one error, neither resumable (the request
