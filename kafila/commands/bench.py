@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, cost, nat, ring, drift, mixed, scale, wan) and write a report"
+HELP = "run a benchmark (engine, planner, cost, nat, ring, drift, mixed, scale, wan, grammar) and write a report"
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "mixed": "mixed",
     "scale": "scale",
     "wan": "wan",
+    "grammar": "grammar",
 }
 PLOTTED = ("planner", "ring", "scale")  # the reports kafila.bench.plot draws
 
