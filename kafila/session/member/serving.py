@@ -30,6 +30,7 @@ from kafila.planner.ttft import TtftModel, plan_model
 from kafila.session.api.server import Forwarder
 from kafila.session.member.core import MemberCore, log
 from kafila.session.protocol import frames, messages
+from kafila.session.ring.frame_check import Cursors, FrameLimits, from_neighbour
 from kafila.session.ring.head import Head
 from kafila.session.ring.ring_stats import show_stats
 from kafila.session.ring.speculation import NO_DRAFT
@@ -40,13 +41,6 @@ def _first(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
     return group
-
-
-def admitted_slots(seqs: tuple[int, ...], slots: int) -> None:
-    """NeighbourFault unless every sequence id is one of the session's `slots` (llama.cpp aborts on others)."""
-    bad = [s for s in seqs if not 0 <= s < slots]
-    if bad:
-        raise NeighbourFault(f"sequence {bad[0]} is outside the admitted {slots} slots")
 
 
 async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
@@ -152,23 +146,24 @@ class Serving(MemberCore):
     async def _stage_loop(self, inbox: asyncio.Queue[bytes]) -> None:
         assert self.worker is not None and self.edges is not None and self.edges.next is not None
         nxt = self.edges.next
-        slots = self._config().n_seq_max
+        # the predecessor's frames, checked before llama.cpp sees them: a bad one is its fault (frame_check.py)
+        cursors = Cursors(FrameLimits.of(self._config(), self.worker.engine.n_embd))
         while True:
             msg = await inbox.get()
             if messages.kind(msg) == "frame":
-                frame = frames.decode(msg)
-                admitted_slots(frame.header.seqs, slots)
+                frame = from_neighbour(frames.decode, msg)
+                cursors.frame(frame)
                 out, ns = await self.worker.run(frame)
                 await nxt.send(frames.encode(frame.passed(out, ns)))
                 continue
-            c = messages.decode(msg)
+            c = from_neighbour(messages.decode, msg)
             if isinstance(c, messages.Bye):
                 raise SessionEnded(c.reason)
             if isinstance(c, messages.Free):
-                admitted_slots((c.seq,), slots)
+                cursors.drop(c.seq)
                 await self.worker.free(c.seq)
             elif isinstance(c, messages.Trim):
-                admitted_slots((c.seq,), slots)
+                cursors.drop(c.seq, c.keep)
                 await self.worker.free(c.seq, c.keep)
             elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
                 continue

@@ -42,6 +42,7 @@ from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
 from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
+from kafila.session.ring.frame_check import FrameLimits, from_neighbour, shape_fault
 from kafila.session.ring.reply_stream import paced
 from kafila.session.ring.ring_stats import RingStats
 from kafila.session.ring.slots import Slots
@@ -68,21 +69,10 @@ class Job:
 class Head:
     """The head's serving loop over a ring `order` (head first); a ring of one runs entirely here."""
 
-    def __init__(
-        self,
-        worker: StageWorker,
-        embedder: Embedder,
-        vocab: Vocab,
-        config: ContextConfig,
-        order: list[str],
-        predicted: dict[str, float],
-        send_next: Callable[[bytes], Awaitable[None]] | None,
-        inbox: asyncio.Queue[bytes],
-        trace: Callable[[dict[str, Any]], None] | None = None,
-        ttft: TtftModel | None = None,
-        speculate: str = "off",
-        draft: DraftModel | None = None,
-    ) -> None:
+    def __init__(self, worker: StageWorker, embedder: Embedder, vocab: Vocab, config: ContextConfig, order: list[str],
+                 predicted: dict[str, float], send_next: Callable[[bytes], Awaitable[None]] | None,
+                 inbox: asyncio.Queue[bytes], trace: Callable[[dict[str, Any]], None] | None = None,
+                 ttft: TtftModel | None = None, speculate: str = "off", draft: DraftModel | None = None) -> None:
         self.worker, self.embedder, self.vocab, self.config = worker, embedder, vocab, config
         self.order = order
         self.send_next = send_next  # None for a ring of one
@@ -277,9 +267,9 @@ class Head:
             msg = await self.inbox.get()
             kind = messages.kind(msg)
             if kind == "frame":
-                await self._finish_frame(frames.decode(msg))
+                await self._finish_frame(from_neighbour(frames.decode, msg))
             elif kind == "control":
-                await self._on_control(messages.decode(msg))
+                await self._on_control(from_neighbour(messages.decode, msg))
 
     async def _finish_frame(self, frame: Frame) -> None:
         arrived = time.perf_counter_ns()
@@ -290,6 +280,8 @@ class Head:
         if (frame.header.seqs, frame.header.positions) != rows:
             raise NeighbourFault(f"frame {frame.header.frame_id} came back with other sequences or positions "
                                  "than the head sent")
+        if (why := shape_fault(frame, FrameLimits.of(self.config, self.worker.engine.n_embd))) is not None:
+            raise NeighbourFault(why)  # the last stage's rows: its fault, not the head's stage (frame_check.py)
         self._wake.set()  # the ring has room again: the next chunk can go while this frame is computed here
         # an EngineError here is the head's own stage failing on its own rows: the member reports itself lost
         logits, head_ns = await self.worker.run(frame, want)

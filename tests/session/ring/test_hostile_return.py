@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kafila.engine.embedding import Embedder
@@ -75,5 +76,28 @@ async def test_a_frame_back_with_other_sequences_is_a_neighbour_fault(smollm: Pa
         changed = replace(frame.header, seqs=tuple(1 - s for s in frame.header.seqs))  # slot 0 <-> 1
         h.inbox.put_nowait(frames.encode(Frame(changed, frame.rows)))
         assert "came back with other sequences or positions" in str(await fault_of(task))
+        asker.cancel()
+        await asyncio.gather(asker, return_exceptions=True)
+
+
+@pytest.mark.parametrize("case", ["nan", "width"])
+async def test_a_frame_back_with_nan_or_another_width_is_a_neighbour_fault(smollm: Path, stage_cache: StageCache,
+                                                                          case: str) -> None:
+    # issue 55, finding 2: before, the head's own llama.cpp call took the NaN rows, or refused the width and the
+    # head's member reported itself lost
+    async with head_of_two(smollm, stage_cache) as (h, task, sent):
+        asker = asyncio.create_task(anext(h.chat({"messages": [{"role": "user", "content": "Hi"}]})))
+        while not sent:
+            await asyncio.sleep(0.01)
+        frame = frames.decode(sent[0])
+        rows = np.array(frame.rows)
+        if case == "nan":
+            rows[0, 0] = np.nan
+        else:
+            rows = rows[:, :7]
+        back = Frame(replace(frame.header, width=rows.shape[1]), rows)
+        h.inbox.put_nowait(frames.encode(back))
+        words = "not finite" if case == "nan" else "has rows of width 7; the model's is 576"
+        assert words in str(await fault_of(task))
         asker.cancel()
         await asyncio.gather(asker, return_exceptions=True)
