@@ -126,7 +126,7 @@ def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, thr
     from kafila.bench.local_context import LocalDecoder
     from kafila.engine.stage import ContextConfig
     from kafila.errors import SessionError
-    from kafila.session.options import HostOptions
+    from kafila.session.settings import SessionSettings
 
     with scale_ring.session(model, members, context, cache, threads) as s:
         for listener in listeners:
@@ -145,7 +145,7 @@ def _serve(model: Path, members: tuple[Any, ...], context: int, cache: Path, thr
                                "stage_prefill_s": scale_ring.stage_prefill(state.plan or {}, ttft.get("prompt_tokens"))}
         if all(m.throttle == 1 for m in members):
             progress.update(task, description=f"{label}: decode, alternating with one local context")
-            config = ContextConfig(n_ctx_per_seq=context, n_seq_max=1, n_batch=HostOptions.batch)
+            config = ContextConfig(n_ctx_per_seq=context, n_seq_max=1, n_batch=SessionSettings.batch)
             with LocalDecoder(model, config) as local:
                 out["decode"] = scale_ring.decode(url, decode_tokens, local, DECODE_ROUNDS)
         out["peak_rss_mb"] = {"host (this process)": (status_kb(os.getpid(), "VmHWM") or 0) / 1024,
@@ -228,7 +228,7 @@ def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, prob
     from kafila.bench.quic_rate import kafila_datagram_size, one_way_rate
     from kafila.model.stage_cache import default_cache_root
     from kafila.session.launch.demo import DemoMember
-    from kafila.session.options import HostOptions
+    from kafila.session.settings import SessionSettings
 
     model = subject.path
     prompt = long_prompt(args.prompt_tokens)
@@ -261,11 +261,11 @@ def _measure_one(subject: Subject, args: argparse.Namespace, progress: Any, prob
     one_link = delivery_rate(args.quic_mb << 20)
     progress.update(task, total=1, completed=1)
     task = progress.add_task(f"{label}one local llama.cpp context", total=None)
-    local = local_context(model, prompt, context, HostOptions.batch, args.reply_tokens)
+    local = local_context(model, prompt, context, SessionSettings.batch, args.reply_tokens)
     progress.update(task, total=1, completed=1)
     return {"shape": subject.name, "random_weights": subject.random_weights, "blocks": subject.blocks,
             "model_bytes": model.stat().st_size, "model": model.name,
-            "context": context, "n_batch": HostOptions.batch, "threads": threads, "throttles": throttles,
+            "context": context, "n_batch": SessionSettings.batch, "threads": threads, "throttles": throttles,
             "ring": plain, "ring_slowed": slow, "aioquic": quic, "delivery_one_link": one_link, "local": local,
             "pipe_floor": floor, "replies": _replies(local, plain, slow)}
 

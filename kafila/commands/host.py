@@ -51,15 +51,19 @@ def run(args: argparse.Namespace) -> int:
 
     from kafila.session.launch.host import run_host
     from kafila.session.options import HostOptions, parse_addr
+    from kafila.session.settings import SessionSettings
     from kafila.session.terminal.printer import run_printing
 
+    settings = SessionSettings(
+        context=args.context, concurrency=args.concurrency, batch=args.batch, speculate=args.speculate,
+        replan=not args.no_replan, copy=not args.no_copy, stall_s=args.stall_limit, measure_wait_s=args.measure_wait,
+        mixed_builds=args.mixed_builds,
+    )
     opts = HostOptions(
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
-        members=args.members, wait_s=args.wait, measure_wait_s=args.measure_wait, concurrency=args.concurrency,
-        context=args.context, batch=args.batch,
-        api_port=None if args.api_port < 0 else args.api_port, replan=not args.no_replan, copy=not args.no_copy,
-        mixed_builds=args.mixed_builds, coordinate_only=args.coordinate_only, name=args.name, threads=args.threads,
-        stall_s=args.stall_limit, speculate=args.speculate, draft=Path(args.draft) if args.draft else None,
+        members=args.members, wait_s=args.wait, settings=settings,
+        api_port=None if args.api_port < 0 else args.api_port, coordinate_only=args.coordinate_only, name=args.name,
+        threads=args.threads, draft=Path(args.draft) if args.draft else None,
     )
     return run_printing(lambda state: run_host(opts, state))
 

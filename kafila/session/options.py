@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafila.errors import SessionError
+from kafila.session.settings import SessionSettings
 
 DEFAULT_RENDEZVOUS = ("127.0.0.1", 3478)
 DEFAULT_API_PORT = 8711
@@ -60,23 +61,13 @@ class HostOptions:
     name: str = field(default_factory=socket.gethostname)  # the host's machine's name as a ring member
     threads: int = 0  # llama.cpp threads of the host's own stage (0: all cores)
     wait_s: float = 120.0  # for members to arrive; then plan with whoever joined (at least one)
-    # for each member that arrived to measure its machine (a fresh probe: three decode timing attempts on a slow
-    # laptop), from when its own measurement began; then the session is planned without it
-    measure_wait_s: float = 900.0
-    concurrency: int = 4
-    context: int = 2048
-    batch: int = 128  # most rows per call: prompts go round the ring in chunks of this many tokens
+    # how the session runs, on this coordinator and any that takes over from it (sent in every assignment)
+    settings: SessionSettings = field(default_factory=SessionSettings)
     api_port: int | None = DEFAULT_API_PORT
     bind: tuple[str, int] = ("0.0.0.0", 0)
     cache_dir: Path | None = None
     secret: str | None = None  # tests: a fixed secret
     link_idle_timeout_s: float = 5.0
     allow_direct: bool = True
-    replan: bool = True  # after losing a member, plan again over the others when the model still fits
-    copy: bool = True  # give a member a copy of the model when no other holds it (coordinator.model_copy)
     label: str | None = None  # the model's name to show (None: from its file; a copy's file is named by its hash)
-    mixed_builds: bool = False  # admit members whose llama.cpp build differs (the ring is then not bit-exact)
-    stall_s: float = 120.0  # a member showing no progress this long before admission is lost (not a deadline)
     draft: Path | None = None  # the host's own machine's draft model (MemberOptions.draft)
-    speculate: str = "auto"  # the head's speculation: auto, lookup or off (session/ring/speculation.py)
-    strategy: str = "kafila"  # which split to serve: "kafila", or a baseline ("uniform", "memory") for benchmarks

@@ -22,6 +22,7 @@ def _given(**fields: Any) -> dict[str, Any]:
 def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
     """The flow `args` asks for, and a short label for the session bar."""
     from kafila.session.options import HostOptions, MemberOptions, parse_addr
+    from kafila.session.settings import SessionSettings
 
     rendezvous = parse_addr(args.rendezvous) if args.rendezvous else None
     common = _given(concurrency=args.concurrency, context=args.context, api_port=args.api_port)
@@ -34,9 +35,10 @@ def flow_for(args: argparse.Namespace) -> tuple[Flow, str]:
         from kafila.session.launch.host import run_host
 
         model = Path(args.host).expanduser() if args.host else None
-        opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, mixed_builds=mixed,
+        settings = SessionSettings(**_given(concurrency=args.concurrency, context=args.context, mixed_builds=mixed))
+        opts = HostOptions(**_given(model=model, rendezvous=rendezvous, members=args.members, api_port=args.api_port,
                                     coordinate_only=getattr(args, "coordinate_only", None), name=args.name),
-                           **common)
+                           settings=settings)
         return partial(run_host, opts), "host"
     from kafila.session.member.join import run_member
 

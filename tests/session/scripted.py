@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.protocol import chunks, messages
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.settings import SessionSettings
 from kafila.session.state import SessionState
 from tests.rendezvous.inprocess import loopback_rendezvous
 
@@ -203,8 +204,8 @@ async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float =
     member proves it holds."""
     async with loopback_rendezvous() as rdv, AsyncExitStack() as stack:
         opts = HostOptions(model=model, rendezvous=rdv, members=len(names), coordinate_only=True, wait_s=WAIT_S,
-                           concurrency=1, context=64, batch=32, api_port=None, bind=LOOPBACK,
-                           cache_dir=tmp / "host-cache", stall_s=stall_s, name="host")
+                           settings=replace(SETTINGS, stall_s=stall_s), api_port=None, bind=LOOPBACK,
+                           cache_dir=tmp / "host-cache", name="host")
         ep, code = await endpoint(stack, rdv, "host", None, coordinator_announcement())
         state = SessionState()
         runtime = HostRuntime(ep, opts, state, model, describe_model(model), StageCache(opts.cache_dir), None)
@@ -282,7 +283,8 @@ async def member(tmp: Path, name: str, others: list[str], use: InUse | None = No
             reader.cancel()
 
 
-CONFIG = {"n_ctx_per_seq": 64, "n_seq_max": 1, "n_batch": 32}
+SETTINGS = SessionSettings(context=64, concurrency=1, batch=32)
+CONFIG = SETTINGS.config  # {"n_ctx_per_seq": 64, "n_seq_max": 1, "n_batch": 32}
 
 
 def host_stage(tmp: Path) -> tuple[Path, StageManifest]:
@@ -294,5 +296,6 @@ def host_stage(tmp: Path) -> tuple[Path, StageManifest]:
 def assign(epoch: int, manifest: StageManifest, fingerprints: dict[str, str] | None = None) -> messages.Assign:
     """ada's assignment of that stage: the body [0, 3) of a ring whose head is bo (`fingerprints`: the
     members' certificates, for a test that opens the ring's edges)."""
-    return messages.Assign(epoch, ("bo", "ada"), "bo", {"bo": (3, 30), "ada": (0, 3)}, CONFIG, {}, "SmolLM2", manifest,
-                           False, fingerprints or {"bo": "b" * 64, "ada": "a" * 64})
+    return messages.Assign(epoch=epoch, order=("bo", "ada"), head="bo", ranges={"bo": (3, 30), "ada": (0, 3)},
+                           settings=SETTINGS, plan={}, model="SmolLM2", stage=manifest,
+                           fingerprints=fingerprints or {"bo": "b" * 64, "ada": "a" * 64})

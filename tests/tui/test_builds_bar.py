@@ -46,11 +46,11 @@ def test_tui_host_and_demo_pass_mixed_builds_on() -> None:
     args = argparse.Namespace(rendezvous=None, concurrency=None, context=None, api_port=None, demo=False, host="",
                               members=None, mixed_builds=True, join=None, name=None)
     flow, label = flow_for(args)
-    assert label == "host" and flow.args[0].mixed_builds is True  # type: ignore[attr-defined]
+    assert label == "host" and flow.args[0].settings.mixed_builds is True  # type: ignore[attr-defined]
     flow, label = flow_for(argparse.Namespace(**{**vars(args), "demo": True}))
     assert label == "demo" and flow.args[0].mixed_builds is True  # type: ignore[attr-defined]
     flow, _ = flow_for(argparse.Namespace(**{**vars(args), "mixed_builds": None}))
-    assert flow.args[0].mixed_builds is False  # type: ignore[attr-defined]
+    assert flow.args[0].settings.mixed_builds is False  # type: ignore[attr-defined]
 
 
 async def test_the_bar_says_who_coordinates_once_the_host_left() -> None:

@@ -29,8 +29,8 @@ def test_host_options() -> None:
     opts = flow.args[0]  # type: ignore[attr-defined]
     assert isinstance(opts, HostOptions)
     assert opts.model == Path("model.gguf") and opts.rendezvous == ("127.0.0.1", 4000)
-    assert (opts.members, opts.concurrency, opts.api_port) == (2, 3, 0)
-    assert opts.context == HostOptions().context  # not given: the runner's default
+    assert (opts.members, opts.settings.concurrency, opts.api_port) == (2, 3, 0)
+    assert opts.settings.context == HostOptions().settings.context  # not given: the runner's default
 
 
 def test_host_without_model_means_the_embedded_one() -> None:

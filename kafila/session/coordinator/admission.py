@@ -83,7 +83,7 @@ class Admission(CoordinatorCore):
         """A member has connected: refuse it, or (once its measurements came, when it announced MEASURING_KEY)
         admit it. It counts as measuring until it is admitted or refused (a model proof takes a while)."""
         peer = link.peer
-        verdict = judge_member(self.my_build, peer.measurements, self.opts.mixed_builds)
+        verdict = judge_member(self.my_build, peer.measurements, self.settings.mixed_builds)
         if not verdict.admitted:  # another build or protocol: said at once, before it spends minutes measuring
             await self._refuse(peer, link, verdict.reason)
             return
@@ -98,7 +98,7 @@ class Admission(CoordinatorCore):
         try:
             measured = await self._measured(peer, link)
             if measured is not None:
-                verdict = judge_member(self.my_build, measured.measurements, self.opts.mixed_builds)
+                verdict = judge_member(self.my_build, measured.measurements, self.settings.mixed_builds)
                 await self._admit(measured, link, verdict, status="measured")
         finally:
             self.measuring.pop(peer.name, None)
@@ -182,11 +182,11 @@ class Admission(CoordinatorCore):
         each that arrived to measure its machine (from when its own measurement began), whichever is later."""
         loop = asyncio.get_running_loop()
         arrive_by = loop.time() + self.opts.wait_s
-        self.state.log(f"waiting up to {self.opts.wait_s:.0f} s for {self.expected} members to arrive (--wait), "
-                       f"and up to {self.opts.measure_wait_s:.0f} s for each to measure its machine (--measure-wait)")
+        self.state.log(f"waiting up to {self.opts.wait_s:.0f} s for {self.expected} members to arrive (--wait), and "
+                       f"up to {self.settings.measure_wait_s:.0f} s for each to measure its machine (--measure-wait)")
         while len(self.joined) < self.expected:
             now = loop.time()
-            deadlines = [a.since + self.opts.measure_wait_s for a in self.measuring.values()]
+            deadlines = [a.since + self.settings.measure_wait_s for a in self.measuring.values()]
             arriving = now < arrive_by and len(self.joined) + len(self.measuring) < self.expected
             later = [d for d in deadlines if d > now] + ([arrive_by] if arriving else [])
             if not later:
@@ -195,12 +195,12 @@ class Admission(CoordinatorCore):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(later) - now)
         for name, a in self.measuring.items():  # each goes on measuring, and is held as a late arrival if it ends
-            why = (f"left out: still measuring its machine after {self.opts.measure_wait_s:.0f} s (--measure-wait; "
+            why = (f"left out: still measuring its machine after {self.settings.measure_wait_s:.0f} s (--measure-wait; "
                    f"{a.step}); planned in later if it finishes and that cuts the slowest stage")
             self.state.update_member(name, note=why)
             self.state.log(f"{name} {why}")
         if not self.joined:
             if self.measuring:
-                raise SessionError(f"no member finished measuring its machine within {self.opts.measure_wait_s:.0f} s "
-                                   f"(--measure-wait): {', '.join(self.measuring)}")
+                raise SessionError(f"no member finished measuring its machine within {self.settings.measure_wait_s:.0f}"
+                                   f" s (--measure-wait): {', '.join(self.measuring)}")
             raise SessionError(f"no member joined within {self.opts.wait_s:.0f} s")

@@ -74,6 +74,7 @@ class CoordinatorCore:
                  serving: messages.Assign | None = None, departed: frozenset[str] = frozenset()) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
+        self.settings = opts.settings  # the session's: sent in every assignment, kept by whoever coordinates next
         self.beside = beside  # the ring member in this process (lost with it); None: this process only coordinates
         self.serving = serving  # a ring already serving, to take over as it is (its coordinator held no stage)
         self.departed = set(departed)  # ring members lost so far: one that comes back (restarted) may rejoin

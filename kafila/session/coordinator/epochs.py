@@ -91,15 +91,15 @@ class Epochs(ModelCopies):
         names = self._plan_over()
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
-        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
+        workload = Workload(self.settings.concurrency, self.settings.context, self.settings.batch)
         plan = make_plan(members, ModelSpec.described(self.info), workload)
-        placement = plan.placement(self.opts.strategy)
+        placement = plan.placement(self.settings.strategy)
         if self.state.replans and "bottleneck_s" not in self.state.replans[-1]:  # the plan a drift called for
             now = self.state.replans[-1]["bottleneck_s"] = placement.bottleneck_seconds or 0.0
             self.state.log(f"planned again: slowest stage {now * 1e3:.1f} ms predicted "
                            f"(measured {self.state.replans[-1]['was_bottleneck_s'] * 1e3:.1f} ms before)")
         self.plan = plan
-        self.state.plan = plan.to_json(self.opts.strategy)
+        self.state.plan = plan.to_json(self.settings.strategy)
         self.state.circuit_gap_s = None  # the old ring's: the new one's head reports its own
         self.state.plan["builds"] = self.state.builds = self.builds.for_members(names)
         self.state.predicted = {a.name: {b.name: predict_edge(a.nat, b.nat) for b in members if b.name != a.name}
@@ -207,9 +207,9 @@ class Epochs(ModelCopies):
     def _slowest(self, names: list[str], speed: dict[str, float] | None = None) -> float | None:
         """The slowest stage of the plan over `names` at their measured speeds (or `speed`); None: no feasible plan."""
         speed = self.speed if speed is None else speed
-        workload = Workload(self.opts.concurrency, self.opts.context, self.opts.batch)
+        workload = Workload(self.settings.concurrency, self.settings.context, self.settings.batch)
         members = [planner_member(self.joined[n].peer, speed.get(n, 1.0)) for n in names]
-        placement = make_plan(members, ModelSpec.described(self.info), workload).placement(self.opts.strategy)
+        placement = make_plan(members, ModelSpec.described(self.info), workload).placement(self.settings.strategy)
         return placement.bottleneck_seconds if placement.feasible else None
 
     def _plan_over(self) -> list[str]:
@@ -278,8 +278,7 @@ class Epochs(ModelCopies):
             measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
                                             m.nat.value, self.joined[n].peer.rtt_ms)
         return messages.Roster(self.state.me or "host", self._label(), measured, self.beside, self._holders(order),
-                               self._model_sha256, self.opts.strategy, self.opts.mixed_builds,
-                               self._fingerprints(order))
+                               self._model_sha256, self._fingerprints(order))
 
     def _label(self) -> str:
         """The model's name members show (a copy taken over is named by its hash: its roster's name goes on)."""
@@ -309,7 +308,6 @@ class Epochs(ModelCopies):
 
     async def _assign_one(self, plan: Placement, name: str) -> None:
         order = list(plan.order)
-        config = {"n_ctx_per_seq": self.opts.context, "n_seq_max": self.opts.concurrency, "n_batch": self.opts.batch}
         start, end = plan.ranges[name]
         j = self.joined[name]
         # cut and hashed on a worker thread that stops with this task (a SIGTERM mid-cut)
@@ -324,9 +322,10 @@ class Epochs(ModelCopies):
         if cut_local:
             self.state.log(f"{name} holds the model (same sha256): it cuts its stage itself")
         await self._tell(name, messages.Assign(
-            self.epoch, tuple(order), order[0], {n: (r[0], r[1]) for n, r in plan.ranges.items()}, config,
-            self.state.plan or {}, self._label(), j.manifest, cut_local, self._fingerprints(order),
-            self.opts.speculate))
+            epoch=self.epoch, order=tuple(order), head=order[0],
+            ranges={n: (r[0], r[1]) for n, r in plan.ranges.items()}, settings=self.settings,
+            plan=self.state.plan or {}, model=self._label(), stage=j.manifest,
+            cut_local=cut_local, fingerprints=self._fingerprints(order)))
 
     async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
         """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason).
@@ -344,7 +343,7 @@ class Epochs(ModelCopies):
             waits[n] = fut
             j.progress_at = loop.time()
             j.step = "opening its ring edges" if kind == "ready" else "receiving its stage"
-        stall = self.opts.stall_s
+        stall = self.settings.stall_s
         lost_wait = asyncio.ensure_future(self._next_loss())
         try:
             pending: set[asyncio.Future[Any]] = set(waits.values())

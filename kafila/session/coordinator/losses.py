@@ -72,7 +72,7 @@ class LossHandling(CoordinatorCore):
         for other in others:
             if other[0] != who and other[0] in self.joined:
                 self.lost.put_nowait(other)
-        if not self.opts.replan or not self.joined:
+        if not self.settings.replan or not self.joined:
             return 1
         self.state.log("planning again over the remaining members")
         return None

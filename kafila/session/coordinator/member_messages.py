@@ -45,7 +45,7 @@ class MemberMessages(CoordinatorCore):
 
     def _on_stats(self, j: Joined, msg: messages.Stats) -> None:
         show_stats(self.state, msg)
-        if self.state.phase != "admitted" or self._replanning or not self.opts.replan:
+        if self.state.phase != "admitted" or self._replanning or not self.settings.replan:
             return
         drift = self.drift.observe(asyncio.get_running_loop().time(),
                                    {n: (s.predicted_s, s.measured_s) for n, s in msg.stages.items()})

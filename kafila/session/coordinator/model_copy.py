@@ -50,7 +50,7 @@ class ModelCopies(LossHandling):
         """The member to give a copy: the first ring member outside this process, when none of them holds the
         model (None: one does, the host serves no stage, copies are off, or nobody else serves)."""
         others = [n for n in order if n != self.beside and n in self.joined]
-        if not self.opts.copy or self.beside not in order or not others or self._holders(others):
+        if not self.settings.copy or self.beside not in order or not others or self._holders(others):
             return None
         return others[0]
 

@@ -24,6 +24,7 @@ from kafila.process import PARENT_ENV
 from kafila.session.launch.host import run_host
 from kafila.session.member.measure import cached_probe
 from kafila.session.options import DEFAULT_API_PORT, HostOptions
+from kafila.session.settings import SessionSettings
 from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.demo")
@@ -178,11 +179,11 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
             try:
                 await _start_rendezvous([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
                                         log_dir / "rendezvous.log", env, procs)
+                settings = SessionSettings(concurrency=opts.concurrency, context=opts.context, strategy=opts.strategy,
+                                           mixed_builds=opts.mixed_builds, speculate=opts.speculate)
                 host = tg.create_task(run_host(HostOptions(
                     model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
-                    concurrency=opts.concurrency, context=opts.context, api_port=opts.api_port,
-                    cache_dir=cache.root, strategy=opts.strategy, mixed_builds=opts.mixed_builds,
-                    speculate=opts.speculate,
+                    settings=settings, api_port=opts.api_port, cache_dir=cache.root,
                     coordinate_only=True,  # the ring is the emulated members: the host's own would be a fourth
                 ), state))
                 code_wait = tg.create_task(code_known.wait())

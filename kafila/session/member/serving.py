@@ -70,7 +70,7 @@ class Serving(MemberCore):
                     draft, note = await self._draft_model(vocab, config)
                     self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
                                      nxt.send if nxt is not None else None, inbox, self._trace_writer(),
-                                     self._ttft_model(), self._assigned.speculate, draft)
+                                     self._ttft_model(), self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
                         self.api.chat = self.head.chat

@@ -62,17 +62,15 @@ def survivors(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) 
 
 def coordinator_options(opts: MemberOptions, model: Path, assign: Assign, roster: Roster,
                         expected: int) -> HostOptions:
-    """The host's settings, as replicated to every member, for the member that coordinates now (with `model`:
-    its own file, or the copy the host gave it).
+    """The options of the member that coordinates now (with `model`: its own file, or the copy the host gave it).
 
-    It only coordinates from its second endpoint: its ring member is the member already running.
+    The session's settings are the last assignment's, unchanged (kafila.session.settings); the rest is how this
+    process runs. It only coordinates from its second endpoint: its ring member is the member already running.
     """
-    c = assign.config
     return HostOptions(model=model, rendezvous=opts.rendezvous, members=expected, coordinate_only=True,
-                       name=opts.name, threads=opts.threads, wait_s=TAKEOVER_WAIT_S, concurrency=c["n_seq_max"],
-                       context=c["n_ctx_per_seq"], batch=c["n_batch"], api_port=None, bind=opts.bind,
-                       cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
-                       allow_direct=opts.allow_direct, mixed_builds=roster.mixed_builds, strategy=roster.strategy,
+                       name=opts.name, threads=opts.threads, wait_s=TAKEOVER_WAIT_S, settings=assign.settings,
+                       api_port=None, bind=opts.bind, cache_dir=opts.cache_dir,
+                       link_idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct,
                        label=roster.model)
 
 

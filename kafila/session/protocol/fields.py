@@ -12,12 +12,12 @@ from typing import Any
 
 from kafila.errors import ProtocolError
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.settings import SessionSettings
 
 MAX_CONTROL = 4 * 1024 * 1024
 MAX_NAME = 255
 MAX_TEXT = 64 * 1024
 MAX_INDEX = (1 << 31) - 1
-CONFIG_KEYS = ("n_ctx_per_seq", "n_seq_max", "n_batch")
 SPECULATION_MODES = ("auto", "lookup", "draft", "off")  # the head's (session/ring/speculation.py)
 
 Check = Callable[[Any, str], Any]
@@ -131,10 +131,13 @@ def block_range(v: Any, where: str) -> tuple[int, int]:
     return start, end
 
 
-def context_config(v: Any, where: str) -> dict[str, int]:
-    """An assignment's config: each of CONFIG_KEYS a positive integer."""
-    obj = json_object(v, where)
-    return {k: integer(1, 1 << 24)(obj.get(k), f"{where}.{k}") for k in CONFIG_KEYS}
+def session_settings(v: Any, where: str) -> SessionSettings:
+    """An assignment's SessionSettings: every field, each checked (the context sizes positive integers)."""
+    size = integer(1, 1 << 24)
+    return record(SessionSettings, {
+        "context": size, "concurrency": size, "batch": size, "speculate": one_of(*SPECULATION_MODES),
+        "replan": boolean, "copy": boolean, "stall_s": SECONDS, "measure_wait_s": SECONDS, "mixed_builds": boolean,
+        "strategy": NAME})(v, where)
 
 
 def plan(v: Any, where: str) -> dict[str, Any]:

@@ -12,11 +12,14 @@ that may be null; fields this build does not know are ignored):
 
     assign    host → member   epoch, order [names, head first], head (= order[0]),
                               ranges {name: [start, end)} for every name in order,
-                              config {n_ctx_per_seq, n_seq_max, n_batch}, plan (the planner's JSON;
-                              its "stage_seconds" {name: s} are read), model (the name to show),
-                              stage {sha256, size, chunk_size, chunks [sha256 per chunk]},
-                              cut_local (true: the member holds the host's model file, announced by
-                              its sha256, and cuts the stage itself; no chunks are sent)
+                              settings {context, concurrency, batch, speculate, replan, copy, stall_s,
+                              measure_wait_s, mixed_builds, strategy} (kafila.session.settings: the
+                              session's, which a member taking coordination over runs with unchanged),
+                              plan (the planner's JSON; its "stage_seconds" {name: s} are read),
+                              model (the name to show), stage {sha256, size, chunk_size, chunks
+                              [sha256 per chunk]}, cut_local (true: the member holds the host's model
+                              file, announced by its sha256, and cuts the stage itself; no chunks are
+                              sent), fingerprints {name: sha256 of its certificate}
     need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
     working   member → host   epoch, step (e.g. "receiving its stage", "loading its stage"): still busy
                               with a step the host cannot watch (each second; kafila.session.member.heartbeat)
@@ -54,7 +57,7 @@ that may be null; fields this build does not know are ignored):
     roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}},
                               beside|null (the ring member in the coordinator's own process, lost with
                               it; null: it only coordinates), holders [names holding the model file,
-                              verified by sha256], model_sha256|null, strategy, mixed_builds
+                              verified by sha256], model_sha256|null, fingerprints {name: sha256}
                               (the coordinator's state, replicated at each admission: who serves, what
                               each measured, and what a member needs to take coordination over, so
                               that the ring outlives its host; kafila.session.member.takeover)
@@ -78,7 +81,6 @@ from typing import Any, ClassVar
 
 from kafila.errors import ProtocolError
 from kafila.session.protocol.chunks import CHUNK_MAGIC, COPY_BATCH, COPY_MAGIC
-from kafila.session.protocol.fields import CONFIG_KEYS as CONFIG_KEYS  # the limits stay importable from here
 from kafila.session.protocol.fields import (
     EPOCH,
     MAX_CONTROL,
@@ -87,14 +89,12 @@ from kafila.session.protocol.fields import (
     NAMES,
     SECONDS,
     SHA256,
-    SPECULATION_MODES,
     TEXT,
     Check,
     block_range,
     boolean,
     chat_event,
     check_fields,
-    context_config,
     integer,
     json_object,
     list_of,
@@ -102,9 +102,9 @@ from kafila.session.protocol.fields import (
     map_of,
     null_or,
     number,
-    one_of,
     plan,
     record,
+    session_settings,
 )
 from kafila.session.protocol.fields import MAX_NAME as MAX_NAME
 from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
@@ -114,11 +114,13 @@ from kafila.session.protocol.records import EdgeOutcome as EdgeOutcome  # the re
 from kafila.session.protocol.records import Measured as Measured
 from kafila.session.protocol.records import StageTime as StageTime
 from kafila.session.protocol.records import TtftTime as TtftTime
+from kafila.session.settings import SessionSettings
 
 # 2: assign and roster carry the members' fingerprints; prove/proof of a model file. 3: stats carry
 # circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk). 4: measuring, measured (a
-# member connects before it measures itself)
-CONTROL_VERSION = 4
+# member connects before it measures itself). 5: assign carries the session's settings (kafila.session.settings)
+# in place of config and speculate; roster no longer carries strategy and mixed_builds (they are settings)
+CONTROL_VERSION = 5
 
 MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
@@ -144,14 +146,14 @@ class Control:
     T: ClassVar[str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # by name: eleven fields in a row are easy to pass in the wrong order
 class Assign(Control):
     T = "assign"
     epoch: int
     order: tuple[str, ...]
     head: str
     ranges: dict[str, tuple[int, int]]
-    config: dict[str, int]
+    settings: SessionSettings  # the session's, as every coordinator runs it
     plan: dict[str, Any]
     model: str
     stage: StageManifest
@@ -159,7 +161,11 @@ class Assign(Control):
     # each ring member's certificate fingerprint (hex), as the coordinator admitted it: edges open to that
     # member, not to whoever announced the same name later
     fingerprints: dict[str, str] = field(default_factory=dict)
-    speculate: str = "off"  # the head's speculation mode (session/ring/speculation.py)
+
+    @property
+    def config(self) -> dict[str, int]:
+        """The llama.cpp context settings of every stage (n_ctx_per_seq, n_seq_max, n_batch)."""
+        return self.settings.config
 
     @property
     def stage_seconds(self) -> dict[str, float]:
@@ -337,8 +343,6 @@ class Roster(Control):
     beside: str | None = None
     holders: tuple[str, ...] = ()
     model_sha256: str | None = None
-    strategy: str = "kafila"
-    mixed_builds: bool = False
     fingerprints: dict[str, str] = field(default_factory=dict)  # each member's, as admitted: the heir is found by it
 
 
@@ -354,8 +358,8 @@ _TTFT = record(TtftTime, {"prompt_tokens": integer(0, MAX_INDEX), "measured_s": 
 # The one decode table: each type's class and a check per field.
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "assign": (Assign, {"epoch": EPOCH, "order": NAMES, "head": NAME, "ranges": map_of(block_range),
-                        "config": context_config, "plan": plan, "model": TEXT, "stage": manifest,
-                        "cut_local": boolean, "fingerprints": map_of(SHA256), "speculate": one_of(*SPECULATION_MODES)}),
+                        "settings": session_settings, "plan": plan, "model": TEXT, "stage": manifest,
+                        "cut_local": boolean, "fingerprints": map_of(SHA256)}),
     "need": (Need, {"epoch": EPOCH, "chunks": list_of(integer(0, MAX_INDEX))}),
     "working": (Working, {"epoch": EPOCH, "step": NAME}),
     "loaded": (Loaded, {"epoch": EPOCH}),
@@ -384,7 +388,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "proof": (Proof, {"digest": SHA256}),
     "roster": (Roster, {"coordinator": NAME, "model": TEXT, "members": map_of(_MEASURED),
                         "beside": null_or(NAME), "holders": NAMES, "model_sha256": null_or(SHA256),
-                        "strategy": NAME, "mixed_builds": boolean, "fingerprints": map_of(SHA256)}),
+                        "fingerprints": map_of(SHA256)}),
 }
 
 
@@ -420,7 +424,7 @@ def decode(raw: bytes) -> Control:
 
 def _plain(v: Any) -> Any:
     """A message field as JSON data."""
-    if isinstance(v, StageManifest):
+    if isinstance(v, StageManifest | SessionSettings):
         return v.as_dict()
     if isinstance(v, EdgeOutcome | StageTime | TtftTime | Measured):
         return {f.name: getattr(v, f.name) for f in fields(v)}

@@ -78,10 +78,12 @@ def test_an_assign_with_a_cut_local_that_is_not_a_boolean_is_refused() -> None:
     from kafila.errors import ProtocolError
     from kafila.session.protocol import messages as m
     from kafila.session.protocol.manifest import StageManifest
+    from kafila.session.settings import SessionSettings
 
     manifest = StageManifest("ab" * 32, 5, 1 << 20, ("cd" * 32,))
-    obj = json.loads(m.encode(m.Assign(1, ("a",), "a", {"a": (0, 1)}, dict.fromkeys(m.CONFIG_KEYS, 1), {}, "x",
-                                       manifest, True, {"a": "e" * 64})))
+    obj = json.loads(m.encode(m.Assign(epoch=1, order=("a",), head="a", ranges={"a": (0, 1)},
+                                       settings=SessionSettings(), plan={}, model="x", stage=manifest,
+                                       cut_local=True, fingerprints={"a": "e" * 64})))
     assert m.decode(json.dumps(obj).encode()).cut_local is True  # type: ignore[attr-defined]
     for bad in (1, "true", None):
         with pytest.raises(ProtocolError, match="cut_local must be true or false"):

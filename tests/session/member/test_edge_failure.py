@@ -16,7 +16,7 @@ import pytest
 
 from kafila.session.protocol import messages
 from kafila.session.protocol.manifest import StageManifest
-from tests.session.scripted import CONFIG, member
+from tests.session.scripted import SETTINGS, member
 
 pytestmark = pytest.mark.fast
 
@@ -31,8 +31,9 @@ async def test_an_edge_that_cannot_open_is_reported_lost_and_the_member_stays(tm
         assert bo is not None
         # what the coordinator assigned in epoch 4 (its stage is not this test's: the edges are)
         fps = {"ada": ep.identity.fingerprint.hex(), "bo": m.others["bo"].identity.fingerprint.hex()}
-        m.runtime.assignment = messages.Assign(4, ("ada", "bo"), "ada", {"ada": (0, 2), "bo": (2, 4)}, CONFIG, {}, "m",
-                                               StageManifest("0" * 64, 1, 1 << 20, ("0" * 64,)), False, fps)
+        m.runtime.assignment = messages.Assign(
+            epoch=4, order=("ada", "bo"), head="ada", ranges={"ada": (0, 2), "bo": (2, 4)}, settings=SETTINGS, plan={},
+            model="m", stage=StageManifest("0" * 64, 1, 1 << 20, ("0" * 64,)), fingerprints=fps)
         await m.host.send(messages.Connect(4))
         lost = await m.first(messages.Lost)
         why = f"predecessor bo ({bo.short_id}) did not connect within {EDGE_TIMEOUT_S:.0f} s"

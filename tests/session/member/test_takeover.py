@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
-from kafila.session.member.takeover import successor, survivors
+from kafila.session.member.takeover import coordinator_options, successor, survivors
+from kafila.session.options import MemberOptions
+from kafila.session.protocol import messages
+from kafila.session.protocol.manifest import StageManifest
 from kafila.session.protocol.messages import Measured, Roster
+from kafila.session.settings import SessionSettings
 
 pytestmark = pytest.mark.fast
 
@@ -63,3 +68,26 @@ def test_brute_force_every_order_holder_set_and_lost_set_with_a_coordinate_only_
     # with nobody lost and a coordinate-only host, the first holder in ring order, wherever it sits
     assert successor(roster(None, ("cy",), names), ("cy", "ada", "bo")) == "cy"
     assert successor(roster(None, ("cy", "bo"), names), ("ada", "bo", "cy"), ("bo",)) == "cy"
+
+
+def test_the_successor_coordinates_with_the_sessions_settings_unchanged() -> None:
+    """issue 55 item 2: `kafila host --speculate off --no-copy --no-replan --stall-limit 7.5 ...` keeps all of them
+    once a member has taken coordination over (before, coordinator_options rebuilt HostOptions field by field and
+    left out speculate, replan, copy and stall_s: the ring ran with the defaults)."""
+    given = SessionSettings(context=96, concurrency=3, batch=48, speculate="off", replan=False, copy=False,
+                            stall_s=7.5, measure_wait_s=33.0, mixed_builds=True, strategy="uniform")
+    assert given != SessionSettings()  # every field away from its default
+    assert all(getattr(given, f) != getattr(SessionSettings(), f) for f in given.as_dict())
+    order = ("hal", "ada", "bo")
+    sent = messages.Assign(epoch=3, order=order, head="hal", ranges={"hal": (0, 10), "ada": (10, 20), "bo": (20, 30)},
+                           settings=given, plan={}, model="m", stage=StageManifest("0" * 64, 1, 1 << 20, ("0" * 64,)),
+                           fingerprints={n: "e" * 64 for n in order})
+    kept = messages.decode(messages.encode(sent))  # as every member holds it: the last assignment it was sent
+    assert isinstance(kept, messages.Assign) and kept.settings == given
+    r = roster("hal", ("ada",), order)
+    heir = successor(r, order)
+    assert heir == "ada"
+    opts = coordinator_options(MemberOptions(code="kf-1", name=heir, cache_dir=Path("cache")), Path("model.gguf"),
+                               kept, r, len(survivors(r, order)))
+    assert opts.settings is kept.settings  # used as it came, not rebuilt
+    assert opts.coordinate_only and opts.name == "ada" and opts.api_port is None  # how this process runs

@@ -14,6 +14,7 @@ from kafila.errors import ProtocolError
 from kafila.session.protocol import messages as m
 from kafila.session.protocol.chunks import COPY_BATCH
 from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
+from kafila.session.settings import SessionSettings
 
 pytestmark = pytest.mark.fast
 
@@ -42,11 +43,15 @@ def manifests(draw: st.DrawFn) -> StageManifest:
 def assigns(draw: st.DrawFn) -> m.Assign:
     order = tuple(draw(st.lists(names, min_size=1, max_size=5, unique=True)))
     ranges = {n: (i * 3, i * 3 + draw(st.integers(1, 3))) for i, n in enumerate(order)}
-    config = {k: draw(st.integers(1, 4096)) for k in m.CONFIG_KEYS}
+    size = st.integers(1, 4096)
+    settings = SessionSettings(draw(size), draw(size), draw(size), draw(st.sampled_from(["auto", "lookup", "off"])),
+                               draw(st.booleans()), draw(st.booleans()), draw(seconds), draw(seconds),
+                               draw(st.booleans()), draw(names))
     plan = {"stage_seconds": {n: draw(seconds) for n in order}, "head": order[0]}
     fingerprints = {n: draw(st.text("0123456789abcdef", min_size=64, max_size=64)) for n in order}
-    return m.Assign(draw(epochs), order, order[0], ranges, config, plan, draw(texts), draw(manifests()),
-                    draw(st.booleans()), fingerprints)
+    return m.Assign(epoch=draw(epochs), order=order, head=order[0], ranges=ranges, settings=settings, plan=plan,
+                    model=draw(texts), stage=draw(manifests()), cut_local=draw(st.booleans()),
+                    fingerprints=fingerprints)
 
 
 events = st.one_of(
@@ -84,7 +89,7 @@ controls = st.one_of(
     st.builds(m.ChatEvt, names, names, events),
     st.builds(m.Roster, names, texts, st.dictionaries(names, st.builds(
         m.Measured, seconds, seconds, st.integers(0, 2**40), seconds, names, st.none() | seconds), max_size=4),
-        st.none() | names, st.lists(names, max_size=4).map(tuple), st.none() | sha, names, st.booleans()),
+        st.none() | names, st.lists(names, max_size=4).map(tuple), st.none() | sha),
 )
 
 
@@ -114,7 +119,7 @@ def test_fuzz_bytes(raw: bytes) -> None:
 @given(st.sampled_from(sorted(m.SCHEMA)), st.dictionaries(st.sampled_from(
     ["epoch", "order", "head", "ranges", "config", "plan", "model", "stage", "chunks", "edge", "reason", "who",
      "stages", "network_share", "tokens_per_s", "seq", "id", "origin", "body", "dest", "evt", "coordinator",
-     "members", "beside", "holders", "model_sha256", "strategy", "mixed_builds", "manifest", "sha256", "error",
+     "members", "beside", "holders", "model_sha256", "settings", "replan", "manifest", "sha256", "error",
      "circuit_gap_s"]), json_values))
 def test_fuzz_json_of_each_type(t: str, fields: dict[str, Any]) -> None:
     _decodes_or_refuses(json.dumps({"t": t, **fields}).encode())
@@ -168,16 +173,19 @@ def test_assign_must_be_consistent(a: m.Assign) -> None:
     missing_range = {**obj, "ranges": {**obj["ranges"], obj["order"][0]: None}}
     extra_range = {**obj, "ranges": {**obj["ranges"], "stranger" * 3: [0, 1]}}
     reversed_range = {**obj, "ranges": {**obj["ranges"], obj["order"][0]: [3, 3]}}
-    bad_config = {**obj, "config": {**obj["config"], "n_batch": 0}}
+    bad_config = {**obj, "settings": {**obj["settings"], "batch": 0}}
+    bad_replan = {**obj, "settings": {**obj["settings"], "replan": "no"}}
     bad_seconds = {**obj, "plan": {"stage_seconds": {"x": "fast"}}}
-    for bad in (bad_head, missing_range, extra_range, reversed_range, bad_config, bad_seconds):
+    for bad in (bad_head, missing_range, extra_range, reversed_range, bad_config, bad_replan, bad_seconds):
         with pytest.raises(ProtocolError):
             m.decode(json.dumps(bad).encode())
 
 
 def test_a_manifest_with_zero_chunk_size_is_a_protocol_error() -> None:
-    obj = json.loads(m.encode(m.Assign(1, ("a",), "a", {"a": (0, 1)}, dict.fromkeys(m.CONFIG_KEYS, 1), {}, "x",
-                                         StageManifest("0" * 64, 1, 1, ("0" * 64,)), False, {"a": "e" * 64})))
+    obj = json.loads(m.encode(m.Assign(epoch=1, order=("a",), head="a", ranges={"a": (0, 1)},
+                                       settings=SessionSettings(), plan={}, model="x",
+                                       stage=StageManifest("0" * 64, 1, 1, ("0" * 64,)),
+                                       fingerprints={"a": "e" * 64})))
     obj["stage"]["chunk_size"] = 0
     with pytest.raises(ProtocolError, match="chunk_size"):
         m.decode(json.dumps(obj).encode())
