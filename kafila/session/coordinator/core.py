@@ -24,6 +24,7 @@ from kafila.planner import Plan
 from kafila.session.api.server import ApiServer, Forwarder
 from kafila.session.coordinator.builds import RingBuilds, build_tag
 from kafila.session.coordinator.drift import Drift, DriftWatch
+from kafila.session.coordinator.replan_budget import ReplanBudget
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.options import HostOptions
 from kafila.session.protocol import messages
@@ -87,6 +88,7 @@ class CoordinatorCore:
         self.drift = DriftWatch()  # members running slower (or faster) than the plan says
         self.drifted: asyncio.Queue[Drift] = asyncio.Queue()
         self.speed: dict[str, float] = {}  # member → its stage time over its probe's, as measured serving
+        self.budget = ReplanBudget()  # how soon a drift may re-plan again, each member's slowest recent speed
         self.forwarder: Forwarder | None = None
         self.epoch = 0
         self.plan: Plan | None = None

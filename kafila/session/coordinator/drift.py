@@ -48,6 +48,7 @@ class DriftWatch:
     way: dict[str, int] = field(default_factory=dict)  # member → +1 slower, -1 faster
     moved_at: dict[str, float] = field(default_factory=dict)  # member → when it was last planned again
     quiet_until: dict[str, float] = field(default_factory=dict)  # member → its drift is not news before this
+    quiet_way: dict[str, int | None] = field(default_factory=dict)  # ... that way (None: either)
     last: dict[str, tuple[float, float]] = field(default_factory=dict)  # member → (its median, when it changed)
 
     def observe(self, now: float, stages: dict[str, tuple[float, float | None]]) -> Drift | None:
@@ -57,14 +58,16 @@ class DriftWatch:
             if measured is not None and self.last.get(name, (None, 0.0))[0] != measured:
                 self.last[name] = (measured, now)
             idle = now - self.last.get(name, (None, now))[1] >= IDLE_S
-            way = 0 if idle or now < self.quiet_until.get(name, now) else self._way(name, now, predicted, measured)
+            way = 0 if idle else self._way(name, now, predicted, measured)
             if way == 0:
                 self.since.pop(name, None)
                 self.way.pop(name, None)
                 continue
             if self.way.get(name) != way:
                 self.since[name], self.way[name] = now, way
-            if now - self.since[name] >= HOLD_S:
+            # dismissed: no news that way until then (a drift the other way is); it may go on holding meanwhile
+            quiet = now < self.quiet_until.get(name, now) and self.quiet_way.get(name) in (None, way)
+            if not quiet and now - self.since[name] >= HOLD_S:
                 assert measured is not None
                 found.append(Drift(name, predicted, measured))
         if not found:
@@ -82,11 +85,10 @@ class DriftWatch:
             return -1
         return 0
 
-    def dismiss(self, member: str, now: float) -> None:
-        """`member`'s drift was weighed and a new plan would not help: not news again for SETTLE_S."""
-        self.quiet_until[member] = now + SETTLE_S
-        self.since.pop(member, None)
-        self.way.pop(member, None)
+    def dismiss(self, member: str, now: float, until: float | None = None) -> None:
+        """`member`'s drift was weighed and not planned for: no news that way for SETTLE_S (or until `until`)."""
+        self.quiet_until[member] = now + SETTLE_S if until is None else until
+        self.quiet_way[member] = self.way.get(member)  # None: either way
 
     def planned_again(self, member: str, now: float) -> None:
         """A new plan takes `member`'s drift in: its predictions change, so every watch starts over."""

@@ -181,16 +181,27 @@ class Epochs(ModelCopies):
             if loss.done() and not loss.cancelled():  # a loss first: the plan must do without the member anyway
                 return await self._on_lost(*loss.result())
             if drift.done() and not drift.cancelled():
-                if self._worth_planning_again(drift.result()):
-                    return await self._on_drift(drift.result())
+                speed = self._budgeted(drift.result())
+                if speed is not None and self._worth_planning_again(drift.result(), speed):
+                    return await self._on_drift(drift.result(), speed)
             elif arrival.result() in self.held:
                 if (gain := self._worth_taking_in(arrival.result())) is not None:
                     return await self._on_arrival(arrival.result(), *gain)
 
-    def _worth_planning_again(self, drift: Drift) -> bool:
-        """Whether a plan with every member at its measured speed cuts the slowest stage by GAIN or more
+    def _budgeted(self, drift: Drift) -> dict[str, float] | None:
+        """The speeds to plan `drift` with, or None when the re-plan budget holds it back (replan_budget.py)."""
+        now = asyncio.get_running_loop().time()
+        verdict = self.budget.weigh(now, drift, self.speed, self._measured_speed(drift))
+        if verdict.note is not None:
+            self.state.log(verdict.note)
+        if verdict.speed is None:
+            self.drift.dismiss(drift.member, now, verdict.quiet_until)
+        return verdict.speed
+
+    def _worth_planning_again(self, drift: Drift, speed: dict[str, float]) -> bool:
+        """Whether a plan with every member at `speed` (as measured) cuts the slowest stage by GAIN or more
         (a machine loaded as a whole slows every stage alike: moving blocks would not help, and costs KV)."""
-        new = self._slowest([n for n in self.order if n in self.joined], self._measured_speed(drift))
+        new = self._slowest([n for n in self.order if n in self.joined], speed)
         now = max((drift.measured_s if n == drift.member else s.measured_s or s.predicted_s
                    for n, s in self.state.stages.items()), default=0.0)
         if cuts_enough(now, new):
@@ -244,12 +255,13 @@ class Epochs(ModelCopies):
         await self._plan_again(f"{name} joined: slowest stage {now * 1e3:.1f} ms, {new * 1e3:.1f} ms with it")
         return None
 
-    async def _on_drift(self, drift: Drift) -> int | None:
-        """End this epoch to plan again with every member at the speed it shows (None: plan again)."""
-        speed = self._measured_speed(drift)
+    async def _on_drift(self, drift: Drift, speed: dict[str, float]) -> int | None:
+        """End this epoch to plan again with every member at `speed`, the one it shows (None: plan again)."""
         slower = {n: f / self.speed.get(n, 1.0) for n, f in speed.items() if f != self.speed.get(n, 1.0)}
         self.speed = speed
-        self.drift.planned_again(drift.member, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        self.drift.planned_again(drift.member, now)
+        self.budget.planned(now)
         was = max((s.measured_s or s.predicted_s for s in self.state.stages.values()), default=0.0)
         self.state.replans.append({"member": drift.member, "predicted_s": drift.predicted_s,
                                    "measured_s": drift.measured_s, "was_bottleneck_s": was, "slower": slower})

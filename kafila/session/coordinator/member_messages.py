@@ -47,8 +47,10 @@ class MemberMessages(CoordinatorCore):
         show_stats(self.state, msg)
         if self.state.phase != "admitted" or self._replanning or not self.settings.replan:
             return
-        drift = self.drift.observe(asyncio.get_running_loop().time(),
-                                   {n: (s.predicted_s, s.measured_s) for n, s in msg.stages.items()})
+        now = asyncio.get_running_loop().time()
+        self.budget.observe(now, {n: self.speed.get(n, 1.0) * s.measured_s / s.predicted_s
+                                  for n, s in msg.stages.items() if s.measured_s is not None and s.predicted_s > 0})
+        drift = self.drift.observe(now, {n: (s.predicted_s, s.measured_s) for n, s in msg.stages.items()})
         if drift is not None and self.drifted.empty():
             self.drifted.put_nowait(drift)
 
