@@ -16,9 +16,12 @@ from hypothesis import settings as hypothesis_settings
 
 from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
+from kafila.session.phases import STRICT_ENV
 from tests.synthetic import write_synthetic
 
 REPO = Path(__file__).resolve().parent.parent
+# an illegal phase change raises in every test, and in every process a test starts (kafila/session/phases.py)
+os.environ[STRICT_ENV] = "1"
 TIERS = ("fast", "slow")
 
 

@@ -32,7 +32,8 @@ TOP_LAYERS: tuple[tuple[str, ...], ...] = (
 SESSION_LAYERS: tuple[tuple[str, ...], ...] = (
     *((f"kafila.session.{room}",)
       for room in ("terminal", "launch", "member", "coordinator", "api", "ring", "delivery", "protocol")),
-    ("kafila.session.state", "kafila.session.options", "kafila.session.settings", "kafila.session.stoppable"),
+    ("kafila.session.state", "kafila.session.options", "kafila.session.settings", "kafila.session.phases",
+     "kafila.session.stoppable"),
 )
 
 

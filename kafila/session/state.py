@@ -8,6 +8,7 @@ subscribes and re-renders. `to_json()`/`from_json()` let tests record a real run
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for the annotation only: the state model imports no network code at run time
     from kafila.net.trust import VerifiedMember
 
-PHASES = ("starting", "waiting", "measuring", "planning", "delivering", "connecting",
-          "admitted", "rejected", "lost", "closed")
+from kafila.session.phases import PHASES, IllegalTransition, illegal, strict_from_env
+
+log = logging.getLogger("kafila.session")
 EDGE_STATES = ("pending", "direct", "relayed", "failed")
 
 
@@ -136,6 +138,8 @@ class SessionState:
     # outlives a host no other member holds the model for (coordinator.model_copy)
     copies: dict[str, float] = field(default_factory=dict)
     events: list[tuple[float, str]] = field(default_factory=list)
+    # an illegal phase change raises (tests) or is logged (production): phases.py
+    _strict: bool = field(default_factory=strict_from_env, repr=False, compare=False)
     _listeners: list[Callable[[SessionState], None]] = field(default_factory=list, repr=False, compare=False)
 
     # -- updates (each notifies) --------------------------------------------------------------
@@ -152,7 +156,12 @@ class SessionState:
         self.changed()
 
     def set_phase(self, phase: str, text: str | None = None) -> None:
-        assert phase in PHASES, phase
+        """The one way the phase changes: checked against phases.TRANSITIONS."""
+        why = illegal(self.phase, phase)
+        if why is not None:
+            if self._strict or phase not in PHASES:
+                raise IllegalTransition(why)
+            log.warning("%s (now %s: %s)", why, phase, text)
         self.phase = phase
         if text:
             self.events.append((time.time(), text))
@@ -202,7 +211,7 @@ class SessionState:
     # -- recording ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         # field by field: asdict() would deep-copy the listeners (consoles, locks) too
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_listeners"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
         d["members"] = {k: asdict(v) for k, v in self.members.items()}
         d["edges"] = [asdict(e) for e in self.edges]
         d["stages"] = {k: asdict(v) for k, v in self.stages.items()}

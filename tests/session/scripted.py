@@ -207,7 +207,7 @@ async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float =
                            settings=replace(SETTINGS, stall_s=stall_s), api_port=None, bind=LOOPBACK,
                            cache_dir=tmp / "host-cache", name="host")
         ep, code = await endpoint(stack, rdv, "host", None, coordinator_announcement())
-        state = SessionState()
+        state = SessionState(phase="waiting")  # the session is open (coordinator.session)
         runtime = HostRuntime(ep, opts, state, model, describe_model(model), StageCache(opts.cache_dir), None)
         run = asyncio.create_task(runtime.run())
         members: dict[str, ScriptedMember] = {}
@@ -272,7 +272,7 @@ async def member(tmp: Path, name: str, others: list[str], use: InUse | None = No
         cache = StageCache(cache_dir or tmp / "member-cache")
         opts = MemberOptions(code=code, rendezvous=rdv, name=name, bind=LOOPBACK, api_port=None,
                              cache_dir=cache.root, threads=1)
-        runtime = MemberRuntime(ep, control, SessionState(), opts, cache, None, use)
+        runtime = MemberRuntime(ep, control, SessionState(phase="waiting"), opts, cache, None, use)  # joined, measured
         run = asyncio.create_task(runtime.run())
         try:
             yield MemberUnderTest(runtime, host, peers, run, cache)

@@ -256,6 +256,8 @@ async def test_flow_runs_as_a_worker_and_drives_the_screens(api: str) -> None:
         state.set_phase("planning")
         state.plan, state.predicted, state.edges = full.plan, full.predicted, full.edges
         state.api_url, state.stages = full.api_url, full.stages
+        state.set_phase("delivering")
+        state.set_phase("connecting")
         state.set_phase("admitted", "admitted")
         await asyncio.Event().wait()  # a session runs until cancelled
         return 0

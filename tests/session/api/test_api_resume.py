@@ -125,6 +125,8 @@ async def test_a_request_during_a_re_plan_waits_for_the_next_ring() -> None:
         await asyncio.sleep(0.5)
         assert not pending.done() and ring.bodies == []  # held, neither refused nor sent to the old ring
         server.chat = ring
+        server.state.set_phase("delivering")
+        server.state.set_phase("connecting")
         server.state.set_phase("admitted")
         status, answer = await pending
         assert status == 200 and answer["choices"][0]["message"]["content"] == "".join(REPLY), answer
