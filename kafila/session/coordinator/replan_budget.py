@@ -9,7 +9,8 @@ plan already wrong when it was admitted (issue 55, finding 4). Two rules, pure (
   that comes within STEADY_S of the one before, at most MAX_BACKOFF_S); a ring steady for STEADY_S starts over.
 - Slowest speed: a member is planned at its slowest speed measured within the last STEADY_S (its stage time
   over its probe's, as the serving ring measured it), so a member that swings is planned for its slow phase
-  until it has been steady for STEADY_S; a drift that this speed already answers is held back. An honest
+  until it has been steady for STEADY_S (a speed counts once it has held SUSTAINED_S); a drift that this
+  speed already answers is held back. An honest
   one-time slow-down is planned promptly (its slowest speed is the one it runs at); a speed-up waits out STEADY_S.
 
 Each verdict carries the line the session's log shows: why a re-plan was held back, or which speed was used.
@@ -25,6 +26,9 @@ from kafila.session.coordinator.drift import Drift
 BACKOFF_S = 60.0
 MAX_BACKOFF_S = 1920.0
 STEADY_S = 600.0
+# A speed counts once it has held this long: the slowest of each such stretch (a bucket of at least half as many
+# once-a-second samples) is a speed the member ran at, not a stage median's passing spike (a new ring's first calls)
+SUSTAINED_S = 10.0
 SAME = 1.1  # speeds within this factor of each other are the same plan (a drift is at least drift.SLOWER away)
 
 
@@ -53,8 +57,12 @@ class ReplanBudget:
                 self.seen[name] = [*kept, (now, speed)]
 
     def slowest(self, name: str, now: float) -> float | None:
-        """`name`'s slowest speed measured within the last STEADY_S (None: none measured)."""
-        return max((s for t, s in self.seen.get(name, []) if now - t < STEADY_S), default=None)
+        """`name`'s slowest speed sustained for SUSTAINED_S within the last STEADY_S (None: none measured)."""
+        buckets: dict[int, list[float]] = {}
+        for t, s in self.seen.get(name, []):
+            if now - t < STEADY_S:
+                buckets.setdefault(int(t // SUSTAINED_S), []).append(s)
+        return max((min(b) for b in buckets.values() if len(b) >= SUSTAINED_S / 2), default=None)
 
     def weigh(self, now: float, drift: Drift, planned: dict[str, float], measured: dict[str, float]) -> Verdict:
         """Whether `drift` may re-plan now, and with which speeds: `measured` (drift.measured_speed), each member

@@ -120,3 +120,14 @@ def test_drift_re_plans_back_off_and_the_back_off_grows_then_resets() -> None:
     assert b.backoff_s == 2 * BACKOFF_S  # a second re-plan soon after the first: the next waits longer
     b.planned(BACKOFF_S + STEADY_S)  # steady for STEADY_S in between: starts over
     assert b.backoff_s == BACKOFF_S
+
+
+def test_the_slowest_speed_is_one_that_held_not_a_passing_spike() -> None:
+    b = ReplanBudget()
+    for t in range(100):
+        b.observe(float(t), {"bo": 3.0 if 40 <= t < 43 else 1.0})  # a new ring's first medians, say
+    assert b.slowest("bo", 100.0) == 1.0
+    for t in range(100, 130):
+        b.observe(float(t), {"bo": 3.0})
+    assert b.slowest("bo", 130.0) == 3.0
+    assert b.slowest("bo", 130.0 + STEADY_S) is None  # all of it older than STEADY_S: forgotten
