@@ -10,8 +10,8 @@ plan already wrong when it was admitted (issue 55, finding 4). Two rules, pure (
 - Slowest speed: a member is planned at its slowest speed measured within the last STEADY_S (its stage time
   over its probe's, as the serving ring measured it), so a member that swings is planned for its slow phase
   until it has been steady for STEADY_S (a speed counts once it has held SUSTAINED_S); a drift that this
-  speed already answers is held back. An honest
-  one-time slow-down is planned promptly (its slowest speed is the one it runs at); a speed-up waits out STEADY_S.
+  speed already answers is held back. An honest one-time slow-down is planned promptly (its slowest speed is
+  the one it runs at); a speed-up waits out STEADY_S.
 
 Each verdict carries the line the session's log shows: why a re-plan was held back, or which speed was used.
 """
