@@ -61,7 +61,7 @@ class MemberCore:
 
     def _config(self) -> ContextConfig:
         """The host's context settings for every stage, with this machine's own thread count."""
-        c = self._assigned.config  # validated: exactly the CONFIG_KEYS, each a positive int
+        c = self._assigned.config  # from the session's settings: each a positive int (validated by decode)
         return ContextConfig(n_ctx_per_seq=c["n_ctx_per_seq"], n_seq_max=c["n_seq_max"], n_batch=c["n_batch"],
                              n_threads=self.opts.threads)
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from kafila.errors import NetworkError
 from kafila.session.protocol import messages
 
-EVERY_S = 1.0  # well inside any stall limit a host sets (default HostOptions.stall_s)
+EVERY_S = 1.0  # well inside any stall limit a host sets (default SessionSettings.stall_s)
 
 
 @contextlib.asynccontextmanager
