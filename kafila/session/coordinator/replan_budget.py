@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kafila.session.coordinator.drift import Drift
+from kafila.session.coordinator.drift import HOLD_S, Drift
 
-BACKOFF_S = 60.0
+# the first back-off is what a drift takes anyway (it holds HOLD_S on the new ring): a ring whose probe
+# mispredicted it, planned again at 30 s, still plans for a member that slowed meanwhile as soon as before
+BACKOFF_S = HOLD_S
 MAX_BACKOFF_S = 1920.0
 STEADY_S = 600.0
 # A speed counts once it has held this long: the slowest of each such stretch (a bucket of at least half as many
