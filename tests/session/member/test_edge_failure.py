@@ -34,6 +34,7 @@ async def test_an_edge_that_cannot_open_is_reported_lost_and_the_member_stays(tm
         m.runtime.assignment = messages.Assign(
             epoch=4, order=("ada", "bo"), head="ada", ranges={"ada": (0, 2), "bo": (2, 4)}, settings=SETTINGS, plan={},
             model="m", stage=StageManifest("0" * 64, 1, 1 << 20, ("0" * 64,)), fingerprints=fps)
+        m.runtime.state.set_phase("delivering")  # as after that assignment (the phase table: connecting comes next)
         await m.host.send(messages.Connect(4))
         lost = await m.first(messages.Lost)
         why = f"predecessor bo ({bo.short_id}) did not connect within {EDGE_TIMEOUT_S:.0f} s"
