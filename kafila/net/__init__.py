@@ -31,7 +31,8 @@ keepalive_s=2): one UDP socket for STUN probes, rendezvous control, punch/relay 
   (predicted, actual direct/relay/failed, ready_ms, direct_ms) for the outgoing edge.
 - Link.send(bytes) (messages up to 256 MiB; waits while > 8 MiB is unacknowledged),
   Link.recv(timeout=None) -> bytes, Link.close(); NetworkError once the peer is gone: at once
-  when it closes, within idle_timeout_s (10 s) when it vanishes.
+  when it closes, within idle_timeout_s (10 s) when it vanishes. Link.ping(timeout_s) -> bool:
+  whether the peer acknowledges a QUIC PING in time (its process is there and reads the link).
 Errors: NetworkError (unreachable, link gone), SessionError (code, membership, pinning refusals),
 ProtocolError (malformed bytes; parsers never raise anything else on bad input).
 
@@ -52,6 +53,7 @@ Inside, each module has one job; the lower ones never import the upper ones:
     punch.py      the punch state machine toward one peer (freshness, replay window)
     quic.py       identities, pinned TLS configuration, the Link message stream
     nat.py, stun.py, wire.py, frames.py, trust.py   probing, codecs, join codes and MACs
+    mandate.py    a coordinator's credential: a join code made from the host's certificate, mandates to successors
 """
 
 from kafila.net.endpoint import PeerEndpoint

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aioquic.quic import events as qe
 
-from kafila.net.events import ConnectionEnded, Event, HandshakeCompleted, StreamData
+from kafila.net.events import ConnectionEnded, Event, HandshakeCompleted, PingAcknowledged, StreamData
 from kafila.net.pmtu import PmtuConfig, PmtuSearch
 from kafila.net.quic import PinnedQuicConnection
 
@@ -57,6 +57,8 @@ class Connections:
                 out.append(HandshakeCompleted(conn))
             elif isinstance(ev, qe.StreamDataReceived) and ev.stream_id == 0:
                 out.append(StreamData(conn, ev.data))
+            elif isinstance(ev, qe.PingAcknowledged) and ev.uid:  # 0: the keepalive's (core.py)
+                out.append(PingAcknowledged(conn, ev.uid))
             elif isinstance(ev, qe.ConnectionTerminated):
                 self.forget(conn)
                 out.append(ConnectionEnded(conn, ev.reason_phrase or f"QUIC error {ev.error_code}"))

@@ -205,6 +205,9 @@ class PeerEndpoint(LinkOwner):
             elif isinstance(e, ev.StreamData):
                 if (link := self._links.get(e.conn)) is not None:
                     link.on_stream_data(e.data)
+            elif isinstance(e, ev.PingAcknowledged):
+                if (link := self._links.get(e.conn)) is not None:
+                    link.on_ping_acknowledged(e.uid)
             elif isinstance(e, ev.ConnectionEnded):
                 self.late_acks.discard(e.conn)
                 if (link := self._links.pop(e.conn, None)) is not None:

@@ -54,6 +54,14 @@ class StreamData:
 
 
 @dataclass(frozen=True)
+class PingAcknowledged:
+    """The peer acknowledged a PING sent with `uid` (Link.ping): it is there, and reads its packets."""
+
+    conn: PinnedQuicConnection
+    uid: int
+
+
+@dataclass(frozen=True)
 class ConnectionEnded:
     """A connection is gone; the core has forgotten it."""
 
@@ -105,5 +113,5 @@ class RendezvousBack:
     silent_s: float
 
 
-Event = (StunReceived | ControlReceived | ConnectionAccepted | HandshakeCompleted | StreamData | ConnectionEnded
-         | PeerUnknown | PathChanged | RejoinDue | RendezvousLost | RendezvousBack)
+Event = (StunReceived | ControlReceived | ConnectionAccepted | HandshakeCompleted | StreamData | PingAcknowledged
+         | ConnectionEnded | PeerUnknown | PathChanged | RejoinDue | RendezvousLost | RendezvousBack)

@@ -258,6 +258,7 @@ class Link:
         self.ready_timeout_s = ready_timeout_s
         self.opened_at: float | None = None  # loop time when connect() began (client side)
         self.ready_at: float | None = None  # loop time when the link became usable
+        self._pings: dict[int, asyncio.Future[None]] = {}  # PINGs ping() sent, by uid (0 is the keepalive's)
 
     @property
     def path(self) -> str:
@@ -315,9 +316,15 @@ class Link:
         else:
             self._owner.close_link(self, "peer did not start the link with the Kafila handshake")
 
+    def on_ping_acknowledged(self, uid: int) -> None:
+        if (fut := self._pings.pop(uid, None)) is not None:
+            fut.set_result(None)
+
     def on_terminated(self, reason: str) -> None:
         if self.closed is None:
             self.closed = reason
+        while self._pings:  # a ping waiting on a link that ended is unanswered: ping() says so
+            self._pings.popitem()[1].set_result(None)
         self._closed_event.set()
         self._progress.set()  # a blocked send() wakes to raise
         self._wake()  # and a waiting recv()
@@ -386,6 +393,23 @@ class Link:
         except TimeoutError:
             raise TimeoutError(f"no message from {self.peer.name} within {timeout} s") from None
         return self._inbox.popleft()
+
+    async def ping(self, timeout_s: float) -> bool:
+        """Whether the peer acknowledges a QUIC PING within `timeout_s`: its process is there and reads this link
+        (lost PINGs are sent again meanwhile). False at once on a closed link."""
+        if self.closed is not None:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pings[uid := id(fut)] = fut  # unique while it waits here
+        self.conn.send_ping(uid)
+        self._owner.flush(self)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._pings.pop(uid, None)
+        return self.closed is None
 
     async def close(self) -> None:
         """Close the connection (the peer's recv raises NetworkError)."""

@@ -66,7 +66,6 @@ class HostOptions:
     api_port: int | None = DEFAULT_API_PORT
     bind: tuple[str, int] = ("0.0.0.0", 0)
     cache_dir: Path | None = None
-    secret: str | None = None  # tests: a fixed secret
     link_idle_timeout_s: float = 5.0
     allow_direct: bool = True
     label: str | None = None  # the model's name to show (None: from its file; a copy's file is named by its hash)

@@ -31,7 +31,8 @@ from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Identity, Link
 from kafila.session.coordinator.builds import build_tag, wire_protocol
-from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement
+from kafila.session.coordinator.runtime import HostRuntime
+from kafila.session.coordinator.session import open_session
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import model_proof
 from kafila.session.delivery.stage_files import manifest_for
@@ -57,17 +58,23 @@ def member_measurements() -> dict[str, Any]:
 
 async def endpoint(stack: AsyncExitStack, rdv: tuple[str, int], name: str, code: str | None,
                    announce: dict[str, Any], identity: Identity | None = None) -> tuple[PeerEndpoint, str]:
-    """A PeerEndpoint on loopback that joined the session `code` (or created it: None) and announced itself
-    (with the certificate `identity`, when given: a second endpoint of one member)."""
+    """A PeerEndpoint on loopback that joined the session `code` and announced itself (with the certificate
+    `identity`, when given: a second endpoint of one member); or, `code` None, the host's: it opened the
+    session as its coordinator (`announce` unused)."""
     ep = await stack.enter_async_context(PeerEndpoint(bind=LOOPBACK, identity=identity, name=name,
                                                       idle_timeout_s=5.0))
     await ep.probe_nat(rdv)
     if code is None:
-        code = str(await ep.create_session(rdv))
-    else:
-        await ep.join_session(rdv, code)
+        return ep, str((await open_session(ep, rdv))[0])
+    await ep.join_session(rdv, code)
     await ep.announce(announce)
     return ep, code
+
+
+def silence(ep: PeerEndpoint) -> None:
+    """Leave `ep` to its peers as `kill -9` leaves a process's: it neither reads nor sends another datagram."""
+    assert ep._socket is not None
+    ep._socket.close()
 
 
 class Inbox:
@@ -206,7 +213,7 @@ async def coordinator(tmp: Path, model: Path, names: list[str], stall_s: float =
         opts = HostOptions(model=model, rendezvous=rdv, members=len(names), coordinate_only=True, wait_s=WAIT_S,
                            settings=replace(SETTINGS, stall_s=stall_s), api_port=None, bind=LOOPBACK,
                            cache_dir=tmp / "host-cache", name="host")
-        ep, code = await endpoint(stack, rdv, "host", None, coordinator_announcement())
+        ep, code = await endpoint(stack, rdv, "host", None, {})
         state = SessionState(phase="waiting")  # the session is open (coordinator.session)
         runtime = HostRuntime(ep, opts, state, model, describe_model(model), StageCache(opts.cache_dir), None)
         run = asyncio.create_task(runtime.run())
@@ -263,7 +270,7 @@ async def member(tmp: Path, name: str, others: list[str], use: InUse | None = No
                  cache_dir: Path | None = None) -> AsyncIterator[MemberUnderTest]:
     """A real member `name` connected to the test as its coordinator, beside endpoints `others` that joined too."""
     async with loopback_rendezvous() as rdv, AsyncExitStack() as stack:
-        host_ep, code = await endpoint(stack, rdv, "host", None, coordinator_announcement())
+        host_ep, code = await endpoint(stack, rdv, "host", None, {})
         ep, _ = await endpoint(stack, rdv, name, code, member_measurements())
         peers = {n: (await endpoint(stack, rdv, n, code, member_measurements()))[0] for n in others}
         control = await connect_host(ep, WAIT_S)

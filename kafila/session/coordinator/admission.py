@@ -23,10 +23,11 @@ from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session.coordinator.builds import BuildVerdict, judge_member
-from kafila.session.coordinator.core import Arrival, CoordinatorCore, Joined
+from kafila.session.coordinator.core import Arrival, CoordinatorCore, Joined, log
 from kafila.session.coordinator.epochs import GAIN, planner_member
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
 from kafila.session.protocol import messages
+from kafila.session.protocol.authority import RingView, Sender, Via, refusal
 from kafila.session.state import member_view
 from kafila.session.stoppable import run_stoppable
 
@@ -151,6 +152,10 @@ class Admission(CoordinatorCore):
         try:
             while True:
                 msg = messages.decode(await link.recv())
+                refused = refusal(Sender(name, Via.ARRIVAL), msg, RingView())
+                if refused is not None:  # never handled (protocol.authority)
+                    log.warning("refused %s", refused)
+                    continue
                 if isinstance(msg, messages.MeasuredSelf):
                     took = asyncio.get_running_loop().time() - arriving.since
                     self.state.log(f"{name} measured its machine in {took:.0f} s")

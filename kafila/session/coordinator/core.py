@@ -18,16 +18,19 @@ from kafila.errors import NetworkError, ProtocolError
 from kafila.model.describe import ModelInfo
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.mandate import Credential
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.planner import Plan
 from kafila.session.api.server import ApiServer, Forwarder
 from kafila.session.coordinator.builds import RingBuilds, build_tag
 from kafila.session.coordinator.drift import Drift, DriftWatch
+from kafila.session.coordinator.loss_reports import LossReports
 from kafila.session.coordinator.replan_budget import ReplanBudget
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.options import HostOptions
 from kafila.session.protocol import messages
+from kafila.session.protocol.authority import RingView, Sender, Via, refusal
 from kafila.session.protocol.manifest import StageManifest
 from kafila.session.state import SessionState
 
@@ -72,7 +75,8 @@ class CoordinatorCore:
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
                  cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None,
-                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset()) -> None:
+                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset(),
+                 credential: Credential | None = None) -> None:
         self.ep, self.opts, self.state, self.model, self.info, self.cache, self.api = (
             ep, opts, state, model, info, cache, api)
         self.settings = opts.settings  # the session's: sent in every assignment, kept by whoever coordinates next
@@ -80,11 +84,14 @@ class CoordinatorCore:
         self.serving = serving  # a ring already serving, to take over as it is (its coordinator held no stage)
         self.departed = set(departed)  # ring members lost so far: one that comes back (restarted) may rejoin
         self.order: list[str] = []  # the ring serving now (empty before the first admission)
+        self.ring: tuple[str, ...] = ()  # this epoch's ring, from its assignment on: who may say what (authority)
         self._replanning = False  # a loss ended this epoch: members' reports of it are stale (_on_lost_report)
         self.use = use  # the cut stages this session serves: `kafila cache --prune` leaves them
         self.joined: dict[str, Joined] = {}
         self.measuring: dict[str, Arrival] = {}  # connected, not measured yet (admission._measured)
         self.lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.reports = LossReports()  # neighbours' loss reports, confirmed on our own link first (losses.py)
+        self.broken: asyncio.Queue[str] = asyncio.Queue()  # a ring broke and nobody is lost: plan again over all
         self.drift = DriftWatch()  # members running slower (or faster) than the plan says
         self.drifted: asyncio.Queue[Drift] = asyncio.Queue()
         self.speed: dict[str, float] = {}  # member → its stage time over its probe's, as measured serving
@@ -103,6 +110,7 @@ class CoordinatorCore:
         self.builds = RingBuilds(self.my_build)
         self._model_sha256: str | None = None  # hashed when a member first announces its own copy
         self.copies: set[str] = set()  # members given a copy of the model, verified (model_copy.py)
+        self.credential = credential  # what this coordinator announces: it coordinates (kafila.net.mandate)
 
     async def _tell(self, name: str, msg: messages.Control | bytes) -> bool:
         """Send to a member; a failed send is that member's loss (queued like any other), not an error."""
@@ -116,6 +124,10 @@ class CoordinatorCore:
             return False
         return True
 
+    def ring_view(self) -> RingView:
+        """This epoch's ring and the admitted members, for checking who may send what (protocol.authority)."""
+        return RingView(self.ring, frozenset(self.joined))
+
     async def _recv_loop(self, name: str, link: Link) -> None:
         try:
             while True:
@@ -125,6 +137,10 @@ class CoordinatorCore:
                 if j is None:
                     return
                 j.progress_at = asyncio.get_running_loop().time()
+                refused = refusal(Sender(name, Via.MEMBER), msg, self.ring_view())
+                if refused is not None:  # never handled (protocol.authority)
+                    log.warning("refused %s", refused)
+                    continue
                 if handler is None:
                     log.warning("ignored a %r message from %s", msg.T, name)
                     continue

@@ -88,6 +88,7 @@ class Epochs(ModelCopies):
         """Plan and serve once; None to plan again (after a loss), else the exit status."""
         self.epoch += 1
         self._replanning = False
+        self.reports.reset()
         names = self._plan_over()
         self.state.set_phase("planning", f"planning over {', '.join(names)}")
         members = [planner_member(self.joined[n].peer, self.speed.get(n, 1.0)) for n in names]
@@ -113,6 +114,7 @@ class Epochs(ModelCopies):
                     await j.link.send(messages.encode(messages.Reject(reason)))
             return EXIT_REJECTED
         order = list(placement.order)
+        self.ring = tuple(order)
         self.state.edges = [EdgeView(a, b, self.state.predicted[a][b])
                             for a, b in zip(order, order[1:] + order[:1], strict=True) if a != b]
         self.state.stages = {n: StageStats(float(s)) for n, s in self.state.plan["stage_seconds"].items()}
@@ -126,7 +128,7 @@ class Epochs(ModelCopies):
             self.state.set_phase("connecting", "every stage is loaded; opening the ring's edges")
             loss = await self._wait_all(order, "ready")
         if loss is not None:
-            return await self._on_lost(*loss)
+            return await self._on_break(*loss)
         self._record_edges(order)
         self.order = order
         self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
@@ -149,7 +151,9 @@ class Epochs(ModelCopies):
         moves here. A member of the ring that never connected is lost, and the others are planned again.
         """
         self.epoch = assign.epoch  # the members' epoch goes on: their reports name it
+        self.reports.reset()
         order = list(assign.order)
+        self.ring = tuple(order)
         self.state.plan, self.state.model = assign.plan, assign.model
         self.state.stages = {n: StageStats(float(s)) for n, s in assign.stage_seconds.items()}
         missing = [n for n in order if n not in self.joined]
@@ -169,7 +173,7 @@ class Epochs(ModelCopies):
         """Serve until a member is lost, drifts from its plan so far that a new plan is worth it, or one arrives
         that a new plan is worth taking in; that ends the epoch (None: plan again)."""
         while True:
-            loss = asyncio.ensure_future(self._next_loss())
+            loss = asyncio.ensure_future(self._next_break())
             drift = asyncio.ensure_future(self.drifted.get())
             arrival = asyncio.ensure_future(self.arrivals.get())
             try:
@@ -179,7 +183,7 @@ class Epochs(ModelCopies):
                     f.cancel()
             # an item taken here and not acted on is no loss: the next plan, whatever calls for it, has everyone
             if loss.done() and not loss.cancelled():  # a loss first: the plan must do without the member anyway
-                return await self._on_lost(*loss.result())
+                return await self._on_break(*loss.result())
             if drift.done() and not drift.cancelled():
                 speed = self._budgeted(drift.result())
                 if speed is not None and self._worth_planning_again(drift.result(), speed):
@@ -289,8 +293,20 @@ class Epochs(ModelCopies):
             m = planner_member(self.joined[n].peer)
             measured[n] = messages.Measured(m.bandwidth, m.dispatch_s, m.memory, m.unembed_bandwidth or m.bandwidth,
                                             m.nat.value, self.joined[n].peer.rtt_ms)
-        return messages.Roster(self.state.me or "host", self._label(), measured, self.beside, self._holders(order),
-                               self._model_sha256, self._fingerprints(order))
+        holders, fingerprints = self._holders(order), self._fingerprints(order)
+        return messages.Roster(self.state.me or "host", self._label(), measured, self.beside, holders,
+                               self._model_sha256, fingerprints,
+                               self._mandates({n: fingerprints[n] for n in holders if n in fingerprints}))
+
+    def _mandates(self, successors: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """The credential each possible successor (name → its fingerprint) would announce as the coordinator,
+        signed by this one, so that members joining later find it (kafila.net.mandate)."""
+        code = self.ep.code
+        if self.credential is None or code is None:
+            return {}
+        delegated = {n: self.credential.delegate(self.ep.identity.key, code.session_id, bytes.fromhex(fp))
+                     for n, fp in successors.items()}
+        return {n: c.as_json() for n, c in delegated.items() if c is not None}
 
     def _label(self) -> str:
         """The model's name members show (a copy taken over is named by its hash: its roster's name goes on)."""
@@ -339,8 +355,17 @@ class Epochs(ModelCopies):
             plan=self.state.plan or {}, model=self._label(), stage=j.manifest,
             cut_local=cut_local, fingerprints=self._fingerprints(order)))
 
-    async def _wait_all(self, order: list[str], kind: str) -> tuple[str, str] | None:
-        """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason).
+    async def _on_break(self, who: str | None, reason: str) -> int | None:
+        """End this epoch over `who`'s loss (losses._on_lost), or plan again over everyone (`who` None: a ring
+        broke though each of its members answers the coordinator)."""
+        if who is not None:
+            return await self._on_lost(who, reason)
+        await self._plan_again(reason)
+        return None
+
+    async def _wait_all(self, order: list[str], kind: str) -> tuple[str | None, str] | None:
+        """Until every member of `order` has sent `kind` (None), or a member is lost first: (who, reason); or
+        a ring edge broke though both its ends answer (None, reason).
 
         No fixed deadline: a multi-GB stage may take an hour to arrive over a slow link. A member is lost
         when its link is, or when it shows no progress (stage bytes moving, a `working` or other message)
@@ -356,7 +381,7 @@ class Epochs(ModelCopies):
             j.progress_at = loop.time()
             j.step = "opening its ring edges" if kind == "ready" else "receiving its stage"
         stall = self.settings.stall_s
-        lost_wait = asyncio.ensure_future(self._next_loss())
+        lost_wait = asyncio.ensure_future(self._next_break())
         try:
             pending: set[asyncio.Future[Any]] = set(waits.values())
             while pending:

@@ -3,15 +3,19 @@ servers resume them), every other member hears of it, and the survivors are plan
 when re-planning is on and anyone is left.
 
 A member is lost when its link to the coordinator fails, when it makes no progress for the stall limit
-(epochs._wait_all), or when a ring neighbour reports it; a report of an epoch already given up is stale.
+(epochs._wait_all), when it reports itself lost, or when a ring neighbour reports it and the coordinator's own
+link confirms it (loss_reports.py); a report of an epoch already given up is stale. A report the coordinator's
+link does not confirm evicts nobody: the epoch ends and everyone is planned again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from kafila.errors import KafilaError
 from kafila.session.coordinator.core import CoordinatorCore, Joined, log
+from kafila.session.coordinator.loss_reports import Action, Evict, Probe
 from kafila.session.protocol import messages
 
 
@@ -19,13 +23,51 @@ class LossHandling(CoordinatorCore):
     """The coordinator's losses: reported, awaited, and handled."""
 
     def _on_lost_report(self, j: Joined, msg: messages.Lost) -> None:
-        # A report of an epoch already given up is stale: when a member stops serving on the coordinator's
-        # word it closes its ring edges, and a neighbour still serving reports it lost, alive as it is. A
-        # member truly gone is lost on its own link to the coordinator too (_recv_loop), so none is missed.
+        # Only the member named or its ring neighbours get here (protocol.authority). A report of an epoch
+        # already given up is stale: when a member stops serving on the coordinator's word it closes its ring
+        # edges, and a neighbour still serving reports it lost, alive as it is. A member truly gone is lost on
+        # its own link to the coordinator too (_recv_loop), so none is missed.
         if msg.epoch != self.epoch or self._replanning:
             log.info("ignored %s's stale report of epoch %d: %s lost (%s)", j.peer.name, msg.epoch, msg.who, msg.reason)
             return
-        self.lost.put_nowait((msg.who, msg.reason))
+        self._act(self.reports.report(j.peer.name, msg.who, msg.reason))
+
+    def _act(self, actions: list[Action]) -> None:
+        """Carry out what the loss reports' machine says (coordinator.loss_reports)."""
+        for action in actions:
+            if isinstance(action, Evict):
+                if action.confirmed:
+                    self.state.log(f"{action.who} is lost: {action.confirmed}")
+                self.lost.put_nowait((action.who, action.reason))
+            elif isinstance(action, Probe):
+                self._tg.create_task(self._probe(action.who))
+            else:
+                self.state.log(action.reason)
+                self.broken.put_nowait(action.reason)
+
+    async def _probe(self, who: str) -> None:
+        """Ping `who` on this coordinator's own link, bounded by the link's idle timeout (a silent peer's end)."""
+        bound = self.opts.link_idle_timeout_s
+        j = self.joined.get(who)
+        if j is not None and await j.link.ping(bound):
+            self._act(self.reports.answered(who))
+        elif j is None or j.link.closed is not None:
+            self._act(self.reports.unanswered(who, "its link to the coordinator is down"))
+        else:
+            self._act(self.reports.unanswered(who, f"it did not answer the coordinator's ping within {bound:g} s"))
+
+    async def _next_break(self) -> tuple[str | None, str]:
+        """The next loss (who, why), or (None, why) when a ring broke though everyone in it answers."""
+        loss = asyncio.ensure_future(self._next_loss())
+        broken = asyncio.ensure_future(self.broken.get())
+        try:
+            await asyncio.wait({loss, broken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (loss, broken):
+                f.cancel()
+        if loss.done() and not loss.cancelled():  # a loss first: the plan must do without the member anyway
+            return loss.result()
+        return None, broken.result()
 
     async def _next_loss(self) -> tuple[str, str]:
         """The next loss of a member still in the session (a late report of an earlier loss is no news).

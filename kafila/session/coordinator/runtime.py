@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from kafila.engine.build import build_identity
 from kafila.errors import KafilaError
 from kafila.model.describe import ModelInfo
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.mandate import CREDENTIAL_KEY, Credential
 from kafila.session.api.server import ApiServer
 from kafila.session.coordinator.admission import Admission
 from kafila.session.coordinator.builds import build_tag
@@ -31,8 +33,9 @@ class HostRuntime(Admission, MemberMessages, Epochs):
 
     def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, info: ModelInfo,
                  cache: StageCache, api: ApiServer | None, use: InUse | None = None, beside: str | None = None,
-                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset()) -> None:
-        super().__init__(ep, opts, state, model, info, cache, api, use, beside, serving, departed)
+                 serving: messages.Assign | None = None, departed: frozenset[str] = frozenset(),
+                 credential: Credential | None = None) -> None:
+        super().__init__(ep, opts, state, model, info, cache, api, use, beside, serving, departed, credential)
         self._handlers.update({
             messages.Need: self._on_need,
             messages.Working: self._on_working,
@@ -68,9 +71,11 @@ class HostRuntime(Admission, MemberMessages, Epochs):
                 await asyncio.sleep(0.2)  # let the goodbyes leave before the endpoint closes
 
 
-def coordinator_announcement() -> dict[str, str]:
-    """What a coordinator's endpoint announces (the host's, or a member's that took coordination over)."""
-    return {"role": "host", "build": build_tag(build_identity())}
+def coordinator_announcement(credential: Credential | None) -> dict[str, Any]:
+    """What a coordinator's endpoint announces (the host's, or a member's that took coordination over), with the
+    credential that shows members it coordinates (kafila.net.mandate; None: it can show none)."""
+    found = {} if credential is None else {CREDENTIAL_KEY: credential.as_json()}
+    return {"role": "host", "build": build_tag(build_identity()), **found}
 
 
 def relay_events(source: SessionState, into: SessionState, prefix: str) -> None:

@@ -16,7 +16,9 @@ from typing import Any
 from kafila.model.describe import ModelInfo, describe_model
 from kafila.model.embedded import resolve_model
 from kafila.model.stage_cache import StageCache
-from kafila.net.endpoint import PeerEndpoint
+from kafila.net.endpoint import Addr, PeerEndpoint
+from kafila.net.mandate import Credential, bound_secret
+from kafila.net.trust import JoinCode
 from kafila.session.api.server import ApiServer
 from kafila.session.coordinator.epochs import model_label
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement
@@ -43,14 +45,22 @@ async def coordinate_session(opts: HostOptions, state: SessionState, own_member:
         return await _serve_host(opts, state, model, info, cache, use, own_member)
 
 
+async def open_session(ep: PeerEndpoint, rendezvous: Addr) -> tuple[JoinCode, Credential]:
+    """Create a session whose join code is made from `ep`'s certificate (kafila.net.mandate), and announce `ep`
+    as its coordinator with the credential that proves it."""
+    credential = Credential.new_host()
+    code = await ep.create_session(rendezvous, bound_secret(ep.identity.fingerprint, credential.salt))
+    await ep.announce(coordinator_announcement(credential))
+    return code, credential
+
+
 async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info: ModelInfo, cache: StageCache,
                       use: InUse, own_member: OwnMember | None) -> int:
     async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous) as ep:
         await ep.probe_nat(opts.rendezvous)
-        code = await ep.create_session(opts.rendezvous, opts.secret)
+        code, credential = await open_session(ep, opts.rendezvous)
         state.code = str(code)
-        await ep.announce(coordinator_announcement())
         state.set_phase("waiting", f"session open; join code {code}")
         api = None
         if opts.api_port is not None:
@@ -59,7 +69,8 @@ async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info:
         own = None if opts.coordinate_only or own_member is None else asyncio.create_task(own_member(str(code)))
         try:
             beside = None if opts.coordinate_only else opts.name
-            return await HostRuntime(ep, opts, state, model, info, cache, api, use, beside).run()
+            return await HostRuntime(ep, opts, state, model, info, cache, api, use, beside,
+                                     credential=credential).run()
         finally:
             if own is not None:  # it has had the host's goodbye; it ends with the host in any case
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):

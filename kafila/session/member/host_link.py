@@ -1,39 +1,33 @@
-"""The member's link to its coordinator: the host found among the session's verified members, and connected.
+"""The member's link to its coordinator: the coordinator found among the session's verified members, and connected.
 
-A coordinator that does not answer is passed over for another (a killed host stays listed for a while).
-Every member says in its announcement which coordinator it follows (COORD_KEY: the first 8 bytes of its
-certificate's fingerprint), and a member joining late follows the one most members follow: a member who
-holds the join code and announces itself as a host cannot draw the late joiners away from the session's
-real coordinator (it would need more members behind it than the real one has).
+A coordinator is known by its certificate, bound to the join code (the host made the code's secret from its
+certificate) or mandated by a coordinator that was (kafila.net.mandate), never by how many members say they
+follow it: a member who holds the join code and announces itself as a host, with any number of member ids
+behind it, is not a coordinator to anyone. A coordinator that does not answer is passed over for another (a
+killed host stays listed for a while).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
-from kafila.errors import NetworkError, SessionError
+from kafila.errors import NetworkError, ProtocolError, SessionError
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.mandate import CREDENTIAL_KEY, Credential, verify
 from kafila.net.quic import Link
-from kafila.net.trust import VerifiedMember
+from kafila.net.trust import JoinCode, VerifiedMember
 
 log = logging.getLogger("kafila.member")
-COORD_KEY = "coord"  # the announcement's measurement naming the coordinator a member follows
 
 
-def coordinator_mark(fingerprint: bytes) -> str:
-    """How announcements name a coordinator: its certificate fingerprint's first 8 bytes, in hex."""
-    return fingerprint[:8].hex()
-
-
-async def announce_following(ep: PeerEndpoint, coordinator: VerifiedMember,
-                             measurements: dict[str, Any] | None = None) -> None:
-    """Announce again (with new `measurements`, or the last ones), saying that this member follows
-    `coordinator` (late joiners count such members)."""
-    if ep.me is not None:
-        now = ep.me.measurements if measurements is None else measurements
-        await ep.announce({**now, COORD_KEY: coordinator_mark(coordinator.fingerprint)})
+def credential_of(vm: VerifiedMember, code: JoinCode) -> Credential | None:
+    """The credential `vm` announced when it proves `vm` coordinates the session of `code`; else None."""
+    try:
+        credential = Credential.from_json(vm.measurements.get(CREDENTIAL_KEY))
+    except ProtocolError:
+        return None
+    return credential if verify(credential, code, vm.fingerprint) else None
 
 
 async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] = frozenset(),
@@ -42,20 +36,27 @@ async def find_host(ep: PeerEndpoint, timeout_s: float, gone: frozenset[bytes] =
 
     The rendezvous answers requests and never pushes, so the member list is asked for again (backing
     off to once a second) until the host is on it. The host announces itself before its join code
-    exists, so the first answer almost always has it. After a takeover: the coordinator named `name` with
-    the certificate `fingerprint` (the heir's, from the roster: not whoever poses as it), never one of the
-    `gone` (a lost coordinator stays listed until the rendezvous drops it as silent).
+    exists, so the first answer almost always has it. Only a coordinator whose certificate the join code
+    binds, or a mandate chain from one, counts (credential_of), the shortest chain first: the host while it
+    answers. After a takeover: the coordinator named `name` with the certificate `fingerprint` (the heir's,
+    from the roster its coordinator sent: not whoever poses as it), never one of the `gone` (a lost
+    coordinator stays listed until the rendezvous drops it as silent).
     """
     delay = 0.05
+    code = ep.code
+    if code is None:
+        raise SessionError("join a session before looking for its coordinator")
     try:
         async with asyncio.timeout(timeout_s):
             while True:
                 listed = (await ep.members()).verified
                 hosts = [vm for vm in listed if vm.measurements.get("role") == "host" and vm.member_id not in gone
                          and name in (None, vm.name) and fingerprint in (None, vm.fingerprint)]
-                if hosts:  # the one most members follow (at the start: none yet, the first listed)
-                    votes = [vm.measurements.get(COORD_KEY) for vm in listed if vm.measurements.get("role") != "host"]
-                    return max(hosts, key=lambda vm: votes.count(coordinator_mark(vm.fingerprint)))
+                if fingerprint is None:  # pinned by the roster: that certificate; else proven by the join code
+                    proven = [(len(c.links), vm) for vm in hosts if (c := credential_of(vm, code)) is not None]
+                    hosts = [vm for _, vm in sorted(proven, key=lambda p: p[0])]
+                if hosts:
+                    return hosts[0]
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
     except TimeoutError:

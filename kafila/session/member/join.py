@@ -14,7 +14,7 @@ from kafila.net.endpoint import PeerEndpoint
 from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery.local_model import model_claim
-from kafila.session.member.host_link import announce_following, connect_host
+from kafila.session.member.host_link import connect_host
 from kafila.session.member.measure import Emulation, cached_probe, identity, measurements
 from kafila.session.member.measuring import measure_connected
 from kafila.session.member.runtime import MemberRuntime
@@ -56,13 +56,12 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         state.set_phase("waiting", f"joined as {opts.name}; connecting to the host")
         control = await connect_host(ep, opts.join_timeout_s)
         state.coordinator = control.peer.name
-        await announce_following(ep, control.peer)
         state.set_phase("measuring", "measuring this machine (the host knows this member has arrived)")
         result = await measure_connected(control, state, lambda on_step, on_wait, stop: cached_probe(
             default_model_path(), cache, on_step, False, opts.threads, on_wait=on_wait, stop=stop))
         meas = {**measurements(result, emulation), "role": "member", **claim}
         # announced too: a coordinator that takes over later reads a survivor's measurements from its announcement
-        await announce_following(ep, control.peer, meas)
+        await ep.announce(meas)
         state.upsert_member(replace(member_view(ep.me or me), status="measured", nat_evidence=view.nat_evidence))
         await control.send(messages.encode(messages.MeasuredSelf(meas)))
         state.set_phase("waiting", f"measured; waiting for the host's plan as {opts.name}")

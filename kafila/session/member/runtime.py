@@ -25,6 +25,7 @@ from kafila.session.member.stage import MemberStage
 from kafila.session.member.takeover import Takeover
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
+from kafila.session.protocol.authority import RingView, Sender, Via, chat_owner, refusal
 from kafila.session.state import SessionState
 
 
@@ -63,6 +64,10 @@ class MemberRuntime(MemberStage, Takeover, ModelCopy):
                         if status is not None:
                             return status
                         continue  # connected to the member that coordinates now
+                    refused = refusal(Sender(self.control.peer.name, Via.COORDINATOR), msg, RingView())
+                    if refused is not None:  # never handled (protocol.authority)
+                        log.warning("refused %s", refused)
+                        continue
                     handler = self._handlers.get(type(msg))
                     if handler is None:
                         log.warning("ignored a %r message from the host", msg.T)
@@ -113,7 +118,8 @@ class MemberRuntime(MemberStage, Takeover, ModelCopy):
             finally:
                 up.cancel()
         if self.head is not None:
-            self.head.serve_remote(msg, self.control.send)
+            owner = chat_owner(Sender(self.control.peer.name, Via.COORDINATOR), msg)  # never its declared origin
+            self.head.serve_remote(msg, self.control.send, owner)
             return
         # not serving: a loss ended this ring, and the API server sends the request again to the next one
         down = self._serving is None or self._serving.done()

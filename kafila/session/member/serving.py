@@ -30,6 +30,7 @@ from kafila.planner.ttft import TtftModel, plan_model
 from kafila.session.api.server import Forwarder
 from kafila.session.member.core import MemberCore, log
 from kafila.session.protocol import frames, messages
+from kafila.session.protocol.authority import RingView, Sender, Via, refusal
 from kafila.session.ring.frame_check import Cursors, FrameLimits, from_neighbour
 from kafila.session.ring.head import Head
 from kafila.session.ring.ring_stats import show_stats
@@ -43,10 +44,16 @@ def _first(group: BaseException) -> BaseException:
     return group
 
 
-async def pump(link: Link, inbox: asyncio.Queue[bytes]) -> None:
-    """Move every message arriving on `link` into `inbox` until the link fails."""
+async def pump(link: Link, inbox: asyncio.Queue[bytes], ring: RingView) -> None:
+    """Move every message arriving on the ring edge `link` into `inbox` until the link fails; a control message
+    its sender may not send is logged and dropped, never handled nor passed on (protocol.authority)."""
+    sender = Sender(link.peer.name, Via.RING)
     while True:
-        inbox.put_nowait(await link.recv())
+        msg = await link.recv()
+        if messages.kind(msg) == "control" and (refused := refusal(sender, messages.decode(msg), ring)) is not None:
+            log.warning("refused %s", refused)
+            continue
+        inbox.put_nowait(msg)
 
 
 class Serving(MemberCore):
@@ -62,7 +69,7 @@ class Serving(MemberCore):
             async with asyncio.TaskGroup() as tg:
                 if self.edges.prev is not None:
                     self.edges.prev.ack_every_second()
-                    tg.create_task(pump(self.edges.prev, inbox))
+                    tg.create_task(pump(self.edges.prev, inbox, RingView(tuple(order), me=self.opts.name)))
                 if is_head:
                     path = self.worker.engine.path
                     vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))

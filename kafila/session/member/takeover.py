@@ -27,14 +27,15 @@ import contextlib
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from kafila.errors import KafilaError, SessionError
+from kafila.errors import KafilaError, ProtocolError, SessionError
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
+from kafila.net.mandate import Credential
 from kafila.net.quic import Identity
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement, relay_events
 from kafila.session.delivery.cache_inventory import InUse
-from kafila.session.member.host_link import announce_following, find_host
+from kafila.session.member.host_link import find_host
 from kafila.session.member.serving import Serving
 from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.protocol import messages
@@ -58,6 +59,16 @@ def successor(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) 
 def survivors(roster: Roster, order: Sequence[str], lost: Collection[str] = ()) -> list[str]:
     """The ring members left once the coordinator's process (and its ring member) and the `lost` are gone."""
     return [n for n in order if n != roster.beside and n not in lost]
+
+
+def mandated(roster: Roster, me: str) -> Credential | None:
+    """The credential the last coordinator signed for this member to announce as its successor (kafila.net.mandate);
+    None when it signed none (survivors still follow by the roster's fingerprint; members joining later cannot
+    find this coordinator then)."""
+    try:
+        return Credential.from_json(roster.mandates[me]) if me in roster.mandates else None
+    except ProtocolError:
+        return None
 
 
 def coordinator_options(opts: MemberOptions, model: Path, assign: Assign, roster: Roster,
@@ -93,10 +104,12 @@ async def coordinate(opts: MemberOptions, model: Path, assign: Assign, roster: R
                             link_delay_s=opts.link_delay_ms / 1e3) as ep:
         await ep.probe_nat(opts.rendezvous)
         await ep.join_session(opts.rendezvous, opts.code)
-        await ep.announce(coordinator_announcement())
+        credential = mandated(roster, opts.name)
+        await ep.announce(coordinator_announcement(credential))
         state.set_phase("waiting", f"waiting for {', '.join(ring)}")
         runtime = HostRuntime(ep, host_opts, state, model, info, cache, None, use, beside=opts.name,
-                              serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)))
+                              serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)),
+                              credential=credential)
         return await runtime.run()
 
 
@@ -182,8 +195,6 @@ class Takeover(Serving):
         found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir,
                                 bytes.fromhex(admitted) if admitted else None)
         self.control = await self.ep.connect(found)
-        with contextlib.suppress(KafilaError):  # the rendezvous may be away: the next re-announce says it
-            await announce_following(self.ep, found)
         self._pending.clear()  # the lost coordinator's instructions are void
         self.state.log(f"connected to {heir}, which coordinates now")
 

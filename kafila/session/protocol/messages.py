@@ -60,7 +60,9 @@ that may be null; fields this build does not know are ignored):
                               verified by sha256], model_sha256|null, fingerprints {name: sha256}
                               (the coordinator's state, replicated at each admission: who serves, what
                               each measured, and what a member needs to take coordination over, so
-                              that the ring outlives its host; kafila.session.member.takeover)
+                              that the ring outlives its host; kafila.session.member.takeover),
+                              fingerprints {name: sha256}, mandates {holder: credential} (the credential
+                              each holder announces should it coordinate next: kafila.net.mandate)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
     copy      host → member   manifest {sha256, size, chunk_size, chunks} of the model file: hold a copy
                               on disk, so that the ring outlives a host no other member holds it for
@@ -120,7 +122,8 @@ from kafila.session.settings import SessionSettings
 # circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk). 4: measuring, measured (a
 # member connects before it measures itself). 5: assign carries the session's settings (kafila.session.settings)
 # in place of config and speculate; roster no longer carries strategy and mixed_builds (they are settings)
-CONTROL_VERSION = 5
+# 6: roster carries mandates; stats and chat_evt only from the head
+CONTROL_VERSION = 6
 
 MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
@@ -344,6 +347,7 @@ class Roster(Control):
     holders: tuple[str, ...] = ()
     model_sha256: str | None = None
     fingerprints: dict[str, str] = field(default_factory=dict)  # each member's, as admitted: the heir is found by it
+    mandates: dict[str, dict[str, Any]] = field(default_factory=dict)  # holder → the credential it would announce
 
 
 # the nested objects, each decoded into its dataclass above
@@ -388,7 +392,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "proof": (Proof, {"digest": SHA256}),
     "roster": (Roster, {"coordinator": NAME, "model": TEXT, "members": map_of(_MEASURED),
                         "beside": null_or(NAME), "holders": NAMES, "model_sha256": null_or(SHA256),
-                        "fingerprints": map_of(SHA256)}),
+                        "fingerprints": map_of(SHA256), "mandates": map_of(json_object)}),
 }
 
 

@@ -40,6 +40,7 @@ from kafila.engine.vocab import Vocab
 from kafila.errors import NeighbourFault, NetworkError, SessionEnded
 from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session.protocol import frames, messages
+from kafila.session.protocol.authority import Sender, Via, chat_owner
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
 from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
 from kafila.session.ring.frame_check import FrameLimits, from_neighbour, shape_fault
@@ -95,9 +96,8 @@ class Head:
         self.trace = trace  # records every batch and free in the order all stages compute them
         self.failed: str | None = None
         self._tg: asyncio.TaskGroup | None = None
-        # chats forwarded before run() started (the host's first chat can arrive with its admission): answered
-        # once it has
-        self._early: list[tuple[messages.Chat, Callable[[bytes], Awaitable[None]]]] = []
+        # chats forwarded before run() started (the host's first can come with the admission): answered once it has
+        self._early: list[tuple[messages.Chat, Callable[[bytes], Awaitable[None]], str]] = []
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
             messages.Free: self._on_free,
             messages.Trim: self._on_trim,
@@ -208,8 +208,8 @@ class Head:
         """Dispatch and collect until cancelled (or until the ring fails)."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            for msg, reply in self._early:
-                self.serve_remote(msg, reply)
+            for msg, reply, owner in self._early:
+                self.serve_remote(msg, reply, owner)
             self._early.clear()
             tg.create_task(self._dispatch_loop())
             tg.create_task(self._collect_loop())
@@ -412,13 +412,13 @@ class Head:
 
     async def _on_chat(self, msg: messages.Chat) -> None:
         if self.send_next is not None:
-            self.serve_remote(msg, self.send_next)
+            self.serve_remote(msg, self.send_next, chat_owner(Sender(self.order[-1], Via.RING), msg))
 
-    def serve_remote(self, msg: messages.Chat, reply: Callable[[bytes], Awaitable[None]]) -> None:
-        """Answer a chat forwarded from elsewhere; its events go back through `reply` as chat_evt messages."""
+    def serve_remote(self, msg: messages.Chat, reply: Callable[[bytes], Awaitable[None]], owner: str) -> None:
+        """Answer a forwarded chat, its events back through `reply`; `owner` (its link's) picks the cache it reuses."""
 
         async def answer() -> None:
-            async with contextlib.aclosing(self._guarded(msg.body, msg.origin)) as events:
+            async with contextlib.aclosing(self._guarded(msg.body, owner)) as events:
                 try:
                     async for evt in events:
                         await reply(messages.encode(messages.ChatEvt(msg.id, msg.origin, evt)))
@@ -426,7 +426,7 @@ class Head:
                     log.info("chat %s from %s: its answer cannot be sent (%s)", msg.id, msg.origin, exc)
 
         if self._tg is None:
-            self._early.append((msg, reply))
+            self._early.append((msg, reply, owner))
             return
         self._tg.create_task(answer())
 

@@ -4,8 +4,9 @@ The real coordinator (HostRuntime: planner, stage cuts of a tiny synthetic model
 here with scripted members over real QUIC links (tests/session/scripted.py). Each member holds its stage
 at once; what it does when told to `connect` is the test's:
 
-- a member reports that its ring edge from its predecessor could not open: that predecessor is lost, the
-  epoch ends, and the others are planned again (a new epoch, admitted without it);
+- a member reports that its ring edge from its predecessor could not open: the coordinator checks that
+  predecessor on its own link; gone, it is lost, the epoch ends, and the others are planned again (a new
+  epoch, admitted without it); there, nobody is evicted and everyone is planned again;
 - a member that says nothing at all once told to connect is lost after the stall limit, named with what it
   was doing, and the others are planned again; one that keeps saying it is working is waited for;
 - reports of an epoch already given up, and of a member already handled, change nothing.
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kafila.session.protocol import messages
-from tests.session.scripted import Coordinated, OnConnect, ScriptedMember, coordinator
+from tests.session.scripted import Coordinated, OnConnect, ScriptedMember, coordinator, silence
 from tests.synthetic import write_synthetic
 
 pytestmark = pytest.mark.fast
@@ -36,21 +37,26 @@ def model(tmp_path: Path) -> Path:
     return write_synthetic(tmp_path / "tiny.gguf", "llama", n_blocks=6)
 
 
-def reports_its_predecessor(victim: str) -> OnConnect:
-    """On `connect`: the member whose predecessor is `victim` reports its incoming edge failed; others are ready."""
+def reports_its_predecessor(victim: str, dies: bool = True) -> OnConnect:
+    """On `connect` of epoch 1: the member whose predecessor is `victim` reports its incoming edge failed; the
+    victim goes silent as a killed process does (unless not `dies`); the others, and every later epoch, ready."""
     async def on_connect(m: ScriptedMember, msg: messages.Connect) -> None:
-        if m.predecessor(msg.epoch) == victim:
+        if m.name == victim and dies and msg.epoch == 1:
+            silence(m.ep)
+        elif m.predecessor(msg.epoch) == victim and msg.epoch == 1:
             await m.send(messages.Lost(victim, EDGE_FAILED.format(who=victim), msg.epoch))
         else:
             await m.send(messages.Ready(msg.epoch, None))
     return on_connect
 
 
-def assert_lost_then_replanned(c: Coordinated, victim: str, reason: str) -> None:
-    """`victim` was lost in epoch 1 for `reason`; every other member heard so before its assignment of epoch 2."""
+def assert_lost_then_replanned(c: Coordinated, victim: str, reason: str | None = None) -> str:
+    """`victim` was lost in epoch 1 (for `reason`, when given); every other member heard so before its
+    assignment of epoch 2. The reason it was lost for."""
     assert c.runtime.order and sorted(c.runtime.order) == sorted(n for n in NAMES if n != victim), c.log()
     assert victim not in c.runtime.joined and victim in c.runtime.departed
     view = c.state.members[victim]
+    reason = view.note if reason is None else reason
     assert (view.status, view.note) == ("lost", reason)
     for name in c.runtime.order:
         got = c.members[name].inbox.got
@@ -59,12 +65,15 @@ def assert_lost_then_replanned(c: Coordinated, victim: str, reason: str) -> None
         assert [got[i] for i in lost] == [messages.Lost(victim, reason, 1)], got
         assert lost[0] < replan
         assert list(c.members[name].order(2)) == c.runtime.order
+    return reason
 
 
 async def test_a_ring_edge_that_cannot_open_loses_its_far_end_and_the_ring_is_planned_again(
         tmp_path: Path, model: Path) -> None:
-    """The member that reported is silent after its report, as a real one is: were the report ignored, the
-    coordinator would lose the reporter at the stall limit instead (REPORTER_STALL_S: no clock this test
+    """cy goes silent as a killed process does, and its successor reports the edge from it failed: the
+    coordinator's own link confirms it (its ping goes unanswered, or the link ends), so cy is lost. The member
+    that reported is silent after its report, as a real one is: were the report and the link both ignored,
+    the coordinator would lose the reporter at the stall limit instead (REPORTER_STALL_S: no clock this test
     waits for, only a bound that makes a broken coordinator fail fast)."""
     victim = "cy"
     behaviour = reports_its_predecessor(victim)
@@ -72,12 +81,26 @@ async def test_a_ring_edge_that_cannot_open_loses_its_far_end_and_the_ring_is_pl
                            on_connect=dict.fromkeys(NAMES, behaviour)) as c:
         epoch = await c.reach("admitted")
         assert epoch == 2, f"admitted in epoch {epoch}, the failed edge's report ignored:\n{c.log()}"
-        reason = EDGE_FAILED.format(who=victim)
-        assert_lost_then_replanned(c, victim, reason)
+        reason = assert_lost_then_replanned(c, victim)
         assert f"member {victim} was lost: {reason}" in c.log()
         # the lost member's control link is closed: it is out of the session, not left waiting
         await c.members[victim].inbox.until_closed()
         assert not any(isinstance(m, messages.Assign) and m.epoch == 2 for m in c.members[victim].inbox.got)
+
+
+async def test_a_ring_edge_that_cannot_open_to_a_member_that_answers_evicts_nobody(
+        tmp_path: Path, model: Path) -> None:
+    """The same report while cy answers the coordinator's ping (issue 55, finding 1): one report evicts
+    nobody. The epoch ends and all three are planned again, and admitted."""
+    victim = "cy"
+    behaviour = reports_its_predecessor(victim, dies=False)
+    async with coordinator(tmp_path, model, NAMES, stall_s=REPORTER_STALL_S,
+                           on_connect=dict.fromkeys(NAMES, behaviour)) as c:
+        epoch = await c.reach("admitted")
+        assert epoch == 2 and sorted(c.runtime.order) == NAMES, c.log()
+        assert f"but {victim} answers the coordinator: nobody is evicted" in c.log()
+        assert "was lost" not in c.log() and victim not in c.runtime.departed
+        assert not any(c.members[n].inbox.of(messages.Lost) for n in NAMES)
 
 
 async def test_a_member_silent_while_opening_its_edges_is_lost_at_the_stall_limit(
@@ -122,24 +145,23 @@ async def test_a_member_that_keeps_working_while_opening_its_edges_is_waited_for
 
 async def test_stale_loss_reports_change_nothing_and_the_current_one_is_handled(
         tmp_path: Path, model: Path) -> None:
-    """Once cy is lost (epoch 1) and ada and bo serve (epoch 2), ada sends three reports in a row on its link:
-    bo lost in epoch 1 (an epoch given up), cy lost in epoch 2 (a member already handled), and bo lost in
-    epoch 2. The coordinator reads them in that order, and loses members in the order it queued them: only
-    the third is a loss, so bo is lost for its reason, cy's loss is not handled twice, and ada serves alone."""
+    """Once cy is lost (epoch 1) and ada and bo serve (epoch 2), bo goes silent as a killed process does and
+    ada sends three reports in a row on its link: bo lost in epoch 1 (an epoch given up), cy lost in epoch 2
+    (a member already handled, in no ring now), and bo lost in epoch 2. Only the third is a loss, once the
+    coordinator's own link confirms it: bo is lost, cy's loss is not handled twice, and ada serves alone."""
     victim = "cy"
     behaviour = reports_its_predecessor(victim)
     async with coordinator(tmp_path, model, NAMES, on_connect=dict.fromkeys(NAMES, behaviour)) as c:
         assert await c.reach("admitted") == 2, c.log()
         ada = c.members["ada"]
-        current = "its ring edge could not open: the current report"
+        silence(c.members["bo"].ep)
         await ada.send(messages.Lost("bo", "a report of epoch 1", 1))
         await ada.send(messages.Lost("cy", "a late report of cy", 2))
-        await ada.send(messages.Lost("bo", current, 2))
+        await ada.send(messages.Lost("bo", "its ring edge could not open: the current report", 2))
         epoch = await c.reach("admitted", after_epoch=2)
         log = c.log()
         assert epoch == 3 and c.runtime.order == ["ada"], log
-        assert c.state.members["bo"].note == current
+        assert c.state.members["bo"].status == "lost"
         assert log.count("member cy was lost") == 1 and "a late report of cy" not in log
         assert "a report of epoch 1" not in log
-        assert [m for m in ada.inbox.got if isinstance(m, messages.Lost)] == [
-            messages.Lost("cy", EDGE_FAILED.format(who="cy"), 1), messages.Lost("bo", current, 2)]
+        assert [(m.who, m.epoch) for m in ada.inbox.got if isinstance(m, messages.Lost)] == [("cy", 1), ("bo", 2)]

@@ -1,7 +1,7 @@
 """A member's announcement fits its one datagram in the largest case a user can make: a 32-character name, a
-GPU, emulated slow-down and memory, its own model file, the coordinator it follows, and probe figures whose
-17-digit forms are longest. Before, such an announcement reached 917 bytes of the 900 allowed, and the
-member could not join."""
+GPU, emulated slow-down and memory, its own model file, and probe figures whose 17-digit forms are longest.
+Before, such an announcement reached 917 bytes of the 900 allowed, and the member could not join. So does a
+coordinator's, with the longest mandate chain a successor announces (kafila.net.mandate)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from dataclasses import replace
 
 import pytest
 
+from kafila.net.mandate import MAX_LINKS, Credential
+from kafila.net.quic import Identity
 from kafila.net.trust import MAX_ANNOUNCEMENT, Announcement
+from kafila.session.coordinator.runtime import coordinator_announcement
 from kafila.session.delivery.local_model import MODEL_KEY
-from kafila.session.member.host_link import COORD_KEY
 from kafila.session.member.measure import Emulation, measurements
 from tests.shared_probe import sample_probe
 
@@ -24,9 +26,20 @@ def test_the_largest_announcement_fits_its_datagram() -> None:
                     prefill_dispatch_s=longest, prefill_block_s=longest, prefill_attn_s=longest,
                     device="NVIDIA GeForce RTX 4090", expert_rates=(("Q4_0", 3.3e8), ("MXFP4", 1.7e8)))
     m = {**measurements(probe, Emulation(throttle=2.5, memory_gb=3.75)), "role": "member",
-         MODEL_KEY: "c" * 64, COORD_KEY: "ab" * 8}
+         MODEL_KEY: "c" * 64}
     ann = Announcement("k7q2m9xd", b"m" * 8, "x" * 32, b"f" * 32, "ordinary", ("203.0.113.200", 40000),
                        ("192.168.100.200", 40001), 123.45, m, 1.8e9)
     size = len(ann.body())
     assert size <= MAX_ANNOUNCEMENT - 20, size  # with room to spare
     assert m["disp"] == 3.086e-05  # 2.5 x 1.2345678901234567e-05 to 4 significant digits
+
+
+def test_a_coordinator_announcing_the_longest_mandate_chain_fits_its_datagram() -> None:
+    credential: Credential | None = Credential.new_host()
+    for _ in range(MAX_LINKS):
+        assert credential is not None
+        credential = credential.delegate(Identity().key, "k7q2m9xd", Identity().fingerprint)
+    assert credential is not None and len(credential.links) == MAX_LINKS
+    ann = Announcement("k7q2m9xd", b"m" * 8, "x" * 32, b"f" * 32, "ordinary", ("203.0.113.200", 40000),
+                       ("192.168.100.200", 40001), 123.45, coordinator_announcement(credential), 1.8e9)
+    assert len(ann.body()) <= MAX_ANNOUNCEMENT - 20, len(ann.body())

@@ -51,9 +51,9 @@ async def test_the_heir_is_found_by_its_certificate(tmp_path: Path) -> None:
         rdv, code = m.runtime.opts.rendezvous, m.runtime.opts.code
         heir = m.others["cy"]
         # cy coordinates now, from its own certificate (as takeover.coordinate does); mallory poses as it, later
-        as_host, _ = await endpoint(stack, rdv, "cy", code, coordinator_announcement(), identity=heir.identity)
+        as_host, _ = await endpoint(stack, rdv, "cy", code, coordinator_announcement(None), identity=heir.identity)
         await asyncio.sleep(1.1)
-        mallory, _ = await endpoint(stack, rdv, "cy", code, coordinator_announcement())
+        mallory, _ = await endpoint(stack, rdv, "cy", code, coordinator_announcement(None))
         found = await find_host(m.runtime.ep, 30, frozenset(), "cy", heir.identity.fingerprint)
         assert found.member_id == as_host.member_id and found.fingerprint == heir.identity.fingerprint
         assert found.member_id != mallory.member_id

@@ -119,3 +119,31 @@ async def test_a_sequence_outside_the_slots_is_refused_and_its_sender_reported_l
         assert not m.run.done()  # ada is alive and waits for its coordinator's re-plan
         await m.host.send(messages.Bye("the test is over"))
         assert await m.run == 0
+
+
+async def test_a_control_message_its_predecessor_may_not_send_is_dropped_not_passed_on(tmp_path: Path) -> None:
+    """Issue 55 (authority in one place): chats travel from a member toward the head, so none comes from the
+    head, bo, on its edge to ada; one that claims to (naming ada as its origin, to take ada's prompt cache)
+    is refused and dropped, neither passed on nor taken for a loss. The head's chat_evt that follows, for
+    another member, is passed on as ever (the edge delivers in order: it shows the chat went nowhere)."""
+    source, manifest = host_stage(tmp_path)
+    async with member(tmp_path, "ada", others=["bo"]) as m:
+        fps = {"ada": m.runtime.ep.identity.fingerprint.hex(), "bo": m.others["bo"].identity.fingerprint.hex()}
+        await m.host.send(assign(1, manifest, fps))
+        need = await m.first(messages.Need)
+        await send_stage(m.host.inbox.link, source, manifest, list(need.chunks))
+        await m.first(messages.Loaded)
+        bo = m.others["bo"]
+        ring = {vm.name: vm for vm in (await bo.members()).verified if vm.name in ("ada", "bo")}
+        await m.host.send(messages.Connect(1))
+        edges = await bo.open_ring([ring["bo"], ring["ada"]])
+        await m.first(messages.Ready)
+        await m.host.send(messages.Admit(1))
+        assert edges.next is not None and edges.prev is not None
+        evt = messages.ChatEvt("cy-0", "cy", {"notice": "for someone else"})
+        await edges.next.send(messages.encode(messages.Chat("ada-9", "ada", {"messages": []})))
+        await edges.next.send(messages.encode(evt))
+        assert messages.decode(await edges.prev.recv(30)) == evt  # back round to bo: the chat was dropped
+        assert not m.host.inbox.of(messages.Lost) and not m.run.done()
+        await m.host.send(messages.Bye("the test is over"))
+        assert await m.run == 0

@@ -154,11 +154,15 @@ def test_deep_nesting_is_a_protocol_error() -> None:
     (b'{"t":"need","epoch":1,"chunks":[-1]}', r"chunks\[0\] must be an integer"),
     (b'{"t":"chat_evt","id":"a","dest":"b","evt":{"delta":"x"}}', "evt.tokens must be a list"),
     (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":"bo","model_sha256":null,'
-     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{}}', "holders must be a list"),
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{},"mandates":{}}', "holders must be a list"),
     (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":[],"model_sha256":"ab",'
-     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{}}', "model_sha256 must be a string of 64"),
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{},"mandates":{}}',
+     "model_sha256 must be a string of 64"),
     (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":[],"model_sha256":null,'
-     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{"a":"ab"}}',
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{},"mandates":{"a":"x"}}',
+     r"mandates\['a'\] must be an object"),
+    (b'{"t":"roster","coordinator":"a","model":"m","members":{},"beside":null,"holders":[],"model_sha256":null,'
+     b'"strategy":"kafila","mixed_builds":false,"fingerprints":{"a":"ab"},"mandates":{}}',
      r"fingerprints\['a'\] must be a string of 64"),
 ])
 def test_malformed_fields_are_named(raw: bytes, what: str) -> None:

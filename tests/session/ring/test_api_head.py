@@ -15,6 +15,7 @@ import pytest
 
 from kafila.engine.sampler import Sampler
 from kafila.session.protocol import messages
+from kafila.session.protocol.authority import Sender, Via, chat_owner
 from kafila.session.ring import chat_request as chat_request_module
 from kafila.session.ring.head import Head
 from tests.conftest import llama_cpp_reply as reference_reply
@@ -32,8 +33,12 @@ def llama_cpp_reply(smollm: Path) -> str:
     return reference_reply(smollm, PROMPT, 16, N_CTX)
 
 
-async def remote(h: Head, body: Any) -> list[dict[str, Any]]:
-    """A chat forwarded to the head as a ring member's would be (`serve_remote`); its events."""
+FROM_BO = Sender("bo", Via.RING)  # bo's chat, along the ring (bo sits right before the head)
+
+
+async def remote(h: Head, body: Any, via: Sender = FROM_BO) -> list[dict[str, Any]]:
+    """A chat from bo, forwarded to the head as a ring member's would be (`serve_remote`), on the link `via`
+    (the owner of its cache is that link's, as the head's callers take it); its events."""
     got: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def reply(msg: bytes) -> None:
@@ -43,7 +48,8 @@ async def remote(h: Head, body: Any) -> list[dict[str, Any]]:
 
     # A body that is not an object cannot come off the wire (messages.decode refuses it); the head
     # must still survive one handed to it directly.
-    h.serve_remote(messages.Chat("c1", "bo", body), reply)
+    msg = messages.Chat("c1", "bo", body)
+    h.serve_remote(msg, reply, chat_owner(via, msg))
     events = []
     while not events or not ({"done", "error"} & set(events[-1])):
         events.append(await asyncio.wait_for(got.get(), 120))
@@ -132,3 +138,14 @@ async def test_a_cached_prompt_is_reused_only_for_the_member_it_came_from(head: 
     assert theirs[-1]["done"]["cached_tokens"] == 0
     again = [e async for e in head.chat(body)]  # the head's own user's next turn still finds its cache
     assert again[-1]["done"]["cached_tokens"] > 10
+
+
+async def test_a_chat_declaring_a_members_origin_on_another_link_gets_none_of_its_cache(head: Head) -> None:
+    # issue 55 finding 5: a chat's origin was self-declared, so the coordinator's link (or anyone's) could claim
+    # bo's slot by naming bo; the owner is the link's now
+    body = {"messages": [{"role": "user", "content": "My bank PIN is 4242. Remember it."}], "max_tokens": 2,
+            "temperature": 0}
+    assert (await remote(head, body))[-1]["done"]["cached_tokens"] == 0  # bo's, along the ring
+    forged = await remote(head, body, Sender("boss", Via.COORDINATOR))  # "bo" declared on the control link
+    assert forged[-1]["done"]["cached_tokens"] == 0
+    assert (await remote(head, body))[-1]["done"]["cached_tokens"] > 10  # bo's own next turn still finds it
