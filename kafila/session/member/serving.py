@@ -50,7 +50,7 @@ async def pump(link: Link, inbox: asyncio.Queue[bytes], ring: RingView) -> None:
     sender = Sender(link.peer.name, Via.RING)
     while True:
         msg = await link.recv()
-        if messages.kind(msg) == "control" and (refused := refusal(sender, messages.decode(msg), ring)) is not None:
+        if messages.kind(msg) == "control" and (refused := refusal(sender, from_neighbour(messages.decode, msg), ring)):
             log.warning("refused %s", refused)
             continue
         inbox.put_nowait(msg)
