@@ -11,6 +11,7 @@ here. The paths an honest session takes:
     coordinator  starting ─► waiting ─► planning ─► delivering ─► connecting ─► admitted ─► planning ...
                                 │          └─► rejected                          (a drift or an arrival)
                                 └─► admitted  (a member took a serving ring over: takeover.py, adopt)
+                 connecting ─► planning  (an edge broke and both its ends answer: everyone planned again)
     either       any ─► lost ─► planning | delivering  (re-planned without the lost member)
                  any ─► closed;  any but closed ─► rejected  (the coordinator's reject or refusal, at any time)
 
@@ -33,7 +34,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "measuring": frozenset({"waiting"}),
     "planning": frozenset({"delivering", "rejected"}),
     "delivering": frozenset({"connecting"}),
-    "connecting": frozenset({"admitted", "delivering"}),
+    "connecting": frozenset({"admitted", "delivering", "planning"}),
     "admitted": frozenset({"planning", "delivering"}),
     "lost": frozenset({"planning", "delivering"}),
     "rejected": frozenset(),

@@ -20,6 +20,7 @@ from kafila.session.protocol.authority import (
     ring_neighbours,
 )
 from kafila.session.protocol.manifest import StageManifest
+from tests.session.scripted import SETTINGS
 
 pytestmark = pytest.mark.fast
 
@@ -29,8 +30,8 @@ MANIFEST = StageManifest("a" * 64, 10, 1 << 20, ("b" * 64,))
 
 # one message of every kind; lost names m2 (neighbours m1 and m3), a chat is m2's
 SAMPLES: dict[str, messages.Control] = {
-    "assign": messages.Assign(1, ("hd",), "hd", {"hd": (0, 4)}, {"n_ctx_per_seq": 64, "n_seq_max": 1, "n_batch": 32},
-                              {}, "m", MANIFEST, fingerprints={"hd": "f" * 64}),
+    "assign": messages.Assign(epoch=1, order=("hd",), head="hd", ranges={"hd": (0, 4)}, settings=SETTINGS, plan={},
+                              model="m", stage=MANIFEST, fingerprints={"hd": "f" * 64}),
     "need": messages.Need(1, ()), "working": messages.Working(1, "x"), "loaded": messages.Loaded(1),
     "connect": messages.Connect(1), "ready": messages.Ready(1, None), "admit": messages.Admit(1),
     "reject": messages.Reject("r"), "refused": messages.Refused("r"),
