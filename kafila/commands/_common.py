@@ -24,6 +24,37 @@ def speculate_arg(p: argparse.ArgumentParser) -> None:
                         "draft (whenever they can), off")
 
 
+def chat_template_arg(p: argparse.ArgumentParser) -> None:
+    """`--chat-template FILE`: a Jinja chat template that replaces the model's own (host, demo)."""
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template (as llama.cpp's --chat-template-file takes) that replaces the model's "
+                        "own: how chats, tools and tool results are rendered for the model")
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """The text of a `--chat-template` file, checked to be a template llama.cpp's way of rendering can run."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    from kafila.engine.chat.template import ChatTemplate
+    from kafila.errors import KafilaError
+    from kafila.session.protocol.fields import MAX_CHAT_TEMPLATE  # it travels to the head in the assign message
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KafilaError(f"cannot read the chat template {path}: {exc}") from None
+    if len(text) > MAX_CHAT_TEMPLATE:
+        raise KafilaError(f"the chat template {path} holds {len(text)} characters; at most "
+                          f"{MAX_CHAT_TEMPLATE} are accepted")
+    try:
+        ChatTemplate(text)
+    except Exception as exc:  # jinja2's syntax errors name the line
+        raise KafilaError(f"the chat template {path} is not a template Kafila can render: {exc}") from None
+    return text
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1, with the reason when it is not."""
     try:

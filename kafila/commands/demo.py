@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kafila.commands._common import speculate_arg
+from kafila.commands._common import chat_template_arg, read_chat_template, speculate_arg
 
 HELP = "run a whole session on this machine (rendezvous, host, 3 emulated members) and chat through the ring"
 
@@ -30,6 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, metavar="PATH",
                    help="a small GGUF with the model's vocabulary: the head drafts with it (--speculate draft or auto)")
     speculate_arg(p)
+    chat_template_arg(p)
     p.add_argument("--json", action="store_true", help="with --prompt: print one JSON object (text, plan, timings)")
 
 
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     opts = DemoOptions(model=Path(args.model) if args.model else None, members=_members(args),
                        concurrency=args.concurrency, context=args.context, api_port=args.api_port,
                        mixed_builds=args.mixed_builds, speculate=args.speculate,
-                       draft=Path(args.draft).resolve() if args.draft else None)
+                       draft=Path(args.draft).resolve() if args.draft else None,
+                       chat_template=read_chat_template(args.chat_template))
     console = Console(stderr=True, highlight=False)
     with SessionThread(lambda state: run_demo(opts, state), console=None if args.json else console) as session:
         state = session.wait_settled(timeout_s=600)

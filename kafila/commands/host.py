@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     settings = SessionSettings(
         context=args.context, concurrency=args.concurrency, batch=args.batch, speculate=args.speculate,
         replan=not args.no_replan, copy=not args.no_copy, stall_s=args.stall_limit, measure_wait_s=args.measure_wait,
-        mixed_builds=args.mixed_builds,
+        mixed_builds=args.mixed_builds, chat_template=read_chat_template(args.chat_template),
     )
     opts = HostOptions(
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-from collections.abc import Sequence
+import functools
+from collections.abc import Collection, Sequence
+from typing import Any
 
+from kafila.engine.chat.formats import Prompt, render
+from kafila.engine.chat.template import ChatTemplate
 from kafila.engine.llama_lib import llama
 from kafila.errors import EngineError
 
@@ -55,35 +59,45 @@ class Vocab:
         """True for end-of-generation tokens (EOS, end of turn...)."""
         return bool(llama().llama_vocab_is_eog(self._vocab, token))
 
-    def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The prompt text the model's own chat template makes of `messages`."""
+    @functools.cached_property
+    def template(self) -> ChatTemplate:
+        """The model's chat template, as llama.cpp's `--jinja` renders it (probed once, on first use)."""
         if not self.chat_template:
             raise EngineError("this model has no chat template (a base model such as Gemma 3 270M); complete "
                               "raw text with `kafila generate --model MODEL PROMPT` instead")
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        return ChatTemplate(self.chat_template, self.piece(self.bos, special=True).decode("utf-8", "replace"),
+                            self.piece(self.eos, special=True).decode("utf-8", "replace"))
 
-        fmt = Jinja2ChatFormatter(
-            template=self.chat_template,
-            eos_token=self.piece(self.eos, special=True).decode("utf-8", "replace"),
-            bos_token=self.piece(self.bos, special=True).decode("utf-8", "replace"),
-            add_generation_prompt=True,
-        )
-        return fmt(messages=list(messages)).prompt  # type: ignore[arg-type]
+    def format_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    tool_choice: str = "auto") -> Prompt:
+        """The prompt the model's own chat template makes of `messages` (and `tools`), as llama.cpp's server
+        renders it (chat/formats.py); TemplateError when the template refuses them."""
+        return render(self.template, list(messages), tools, tool_choice)
 
-    def chat_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Prompt tokens for a chat; the template writes its own special tokens, so none are added."""
-        return self.tokenize(self.format_chat(messages), add_special=False, parse_special=True)
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """A rendered chat's tokens: the template writes its own special tokens, and BOS when it wrote one."""
+        return [self.bos] * prompt.bos + self.tokenize(prompt.text, add_special=False, parse_special=True)
+
+    def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Prompt tokens for a plain chat."""
+        return self.prompt_tokens(self.format_chat(messages))
+
+    def single_token(self, text: str) -> int | None:
+        """The one token `text` is (a special one such as `<|python_tag|>` too), or None."""
+        tokens = self.tokenize(text, add_special=False, parse_special=True)
+        return tokens[0] if len(tokens) == 1 else None
 
 
 class TextStream:
     """Turns a stream of tokens into text, holding back bytes of a character split across tokens."""
 
-    def __init__(self, vocab: Vocab) -> None:
+    def __init__(self, vocab: Vocab, shown: Collection[int] = ()) -> None:
         self._vocab = vocab
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self._shown = shown  # special tokens written as their text (a tool-call marker such as [TOOL_CALLS])
 
     def push(self, token: int) -> str:
-        return self._decoder.decode(self._vocab.piece(token))
+        return self._decoder.decode(self._vocab.piece(token, special=token in self._shown))
 
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)

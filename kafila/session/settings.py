@@ -29,6 +29,7 @@ class SessionSettings:
     measure_wait_s: float = 900.0
     mixed_builds: bool = False  # --mixed-builds: admit members whose llama.cpp build differs (not bit-exact then)
     strategy: str = "kafila"  # which split to serve: "kafila", or a baseline ("uniform", "memory") for benchmarks
+    chat_template: str | None = None  # --chat-template: a Jinja chat template (its text) in place of the model's
 
     @property
     def config(self) -> dict[str, int]:

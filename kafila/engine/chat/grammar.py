@@ -9,8 +9,6 @@ the generic form's `{"tool_call": …}` (`{"tool_calls": […]}` when calls may 
 
 from __future__ import annotations
 
-import json
-
 from llama_cpp.llama_grammar import SchemaConverter
 
 from kafila.engine.chat.formats import GENERIC, HERMES, LLAMA_3, LLAMA_3_BUILTIN, MISTRAL
@@ -43,18 +41,24 @@ def _one_of(schemas: list[Json]) -> Json:
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
-def tool_grammar(fmt: str, functions: list[Json], parallel: bool = False) -> str:
-    """GBNF whose every sentence is one call (several when `parallel`) of one of `functions`."""
+def tool_grammar(fmt: str, functions: list[Json], parallel: bool = False, response: bool = False) -> str:
+    """GBNF whose every sentence is one call (several when `parallel`) of one of `functions`; with `response`
+    (the generic form only), or `{"response": "..."}`, as llama.cpp's generic handler allows under `auto`."""
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     calls = [call_schema(fmt, f, parallel) for f in functions]
     try:
         if fmt == GENERIC:
             key, value = (("tool_calls", {"type": "array", "items": _one_of(calls), "minItems": 1}) if parallel
                           else ("tool_call", _one_of(calls)))
-            schema = converter.resolve_refs({"type": "object", "properties": {key: value}, "required": [key]}, "tools")
-            converter.visit(schema, "")
+            schema: Json = {"type": "object", "properties": {key: value}, "required": [key]}
+            if response:
+                schema = {"anyOf": [schema, {"type": "object", "properties": {"response": {"type": "string"}},
+                                             "required": ["response"]}]}
+            converter.visit(converter.resolve_refs(schema, "tools"), "")
         elif fmt == MISTRAL:
-            array: Json = {"type": "array", "items": _one_of(calls), "minItems": 1, **({} if parallel else {"maxItems": 1})}
+            array: Json = {"type": "array", "items": _one_of(calls), "minItems": 1}
+            if not parallel:
+                array["maxItems"] = 1
             rule = converter.visit(converter.resolve_refs(array, "tools"), "tool-calls")
             converter._add_rule("root", f'"[TOOL_CALLS]" {rule}')
         else:
@@ -76,7 +80,3 @@ def schema_problem(parameters: Json) -> str | None:
     except SchemaError as exc:
         return str(exc)
     return None
-
-
-def dumps(value: Json) -> str:
-    return json.dumps(value, ensure_ascii=False)

@@ -10,12 +10,15 @@ text_completion ones (`Shape`); both carry the head's stats as an extra "kafila"
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from kafila.engine.chat.parse import Call, parse
+from kafila.engine.chat.stream import CallSplitter
 from kafila.session.api.guard import error_response
 from kafila.session.api.logprobs import chat_logprobs, text_logprobs
 
@@ -42,10 +45,14 @@ class Shape:
             return None
         return chat_logprobs(entries) if self.chat else text_logprobs(entries, offset)
 
-    def choice(self, text: str, finish: str | None, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A whole reply's one choice."""
+    def choice(self, text: str, finish: str | None, logprobs: list[dict[str, Any]] | None = None,
+               calls: tuple[Call, ...] = ()) -> dict[str, Any]:
+        """A whole reply's one choice; with `calls`, OpenAI's tool_calls (content null when there is none)."""
         if self.chat:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+            message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+            if calls:
+                message["tool_calls"] = tool_calls(calls)
+            return {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else finish,
                     "logprobs": self.logprobs(logprobs)}
         return {"index": 0, "text": text, "finish_reason": finish, "logprobs": self.logprobs(logprobs)}
 
@@ -62,12 +69,21 @@ class Shape:
 CHAT, TEXT = Shape(chat=True), Shape(chat=False)
 
 
+def tool_calls(calls: tuple[Call, ...]) -> list[dict[str, Any]]:
+    """OpenAI's tool_calls; each gets an id `call_…` unless the model wrote its own (Mistral's, which its
+    template wants back as it was)."""
+    return [{"id": c.id or f"call_{secrets.token_hex(12)}", "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
 async def whole(shape: Shape, base: dict[str, Any], first: dict[str, Any],
                 events: AsyncIterator[dict[str, Any]], logprobs: bool = False) -> web.Response:
     """A non-streamed reply: every event gathered into one chat.completion (or text_completion)."""
     text, notices, done = [], [], None
     entries: list[dict[str, Any]] | None = [] if logprobs else None
+    fmt = None
     async for evt in chain(first, events):
+        fmt = evt.get("tool_format", fmt)
         if "error" in evt:
             return event_error(evt)
         if "delta" in evt:
@@ -78,10 +94,11 @@ async def whole(shape: Shape, base: dict[str, Any], first: dict[str, Any],
             notices.append(evt["notice"])
         done = evt.get("done", done)
     done = {**(done or {}), **({"notices": notices} if notices else {})}
-    return web.json_response({
-        **base, "object": shape.whole(), "choices": [shape.choice("".join(text), done.get("finish_reason"), entries)],
-        "usage": _usage(done), "kafila": done,
-    })
+    reply = parse(fmt, "".join(text)) if fmt else None  # a chat with tools: its calls read from the text
+    choice = (shape.choice(reply.content, done.get("finish_reason"), entries, reply.calls) if reply is not None
+              else shape.choice("".join(text), done.get("finish_reason"), entries))
+    return web.json_response({**base, "object": shape.whole(), "choices": [choice], "usage": _usage(done),
+                              "kafila": done})
 
 
 async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first: dict[str, Any],
@@ -99,11 +116,16 @@ async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first
     if shape.chat:  # a chat stream opens with the speaker's role
         await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
     sent = 0  # characters of the reply sent so far (a text completion's text_offset)
+    calls: CallSplitter | None = None  # a chat with tools: text that may become a call is held back
     async for evt in chain(first, events):
-        if evt.get("delta") or (logprobs and evt.get("logprobs")):  # a held piece's tokens still go with their numbers
+        if "tool_format" in evt:
+            calls = CallSplitter(evt["tool_format"])
+        elif evt.get("delta") or (logprobs and evt.get("logprobs")):  # a held piece's tokens go with their numbers
             entries = evt.get("logprobs", []) if logprobs else None
-            await send({**base, "choices": [shape.delta(evt["delta"], None, entries, sent)]})
-            sent += len(evt["delta"])
+            piece = calls.push(evt["delta"]) if calls is not None else evt["delta"]
+            if piece or entries:
+                await send({**base, "choices": [shape.delta(piece, None, entries, sent)]})
+            sent += len(piece)
         elif "notice" in evt:  # no text: a line for the reader (clients that do not know it skip it)
             await send({**base, "choices": [], "kafila": {"notice": evt["notice"]}})
         elif "progress" in evt:  # a long prompt's prefill so far, likewise without choices
@@ -113,12 +135,26 @@ async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first
             break
         elif "done" in evt:
             done = evt["done"]
-            await send({**base, "choices": [shape.delta(None, done.get("finish_reason"))], "kafila": done})
+            finish = done.get("finish_reason")
+            if calls is not None:
+                rest = calls.finish()
+                if rest.content:
+                    await send({**base, "choices": [shape.delta(rest.content, None)]})
+                if rest.calls:
+                    await send({**base, "choices": [tool_delta(rest.calls)]})
+                    finish = "tool_calls"
+            await send({**base, "choices": [shape.delta(None, finish)], "kafila": done})
             if include_usage:
                 await send({**base, "choices": [], "usage": _usage(done)})
     await send("[DONE]")
     await resp.write_eof()
     return resp
+
+
+def tool_delta(calls: tuple[Call, ...]) -> dict[str, Any]:
+    """A streamed chunk's choice carrying whole calls (OpenAI's tool-call deltas, each at its index)."""
+    return {"index": 0, "delta": {"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls(calls))]},
+            "finish_reason": None}
 
 
 async def chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

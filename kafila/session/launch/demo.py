@@ -69,6 +69,7 @@ class DemoOptions:
     threads: int | None = None  # llama.cpp threads per member (default: the cores shared out among them)
     mixed_builds: bool = False  # the host admits members of another llama.cpp build (then not bit-exact)
     speculate: str = "auto"  # the head's speculation (session/ring/speculation.py)
+    chat_template: str | None = None  # replaces the model's chat template (SessionSettings.chat_template)
     draft: Path | None = None  # a draft model every member may use as the head
 
     def member_threads(self) -> int:
@@ -180,7 +181,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                 await _start_rendezvous([*kafila_argv(), "rendezvous", "--host", "127.0.0.1", "--port", str(port)],
                                         log_dir / "rendezvous.log", env, procs)
                 settings = SessionSettings(concurrency=opts.concurrency, context=opts.context, strategy=opts.strategy,
-                                           mixed_builds=opts.mixed_builds, speculate=opts.speculate)
+                                           mixed_builds=opts.mixed_builds, speculate=opts.speculate,
+                                           chat_template=opts.chat_template)
                 host = tg.create_task(run_host(HostOptions(
                     model=opts.model, rendezvous=("127.0.0.1", port), members=len(opts.members), wait_s=120.0,
                     settings=settings, api_port=opts.api_port, cache_dir=cache.root,

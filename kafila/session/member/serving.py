@@ -72,7 +72,8 @@ class Serving(MemberCore):
                     tg.create_task(pump(self.edges.prev, inbox, RingView(tuple(order), me=self.opts.name)))
                 if is_head:
                     path = self.worker.engine.path
-                    vocab = Vocab(self.worker.engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
+                    template = self._assigned.settings.chat_template or GGUFFile(path).get("tokenizer.chat_template")
+                    vocab = Vocab(self.worker.engine.vocab, template)  # the host's --chat-template first
                     nxt = self.edges.next
                     draft, note = await self._draft_model(vocab, config)
                     self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from kafila.engine.chat.formats import FORMATS
 from kafila.errors import ProtocolError
 from kafila.session.protocol.manifest import StageManifest
 from kafila.session.settings import SessionSettings
@@ -17,6 +18,7 @@ from kafila.session.settings import SessionSettings
 MAX_CONTROL = 4 * 1024 * 1024
 MAX_NAME = 255
 MAX_TEXT = 64 * 1024
+MAX_CHAT_TEMPLATE = 256 * 1024  # characters of a --chat-template (commands/_common.py refuses a longer one)
 MAX_INDEX = (1 << 31) - 1
 SPECULATION_MODES = ("auto", "lookup", "draft", "off")  # the head's (session/ring/speculation.py)
 
@@ -137,7 +139,7 @@ def session_settings(v: Any, where: str) -> SessionSettings:
     return record(SessionSettings, {
         "context": size, "concurrency": size, "batch": size, "speculate": one_of(*SPECULATION_MODES),
         "replan": boolean, "copy": boolean, "stall_s": SECONDS, "measure_wait_s": SECONDS, "mixed_builds": boolean,
-        "strategy": NAME})(v, where)
+        "strategy": NAME, "chat_template": null_or(string(MAX_CHAT_TEMPLATE))})(v, where)
 
 
 def plan(v: Any, where: str) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def manifest(v: Any, where: str) -> StageManifest:
 
 
 def chat_event(v: Any, where: str) -> dict[str, Any]:
-    """A chat_evt's event: one of delta, done, error, notice, progress."""
+    """A chat_evt's event: one of delta, done, error, notice, progress, tool_format."""
     obj = json_object(v, where)
     if "delta" in obj:
         string(MAX_CONTROL)(obj["delta"], f"{where}.delta")
@@ -174,6 +176,8 @@ def chat_event(v: Any, where: str) -> dict[str, Any]:
         progress = json_object(obj["progress"], f"{where}.progress")
         for name in ("prefilled", "prompt_tokens"):
             integer(0, MAX_INDEX)(progress.get(name), f"{where}.progress.{name}")
+    elif "tool_format" in obj:
+        one_of(*FORMATS)(obj["tool_format"], f"{where}.tool_format")
     else:
-        raise ProtocolError(f"{where} must carry one of delta, done, error, notice, progress")
+        raise ProtocolError(f"{where} must carry one of delta, done, error, notice, progress, tool_format")
     return obj

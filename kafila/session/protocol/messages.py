@@ -13,7 +13,7 @@ that may be null; fields this build does not know are ignored):
     assign    host → member   epoch, order [names, head first], head (= order[0]),
                               ranges {name: [start, end)} for every name in order,
                               settings {context, concurrency, batch, speculate, replan, copy, stall_s,
-                              measure_wait_s, mixed_builds, strategy} (kafila.session.settings: the
+                              measure_wait_s, mixed_builds, strategy, chat_template|null} (kafila.session.settings: the
                               session's, which a member taking coordination over runs with unchanged),
                               plan (the planner's JSON; its "stage_seconds" {name: s} are read),
                               model (the name to show), stage {sha256, size, chunk_size, chunks
@@ -53,7 +53,8 @@ that may be null; fields this build does not know are ignored):
     chat_evt  ring / control  id, dest, evt: {"delta": str, "tokens": [ids], "prompt_cuts"?: [n]} (the
                               chunks the prompt went round in, with the first token) | {"done": {...stats}} |
                               {"error": str, "resumable": bool} | {"notice": str} |
-                              {"progress": {"prefilled": n, "prompt_tokens": n}}
+                              {"progress": {"prefilled": n, "prompt_tokens": n}} |
+                              {"tool_format": dialect} (before the first delta of a chat with tools)
     roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}},
                               beside|null (the ring member in the coordinator's own process, lost with
                               it; null: it only coordinates), holders [names holding the model file,
@@ -122,8 +123,9 @@ from kafila.session.settings import SessionSettings
 # circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk). 4: measuring, measured (a
 # member connects before it measures itself). 5: assign carries the session's settings (kafila.session.settings)
 # in place of config and speculate; roster no longer carries strategy and mixed_builds (they are settings)
-# 6: roster carries mandates; stats and chat_evt only from the head
-CONTROL_VERSION = 6
+# 6: roster carries mandates; stats and chat_evt only from the head. 7: settings carry chat_template; a chat_evt
+# may be {"tool_format"}
+CONTROL_VERSION = 7
 
 MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none

@@ -25,56 +25,41 @@ from typing import Any
 from kafila.engine.grammar import Grammar, GrammarError
 from kafila.engine.sampler import Sampler, SamplingParams
 from kafila.engine.vocab import Vocab
-from kafila.errors import SessionError
 from kafila.session.protocol.fields import SPECULATION_MODES
 from kafila.session.protocol.messages import DEFAULT_MAX_TOKENS
+from kafila.session.ring import chat_messages
+from kafila.session.ring.chat_messages import MAX_CONTENT_CHARS, BadRequest, Message, Tool
+from kafila.session.ring.chat_messages import shown as _shown
 from kafila.session.ring.structured import FieldError, request_grammar
 
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.95
 DEFAULT_TOP_K = 40
-MAX_MESSAGES = 1024
-# The whole body travels the ring as one control message (messages.MAX_CONTROL, 4 MiB): JSON may
-# write a character as 12 bytes (an escaped astral character), so 256 Ki characters always fit.
-MAX_CONTENT_CHARS = 256 * 1024
 MAX_TOKENS_LIMIT = 1 << 20
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's (and llama-cpp-python's) default for a text completion
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
 NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a model without a chat template
 MAX_TOP_K = 1 << 20
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "n", "audio", "modalities", "prediction")
+UNSUPPORTED = ("functions", "function_call", "n", "audio", "modalities", "prediction")
 # ... unless they carry the value that asks for nothing (what many clients send by default).
-NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (1,), "tools": ([],)}
+NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (1,)}
 # The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
-COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "tools", "functions")
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "tools", "tool_choice", "functions")
 MAX_TOP_LOGPROBS = 20  # OpenAI's limits: a chat's top_logprobs, a completion's logprobs
 MAX_COMPLETION_LOGPROBS = 5
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,)}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,), "tools": ([],)}
 MAX_LOGIT_BIAS = 1024  # entries of a request's logit_bias
 DEFAULT_REPEAT_LAST_N = 64  # llama.cpp's server's
 
 
-class BadRequest(SessionError):
-    """A chat body the ring will not run; `param` names the field (OpenAI's error shape)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.param, self.code = param, code
-
-    def event(self) -> dict[str, Any]:
-        """As a head's error event: answered with HTTP 400, never resumed."""
-        return {"error": str(self), "status": 400, "param": self.param, "code": self.code}
-
-
 @dataclass(frozen=True)
 class ChatRequest:
-    """A validated request: a chat's messages as (role, text) pairs, or a completion's raw `prompt`,
-    and sampling settings within their ranges."""
+    """A validated request: a chat's messages (and the tools its reply may call), or a completion's raw
+    `prompt`, and sampling settings within their ranges."""
 
-    messages: tuple[tuple[str, str], ...] = ()
+    messages: tuple[Message, ...] = ()
     prompt: str | None = None  # set: a text completion (no chat template); `messages` is then empty
     stop: tuple[str, ...] = ()  # the reply ends before the first of these (never part of the text)
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -98,13 +83,22 @@ class ChatRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # set: each token's log-probability and this many most likely alternatives
     grammar: str | None = None  # GBNF text the reply follows (grammar-constrained sampling at the head)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"  # none, auto, required, or "function": the one named `tool_name`
+    tool_name: str | None = None
+    parallel_tool_calls: bool = False  # llama.cpp's server's default (OpenAI's is true)
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
         out: dict[str, Any] = (
             {"prompt": self.prompt} if self.prompt is not None
-            else {"messages": [{"role": r, "content": c} for r, c in self.messages]}
+            else {"messages": [m.as_dict() for m in self.messages]}
         )
+        if self.tools:
+            out["tools"] = [t.as_dict() for t in self.tools]
+            out["tool_choice"] = (self.tool_choice if self.tool_name is None
+                                  else {"type": "function", "function": {"name": self.tool_name}})
+            out["parallel_tool_calls"] = self.parallel_tool_calls
         out |= {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "seed": self.seed}
         if self.stop:
@@ -162,8 +156,12 @@ def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
     if top is not None and body.get("logprobs") is not True:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if _optional(body, "logprobs", bool, False) else None
-    return ChatRequest(messages=_messages(body.get("messages")), stop=_stop(body.get("stop")), logprobs=logprobs,
-                       **common)
+    tools = chat_messages.tools(body.get("tools"))
+    choice, name = chat_messages.tool_choice(body.get("tool_choice"), tools)
+    chat_messages.forced(tools, choice, name)  # a schema the grammar converter cannot take: refused here
+    return ChatRequest(messages=chat_messages.messages(body.get("messages")), stop=_stop(body.get("stop")),
+                       logprobs=logprobs, tools=tools, tool_choice=choice, tool_name=name,
+                       parallel_tool_calls=_optional(body, "parallel_tool_calls", bool, False), **common)
 
 
 def parse_completion(body: Any, *, internal: bool = False) -> ChatRequest:
@@ -280,30 +278,6 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int, default: int 
     return value
 
 
-def _messages(value: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, list) or not value:
-        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages",
-                         "invalid_type")
-    if len(value) > MAX_MESSAGES:
-        raise BadRequest(f"'messages' holds {len(value)} messages; at most {MAX_MESSAGES} are accepted", "messages")
-    out, total = [], 0
-    for i, m in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise BadRequest(f"'{where}.role' must be one of {', '.join(ROLES)}, got {_shown(role)}",
-                             f"{where}.role")
-        text = _content(m.get("content"), f"{where}.content")
-        total += len(text)
-        if total > MAX_CONTENT_CHARS:
-            raise BadRequest(f"the messages hold more than {MAX_CONTENT_CHARS} characters", "messages",
-                             "context_length_exceeded")
-        out.append((ROLES[role], text))
-    return tuple(out)
-
-
 def _prompt(value: Any) -> str:
     """One string (OpenAI also takes lists of strings or of token ids: one completion per request here)."""
     if not isinstance(value, str):
@@ -345,18 +319,6 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _content(value: Any, where: str) -> str:
-    """A string, or OpenAI's list of text parts (joined); images and audio are refused."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
-    ):
-        return "\n".join(p["text"] for p in value)
-    raise BadRequest(f"'{where}' must be a string or a list of text parts, got {_shown(value)}", where,
-                     "invalid_type")
-
-
 def _resume(body: dict[str, Any], name: str) -> tuple[int, ...]:
     """`resume` (token ids) or `resume_cuts` (chunk lengths): a list of integers >= 0, or nothing."""
     value = body.get(name)
@@ -367,12 +329,3 @@ def _resume(body: dict[str, Any], name: str) -> tuple[int, ...]:
     ):
         raise BadRequest(f"'{name}' must be a list of integers >= 0", name)
     return tuple(value)
-
-
-def _shown(value: Any) -> str:
-    """A short rendering of a bad value for the error message (never the whole of a large one)."""
-    try:
-        text = "null" if value is None else repr(value)
-    except ValueError:  # an integer past Python's digit limit for printing
-        text = f"a {type(value).__name__} too large to show"
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -32,17 +32,19 @@ from typing import Any
 import numpy as np
 
 from kafila.engine.chain import Batch, logit_rows, take_batch
+from kafila.engine.chat.formats import CONTENT_ONLY
 from kafila.engine.draft import DraftModel
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.stage import ContextConfig
-from kafila.engine.vocab import Vocab
+from kafila.engine.vocab import TextStream, Vocab
 from kafila.errors import NeighbourFault, NetworkError, SessionEnded
 from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.authority import Sender, Via, chat_owner
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
-from kafila.session.ring.chat_request import NO_CHAT_TEMPLATE, BadRequest, ChatRequest, parse_request
+from kafila.session.ring.chat_prompt import chat_prompt
+from kafila.session.ring.chat_request import BadRequest, ChatRequest, parse_request
 from kafila.session.ring.frame_check import FrameLimits, from_neighbour, shape_fault
 from kafila.session.ring.reply_stream import paced
 from kafila.session.ring.ring_stats import RingStats
@@ -65,6 +67,7 @@ class Job:
     token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
     abandoned: bool = False  # its client went away: freed at its next sampled row, not decoded to max_tokens
     owner: str = ""  # the member whose API it came through ("": this one): its slot's cache is reused only by it
+    tool_format: str = CONTENT_ONLY  # the dialect its reply's tool calls come in (engine/chat/formats.py)
 
 
 class Head:
@@ -129,6 +132,8 @@ class Head:
             return
         self._waiting.append(job)
         self._wake.set()
+        if job.tool_format != CONTENT_ONLY:  # the API reads the reply's calls in this dialect
+            yield {"tool_format": job.tool_format}
         try:
             async with contextlib.aclosing(paced(job.events)) as events:
                 async for evt in events:
@@ -150,7 +155,8 @@ class Head:
         for name, ids in (("resume", chat.resume), ("logit_bias", [t for t, _ in chat.logit_bias])):
             if any(t >= self.embedder.n_vocab for t in ids):
                 raise BadRequest(f"'{name}' holds a token id outside the vocabulary", name)
-        prompt = self._prompt_tokens(chat)
+        rendered = chat_prompt(chat, self.vocab)
+        job.tool_format, prompt = rendered.tool_format, rendered.tokens
         n_ctx = self.config.n_ctx_per_seq
         field_name = "messages" if chat.prompt is None else "prompt"
         if len(prompt) + len(chat.resume) >= n_ctx:
@@ -163,6 +169,7 @@ class Head:
                           chat.sampler(self.vocab, prompt), self.vocab, logprobs=chat.logprobs,
                           stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
                           drafter=self.speculator.drafter(chat.speculate, chat.sampling()))
+        request.text = TextStream(self.vocab, rendered.shown)  # a tool call's special markers show in its text
         for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
             request.text.push(t)
         return request
@@ -176,22 +183,6 @@ class Head:
         if not chat.resume or sum(cuts) != prompt_tokens or not all(0 < c <= self.config.n_batch for c in cuts):
             return []
         return cuts + [1] * len(chat.resume)
-
-    def _prompt_tokens(self, chat: ChatRequest) -> list[int]:
-        """A completion's text as llama.cpp's completion tokenises it (BOS if the model adds one); a chat's
-        messages through the model's chat template."""
-        if chat.prompt is not None:
-            tokens = self.vocab.tokenize(chat.prompt, add_special=True, parse_special=True)
-            if not tokens:
-                raise BadRequest("'prompt' is empty (and this model adds no BOS token to start from)", "prompt")
-            return tokens
-        if not self.vocab.chat_template:
-            raise BadRequest("this model has no chat template (a base model): send its text to /v1/completions "
-                             "instead", "messages", NO_CHAT_TEMPLATE)
-        try:
-            return self.vocab.chat_tokens([{"role": r, "content": c} for r, c in chat.messages])
-        except Exception as exc:  # the model's own template (jinja2) may refuse a conversation in its own way
-            raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
 
     def fail_all(self, reason: str, resumable: bool = False) -> None:
         """End every request with `reason`; new requests are refused the same way."""

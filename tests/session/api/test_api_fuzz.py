@@ -39,14 +39,25 @@ any_json = st.recursive(
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "", "USER"]) | scalars
 contents = st.text(max_size=30) | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=9)})
                                            | any_json, max_size=3) | scalars
-message = st.fixed_dictionaries({}, optional={"role": roles, "content": contents, "name": scalars}) | any_json
+calls = st.lists(st.fixed_dictionaries({"id": st.text(max_size=5) | scalars, "type": st.just("function") | scalars,
+                                        "function": st.fixed_dictionaries({}, optional={
+                                            "name": st.text(max_size=5) | scalars,
+                                            "arguments": st.text(max_size=9) | any_json}) | scalars}),
+                 max_size=2) | any_json
+message = st.fixed_dictionaries({}, optional={"role": roles, "content": contents, "name": scalars,
+                                              "tool_calls": calls, "tool_call_id": scalars}) | any_json
+tool = st.fixed_dictionaries({"type": st.just("function") | scalars, "function": st.fixed_dictionaries({}, optional={
+    "name": st.sampled_from(["f", "get_weather", "bad name"]) | scalars, "description": scalars,
+    "parameters": st.just({"type": "object", "properties": {"x": {"type": "integer"}}}) | any_json}) | scalars})
+tool_choices = st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]) | any_json
 numbers = st.integers(-(2**70), 2**70) | st.floats() | st.sampled_from([0, 1, 2, 0.0, 1.0, 2.0, 1e-310, 40, 256])
 fields = {"messages": st.lists(message, max_size=4) | any_json, "temperature": numbers | scalars,
           "top_p": numbers | scalars, "top_k": numbers | scalars, "max_tokens": numbers | scalars,
           "max_completion_tokens": numbers | scalars, "seed": numbers | scalars, "stream": scalars,
           "stream_options": any_json, "model": scalars, "stop": any_json, "n": numbers, "logprobs": scalars,
           "resume": any_json, "raw": scalars, "response_format": any_json, "json_schema": any_json,
-          "grammar": any_json}
+          "grammar": any_json, "tools": st.lists(tool, max_size=2) | any_json, "tool_choice": tool_choices,
+          "parallel_tool_calls": scalars}
 valid_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
                                        "content": st.text(max_size=30)})
 valid = st.fixed_dictionaries({"messages": st.lists(valid_message, min_size=1, max_size=3)}, optional={
@@ -74,7 +85,7 @@ def test_the_validator_accepts_or_names_the_bad_field(body: Any) -> None:
     assert isinstance(chat, ChatRequest) and chat.messages and chat.resume == ()
     assert isinstance(chat.sampling(), SamplingParams)
     assert math.isfinite(chat.temperature) and 0 <= chat.temperature <= 2 and 0 <= chat.top_p <= 1
-    assert 1 <= chat.max_tokens and sum(len(c) for _, c in chat.messages) <= MAX_CONTENT_CHARS
+    assert 1 <= chat.max_tokens and sum(m.size for m in chat.messages) <= MAX_CONTENT_CHARS
     # the head reads the forwarded body the same way (streaming is the API's business, not the head's)
     assert parse_chat(chat.body(), internal=True) == dataclasses.replace(chat, stream=False, include_usage=False)
     json.dumps(chat.body(), allow_nan=False)
