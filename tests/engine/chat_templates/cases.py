@@ -6,6 +6,8 @@ llama.cpp's own engine makes of them into expected.json.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +87,9 @@ OUTPUTS = [
 
 def template(name: str) -> str:
     return (HERE / f"{name}.jinja").read_text()
+
+
+def inputs_digest() -> str:
+    """What expected.json was made from: a test fails when cases or templates change and it is not made again."""
+    data = json.dumps([TEMPLATES, CASES, OUTPUTS, {n: template(n) for n in TEMPLATES}], sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()

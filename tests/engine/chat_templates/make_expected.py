@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.engine.chat_templates.cases import CASES, HERE, OUTPUTS, TEMPLATES, template
+from tests.engine.chat_templates.cases import CASES, HERE, OUTPUTS, TEMPLATES, inputs_digest, template
 
 LOG_H = """#pragma once
 #include <cstdio>
@@ -71,10 +71,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkout", type=Path)
     p.add_argument("--out", type=Path, default=HERE / "expected.json")
+    p.add_argument("--commit", default="", help="the checkout's commit, when it is not a git work tree")
     p.add_argument("--keep", type=Path, help="keep the built renderer here (and reuse it when it is there)")
     args = p.parse_args()
     commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+                            text=True).stdout.strip() or args.commit
     with tempfile.TemporaryDirectory() as tmp:
         exe = args.keep if args.keep is not None and args.keep.exists() else build(args.checkout, Path(tmp))
         if args.keep is not None and not args.keep.exists():
@@ -84,7 +85,8 @@ def main() -> int:
             for case_name, case in CASES.items():
                 body = {"template": template(name), "bos": bos, "eos": eos, "outputs": OUTPUTS, **case}
                 results[f"{name}/{case_name}"] = run(exe, body)
-    args.out.write_text(json.dumps({"llama.cpp": commit, "results": results}, indent=1, ensure_ascii=False) + "\n")
+    out = {"llama.cpp": commit, "inputs": inputs_digest(), "results": results}
+    args.out.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {len(results)} results to {args.out}", file=sys.stderr)
     return 0
 
