@@ -20,14 +20,15 @@ N_CTX = 512  # the head tests' context per request (tests/session/ring/conftest.
 
 
 @contextlib.asynccontextmanager
-async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 30) -> AsyncIterator[Head]:
-    """A running head over blocks [0, n_blocks); on exit it must still be running (a test's requests did
-    not stop it), then it is stopped."""
+async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 30,
+                    chat_template: str | None = None) -> AsyncIterator[Head]:
+    """A running head over blocks [0, n_blocks) (`chat_template`: in place of the model's, as the host's
+    --chat-template); on exit it must still be running (a test's requests did not stop it), then it is stopped."""
     path = cache.stage(model, StageSpec(0, n_blocks, True))
     config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=2, n_batch=128, n_threads=2)
     engine = await asyncio.to_thread(StageEngine, path, config, True)
     worker = StageWorker(engine)
-    vocab = Vocab(engine.vocab, GGUFFile(path).get("tokenizer.chat_template"))
+    vocab = Vocab(engine.vocab, chat_template or GGUFFile(path).get("tokenizer.chat_template"))
     h = Head(worker, Embedder(path), vocab, config, ["solo"], {}, None, asyncio.Queue())
     task = asyncio.create_task(h.run())
     await asyncio.sleep(0)
