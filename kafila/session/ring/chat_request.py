@@ -159,6 +159,9 @@ def parse_chat(body: Any, *, internal: bool = False) -> ChatRequest:
     tools = chat_messages.tools(body.get("tools"))
     choice, name = chat_messages.tool_choice(body.get("tool_choice"), tools)
     chat_messages.forced(tools, choice, name)  # a schema the grammar converter cannot take: refused here
+    if tools and choice != "none" and common["grammar"] is not None:  # llama.cpp's server refuses it too
+        raise BadRequest("a reply cannot follow both a grammar (grammar, json_schema, response_format) and "
+                         "tools: send tool_choice 'none' or leave one of them out", "tools")
     return ChatRequest(messages=chat_messages.messages(body.get("messages")), stop=_stop(body.get("stop")),
                        logprobs=logprobs, tools=tools, tool_choice=choice, tool_name=name,
                        parallel_tool_calls=_optional(body, "parallel_tool_calls", bool, False), **common)

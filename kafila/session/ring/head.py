@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -157,6 +158,8 @@ class Head:
                 raise BadRequest(f"'{name}' holds a token id outside the vocabulary", name)
         rendered = chat_prompt(chat, self.vocab)
         job.tool_format, prompt = rendered.tool_format, rendered.tokens
+        if rendered.grammar is not None:  # a call the tool choice forces (chat_prompt.py)
+            chat = dataclasses.replace(chat, grammar=rendered.grammar)
         n_ctx = self.config.n_ctx_per_seq
         field_name = "messages" if chat.prompt is None else "prompt"
         if len(prompt) + len(chat.resume) >= n_ctx:
