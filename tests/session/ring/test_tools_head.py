@@ -22,7 +22,7 @@ from kafila.session.ring.head import Head
 from tests.engine.chat_templates.cases import ONE_CALL, TIME, WEATHER, template
 from tests.session.solo_head import N_CTX, solo_head
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.slow  # real llama.cpp on prompts of hundreds of tokens (tools described)
 
 ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
