@@ -17,6 +17,7 @@ from typing import Any
 
 from kafila.engine.chat.grammar import schema_problem
 from kafila.errors import SessionError
+from kafila.session.ring.structured import FieldError, request_grammar
 
 MAX_MESSAGES = 1024
 # The whole body travels the ring as one control message (messages.MAX_CONTROL, 4 MiB): JSON may
@@ -224,10 +225,16 @@ def forced(available: tuple[Tool, ...], choice: str, name: str | None) -> tuple[
     if choice not in ("required", "function"):
         return ()
     for i, tool in enumerate(available):
-        problem = schema_problem(json.loads(tool.parameters)) if tool in chosen else None
+        if tool not in chosen:
+            continue
+        where = f"tools[{i}].function.parameters"
+        try:  # the grammar core's own checks: sizes and counts bounded before the converter expands them
+            request_grammar({"json_schema": json.loads(tool.parameters)})
+            problem = schema_problem(json.loads(tool.parameters))
+        except FieldError as exc:
+            problem = str(exc).replace("'json_schema'", "it")
         if problem is not None:
-            raise BadRequest(f"'tools[{i}].function.parameters' cannot be turned into a grammar: {problem}",
-                             f"tools[{i}].function.parameters")
+            raise BadRequest(f"'{where}' cannot be turned into a grammar: {problem}", where)
     return chosen
 
 

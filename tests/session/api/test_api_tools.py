@@ -104,6 +104,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "https://x.example/s"}}}],
       "tool_choice": "required"}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "maxItems": 10**9}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
