@@ -5,6 +5,9 @@ call (`tool_choice: required`, or a named function) is held to the call's JSON b
 call's arguments validate against the function's schema; a streamed call reassembles to the whole
 reply's; a conversation with a tool's result goes on; and the greedy forced call is the one
 llama-cpp-python's own grammar-constrained completion gives for the same prompt and grammar.
+
+The host runs with `--chat-template`: SmolLM2's own template with another default system prompt, which the
+head must render with in place of the model's (the prompt's length tells which one it used).
 """
 
 from __future__ import annotations
@@ -39,11 +42,23 @@ ADD: Any = {"type": "function", "function": {
                    "required": ["a", "b"]}}}
 ASK: Any = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 MAX_TOKENS = 60
+OWN_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+HOSTS_PROMPT = "You are a careful assistant of the Kafila ring. You call the tools you are given when they help."
+
+
+def hosts_template(smollm: Path) -> str:
+    """The template the host's --chat-template gives: SmolLM2's own with another default system prompt."""
+    own = GGUFFile(smollm).get("tokenizer.chat_template")
+    assert OWN_PROMPT in own
+    return own.replace(OWN_PROMPT, HOSTS_PROMPT)
 
 
 @pytest.fixture(scope="module")
-def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path_factory.mktemp("tools"), [("ada", []), ("bo", []), ("cy", [])])
+def ring(tmp_path_factory: pytest.TempPathFactory, smollm: Path) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("tools")
+    (tmp / "template.jinja").write_text(hosts_template(smollm))
+    cluster = Cluster(tmp, [("ada", []), ("bo", []), ("cy", [])],
+                      host_args=["--chat-template", str(tmp / "template.jinja")])
     try:
         cluster.wait_phase({"admitted"})
         yield cluster
@@ -125,7 +140,7 @@ def test_the_forced_call_is_llama_cpps_grammar_constrained_completion(client: op
     try:
         bos = model.detokenize([model.token_bos()], special=True).decode()
         eos = model.detokenize([model.token_eos()], special=True).decode()
-        template = ChatTemplate(GGUFFile(smollm).get("tokenizer.chat_template"), bos, eos)
+        template = ChatTemplate(hosts_template(smollm), bos, eos)
         prompt = render(template, ASK, [WEATHER], "required")
         tokens = [model.token_bos()] * prompt.bos + model.tokenize(prompt.text.encode(), add_bos=False, special=True)
         grammar = LlamaGrammar.from_string(tool_grammar(GENERIC, [WEATHER["function"]]), verbose=False)
@@ -135,3 +150,24 @@ def test_the_forced_call_is_llama_cpps_grammar_constrained_completion(client: op
     truth = parse(GENERIC, out["choices"][0]["text"])
     assert [(c.name, c.arguments) for c in truth.calls] == [(call.function.name, call.function.arguments)]
     assert reply.usage is not None and reply.usage.completion_tokens == out["usage"]["completion_tokens"]
+
+
+def test_the_hosts_chat_template_renders_the_prompt(client: openai.OpenAI, smollm: Path) -> None:
+    reply = client.chat.completions.create(model="m", messages=ASK, max_tokens=2, temperature=0)
+    hosts = ChatTemplate(hosts_template(smollm)).apply(ASK)
+    own = ChatTemplate(GGUFFile(smollm).get("tokenizer.chat_template")).apply(ASK)
+    assert HOSTS_PROMPT in hosts and OWN_PROMPT in own
+    assert reply.usage is not None and reply.usage.prompt_tokens == _tokens(smollm, hosts) != _tokens(smollm, own)
+
+
+def _tokens(smollm: Path, text: str) -> int:
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), n_ctx=64, verbose=False, vocab_only=True)
+    try:
+        return len(model.tokenize(text.encode(), add_bos=False, special=True))
+    finally:
+        model.close()

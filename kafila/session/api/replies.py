@@ -118,8 +118,8 @@ async def stream(request: web.Request, shape: Shape, base: dict[str, Any], first
     sent = 0  # characters of the reply sent so far (a text completion's text_offset)
     calls: CallSplitter | None = None  # a chat with tools: text that may become a call is held back
     async for evt in chain(first, events):
-        if "tool_format" in evt:
-            calls = CallSplitter(evt["tool_format"])
+        if "tool_format" in evt:  # once: a reply resumed on a new ring is told again
+            calls = calls or CallSplitter(evt["tool_format"])
         elif evt.get("delta") or (logprobs and evt.get("logprobs")):  # a held piece's tokens go with their numbers
             entries = evt.get("logprobs", []) if logprobs else None
             piece = calls.push(evt["delta"]) if calls is not None else evt["delta"]
