@@ -221,9 +221,9 @@ def tool_choice(value: Any, available: tuple[Tool, ...]) -> tuple[str, str | Non
 
 def forced(available: tuple[Tool, ...], choice: str, name: str | None) -> tuple[Tool, ...]:
     """The tools a reply must call one of (none: it need not call any), each checked convertible to a grammar."""
-    chosen = available if choice == "required" else tuple(t for t in available if t.name == name)
     if choice not in ("required", "function"):
         return ()
+    chosen = available if choice == "required" else tuple(t for t in available if t.name == name)
     for i, tool in enumerate(available):
         if tool not in chosen:
             continue
