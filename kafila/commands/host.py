@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import socket
 
-from kafila.commands._common import draft_arg, positive_int, positive_seconds, speculate_arg
+from kafila.commands._common import (
+    chat_template_arg,
+    draft_arg,
+    positive_int,
+    positive_seconds,
+    read_chat_template,
+    speculate_arg,
+)
 
 HELP = "open a session for a model, coordinate it and serve a stage of it (prints the join code)"
 
@@ -40,6 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "before it is dropped and named (default 120; progress, not a deadline)")
     draft_arg(p)
     speculate_arg(p)
+    chat_template_arg(p)
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
     p.add_argument("--no-copy", action="store_true",
                    help="give no member a copy of the model (by default, when no other member holds it, one gets a "

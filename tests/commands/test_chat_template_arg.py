@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from kafila.session.protocol import messages as m
+from kafila.session.protocol.fields import MAX_CHAT_TEMPLATE
 from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
+from kafila.session.settings import SessionSettings
 from tests.conftest import run_kafila
 from tests.engine.chat_templates.cases import template
 
@@ -29,11 +31,12 @@ def test_a_missing_or_broken_template_is_refused(command: str, tmp_path: Path) -
 
 def test_the_template_travels_in_the_assign_message() -> None:
     text = template("Qwen-Qwen2.5-7B-Instruct")
-    assign = m.Assign(1, ("a",), "a", {"a": (0, 1)}, dict.fromkeys(m.CONFIG_KEYS, 1), {}, "x",
-                      StageManifest("0" * 64, 1, CHUNK_SIZE, ("0" * 64,)), False, {"a": "e" * 64}, "off", text)
+    assign = m.Assign(epoch=1, order=("a",), head="a", ranges={"a": (0, 1)},
+                      settings=SessionSettings(chat_template=text), plan={}, model="x",
+                      stage=StageManifest("0" * 64, 1, CHUNK_SIZE, ("0" * 64,)), fingerprints={"a": "e" * 64})
     back = m.decode(m.encode(assign))
-    assert isinstance(back, m.Assign) and back.chat_template == text
+    assert isinstance(back, m.Assign) and back.settings.chat_template == text
     obj = json.loads(m.encode(assign))
-    obj["chat_template"] = "x" * (m.MAX_CHAT_TEMPLATE + 1)
+    obj["settings"]["chat_template"] = "x" * (MAX_CHAT_TEMPLATE + 1)
     with pytest.raises(m.ProtocolError, match="chat_template"):
         m.decode(json.dumps(obj).encode())
