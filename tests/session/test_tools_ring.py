@@ -29,7 +29,7 @@ from kafila.model.gguf_file import GGUFFile
 from kafila.session.api.token import read_token
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]  # two replies on a loaded machine
 
 WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
