@@ -115,7 +115,8 @@ def _message(m: Any, where: str) -> Message:
     if not isinstance(role, str) or role not in ROLES:
         raise BadRequest(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
     role = ROLES[role]
-    name = _text(m.get("name"), f"{where}.name", optional=True)
+    # a tool result's function name goes to the template; other messages' `name` is dropped, as it always was
+    name = _text(m.get("name"), f"{where}.name", optional=True) if role == "tool" else None
     calls = _calls(m.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else ()
     if role != "assistant" and m.get("tool_calls") is not None:
         raise BadRequest(f"'{where}.tool_calls' is for assistant messages only", f"{where}.tool_calls")
