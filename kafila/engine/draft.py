@@ -5,8 +5,9 @@ It keeps, per sequence, the tokens its cache holds; a draft first brings the cac
 (dropping what a rejected draft left, feeding what was accepted since), then decodes k tokens. The cache is
 filled as the ring fills its own (the prompt in n_batch-row calls from its start, then one row a token), so
 a model drafting for itself computes the ring's own numbers and is always right when greedy. Greedy
-requests draft by argmax; sampled ones draw from the draft's own distribution `q`, which verification
-needs (sampler.verify).
+requests draft by argmax; sampled ones draw token i of the reply from the draft's own distribution with the
+request's noise for token i (sampler.py), so the guess is the target's own draw whenever the two models
+agree closely, and verification is a comparison.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +27,6 @@ from kafila.engine.stage import ContextConfig, Rows
 from kafila.engine.vocab import Vocab
 from kafila.errors import EngineError
 from kafila.model.gguf_file import GGUFFile
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Drafted tokens and, when they were sampled, the distribution each was drawn from."""
-
-    tokens: list[int]
-    q: list[np.ndarray] | None = None
 
 
 class DraftModel:
@@ -69,9 +61,9 @@ class DraftModel:
         return statistics.median(self._times) if self._times else None
 
     def draft(self, seq: int, prompt: Sequence[int], reply: Sequence[int], k: int,
-              sampler: Sampler | None = None) -> Draft:
+              sampler: Sampler | None = None) -> list[int]:
         """k tokens guessed to follow the prompt and the reply so far in sequence `seq` (greedy, or drawn through
-        `sampler`)."""
+        `sampler` with the request's noise for each reply index)."""
         tokens = [*prompt, *reply]
         t0 = time.perf_counter()
         held = self._held.get(seq, [])
@@ -80,20 +72,14 @@ class DraftModel:
             self._ctx.free(seq, keep)
         logits = self._feed(seq, tokens[keep:], keep, len(prompt))
         out: list[int] = []
-        qs: list[np.ndarray] = []
         for i in range(k):
-            if sampler is None:
-                token = int(np.argmax(logits))
-            else:
-                q = sampler.distribution(logits)
-                token = sampler.sample(logits)
-                qs.append(q)
+            token = int(np.argmax(logits)) if sampler is None else sampler.draw(logits, len(reply) + i)
             out.append(token)
             if i < k - 1:
                 logits = self._feed(seq, [token], len(tokens) + i, 0)
         self._held[seq] = [*tokens, *out[:-1]]
         self._times.append((time.perf_counter() - t0) / max(k, 1))
-        return Draft(out, qs if sampler is not None else None)
+        return out
 
     def _feed(self, seq: int, tokens: Sequence[int], start: int, prompt_len: int) -> np.ndarray:
         """Feed `tokens` from position `start`: prompt positions in calls ending at multiples of n_batch (or the

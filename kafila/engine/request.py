@@ -6,12 +6,11 @@ Transport-free, so the local chain and the ring scheduler drive requests the sam
 
 Speculation: with a `drafter`, a decode step may carry drafted tokens after the last sampled one
 (`Chunk.draft` of them); every row's logits come back, and the request keeps the drafted tokens its
-own sampler agrees with, plus the sampler's token after them (DESIGN §5b). A guessed token (lookup, a
-greedy draft model) is a point mass, so sampling the target's row and comparing is exactly speculative
-sampling (accept with probability p(x), else a token from p without x): the sampler draws once per
-generated token on the same logits as without speculation, and the reply is the same, seed for seed. A
-token a draft model sampled from its own q is verified by speculative sampling (Sampler.verify). The rows
-after the first disagreement are dropped from every stage's KV cache (`trim_from`).
+own sampler agrees with, plus the sampler's token after them (DESIGN §5b). The sampler draws each token
+from noise fixed by (seed, choice, token index) (sampler.py), and a draft model draws its guesses with the
+same noise, so sampling the target's row and comparing is the whole verification: each token is the one
+plain decoding draws, whatever was drafted and however the steps fell, and the reply is the same seed for
+seed. The rows after the first disagreement are dropped from every stage's KV cache (`trim_from`).
 
 Prefill chunks may be taken while earlier ones are still being computed (a ring pipelines one
 prompt across its stages: every stage computes frames in the order the head sent them, so chunk
@@ -67,11 +66,6 @@ class Drafter(Protocol):
     def draft(self, seq: int, prompt: Sequence[int], reply: Sequence[int], limit: int) -> list[int]:
         """At most `limit` tokens guessed to follow the prompt and the reply so far, in KV sequence `seq` (none:
         decode one token plainly)."""
-        ...
-
-    def q(self, i: int) -> np.ndarray | None:
-        """The distribution the last draft's i-th token was drawn from; None for a guess that is kept only
-        when the target's own sampling gives it (lookup, a greedy draft)."""
         ...
 
     def verified(self, drafted: int, accepted: int) -> None:
@@ -191,8 +185,7 @@ class Request:
         drafted = chunk.tokens[-chunk.draft:]
         piece, kept = "", 0
         for row in logits:
-            q = self.drafter.q(kept) if self.drafter is not None and kept < len(drafted) else None
-            token = self.sampler.sample(row) if q is None else self.sampler.verify(row, drafted[kept], q)
+            token = self.sampler.sample(row)
             piece += self._sampled(token, row)
             if self.done or kept == len(drafted) or token != drafted[kept]:
                 break

@@ -72,8 +72,10 @@ def saved_cells(state: bytes) -> tuple[list[int], bytes]:
 
 
 def _request(chain: LocalChain, seq: int, prompt: list[int], max_tokens: int,
-             replay: list[int] | None = None) -> Request:
-    return Request(seq, prompt, max_tokens, CONFIG.n_ctx_per_seq, Sampler(SamplingParams()), chain.vocab,
+             replay: list[int] | None = None, sampling: SamplingParams | None = None,
+             resume: list[int] | None = None) -> Request:
+    sampler = Sampler(sampling or SamplingParams(), prompt[:len(prompt) - len(resume or [])], resume or [])
+    return Request(seq, prompt, max_tokens, CONFIG.n_ctx_per_seq, sampler, chain.vocab,
                    reuse_cache=False, replay=list(replay or []))
 
 
@@ -117,5 +119,26 @@ def test_without_its_chunks_the_rebuild_is_another_computation(smollm: Path, sta
         after, again_held = _run(chain, [again], {1: len(again.prompt)})
         assert not np.array_equal(after[1][0], logits[0][CUT])
         assert saved_cells(held[0][1]) != saved_cells(again_held[1][1])  # a middle stage holds another KV cache
+    finally:
+        chain.close()
+
+
+def test_a_cut_sampled_reply_goes_on_as_the_uncut_one_seed_for_seed(smollm: Path, stage_cache: StageCache) -> None:
+    """At temperature 0.8 with a seed, the resumed request (its sampler given the reply so far, as the head gives
+    it `resume`) draws each next token with the uncut reply's noise for it: the same tokens to the end."""
+    sampling = SamplingParams(0.8, 40, 0.95, seed=20261207)
+    chain = open_chain(smollm, "10,20", CONFIG, stage_cache)
+    try:
+        prompt = chain.vocab.chat_tokens([{"role": "user", "content": TEXTS[0]}])
+        r = _request(chain, 0, prompt, MAX_TOKENS, sampling=sampling)
+        _run(chain, [r], {0: -1})
+        assert len(r.generated) == MAX_TOKENS  # long enough that the cut leaves many draws to go
+        again = _request(chain, 1, prompt + r.generated[:CUT], MAX_TOKENS - CUT, replay=r.cuts + [1] * CUT,
+                         sampling=sampling, resume=r.generated[:CUT])
+        _run(chain, [again], {1: -1})
+        assert again.generated == r.generated[CUT:]
+        other = _request(chain, 2, prompt, MAX_TOKENS, sampling=SamplingParams(0.8, 40, 0.95, seed=7))
+        _run(chain, [other], {2: -1})
+        assert other.generated != r.generated  # the seed decides: the test could fail
     finally:
         chain.close()

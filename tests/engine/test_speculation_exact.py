@@ -109,21 +109,40 @@ def own_draft(smollm: Path) -> DraftModel:
 def test_the_model_drafting_for_itself_is_always_right_and_changes_no_token(
         chain: LocalChain, smollm: Path, own_draft: DraftModel, temperature: float) -> None:
     # the machinery's ceiling: the target as its own draft, its cache filled as the ring fills its own, so it
-    # computes the ring's very numbers: greedy, every drafted token is the target's; sampled, q equals p and
-    # speculative sampling keeps every token (only a draft running past the reply's end loses its tail)
+    # computes the ring's very numbers: greedy, every drafted token is the target's; sampled, it draws with the
+    # request's own noise from the target's own distribution, so every guess is kept (only a draft running past
+    # the reply's end loses its tail), and the reply is the plain one seed for seed
     # a circuit of a second outside compute: the longest draft is worth its cost for any draft step under a
     # second, so the draft lengths, and the circuits counted below, do not hang on this machine's load
     speculator = Speculator("draft", lambda: (1.0, 0.009), model=own_draft)
     sampling = SamplingParams(temperature, 40, 0.95, 11)
     text, r = reply(chain, LONG, speculator.drafter(sampling=sampling), temperature)
     plain, _ = reply(chain, LONG, temperature=temperature)
+    assert text == plain
     if temperature == 0:
-        assert text == plain == llama_cpp_reply(smollm, LONG, MAX_TOKENS, CONFIG.n_ctx_per_seq)
+        assert plain == llama_cpp_reply(smollm, LONG, MAX_TOKENS, CONFIG.n_ctx_per_seq)
     ended = r.finish_reason == "stop"
     assert speculator.drafted > 0 and speculator.accepted >= speculator.drafted - (MAX_DRAFT if ended else 0), \
         speculator.as_dict()
     assert r.circuits <= len(r.generated) / 3  # several tokens a circuit
     assert own_draft.step_s is not None and own_draft.step_s > 0
+
+
+def test_a_sampled_reply_is_the_plain_one_whatever_the_draft_model_guesses(
+        chain: LocalChain, own_draft: DraftModel) -> None:
+    # a draft drawing from another distribution than the target's (the same model at temperature 1.6 with no
+    # top-p: a weaker draft, as a small model beside a large one is): some guesses are rejected, and each
+    # reply token is still the one plain decoding draws with that index's noise, so the reply is the plain
+    # one seed for seed (drafter-invariant, sampler.py), and so the same through a resume or another ring
+    speculator = Speculator("draft", lambda: (1.0, 0.009), model=own_draft)
+    sampling = SamplingParams(0.8, 40, 0.95, 11)
+    drafter = speculator.drafter(sampling=sampling)
+    assert drafter is not None and drafter.sampler is not None
+    drafter.sampler = Sampler(SamplingParams(1.6, 0, 1.0, 11))
+    text, r = reply(chain, LONG, drafter, 0.8)
+    plain, _ = reply(chain, LONG, temperature=0.8)
+    assert text == plain
+    assert 0 < speculator.accepted < speculator.drafted and r.circuits < len(r.generated), speculator.as_dict()
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused_naming_both(own_draft: DraftModel, smollm: Path,

@@ -19,8 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from kafila.engine.draft import DraftModel
 from kafila.engine.lookup import LONGEST, Lookup
 from kafila.engine.sampler import Sampler, SamplingParams
@@ -87,9 +85,11 @@ class Speculator:
         if self.model is None or mode == "lookup":
             return RequestDrafter(self, mode)
         sampler = None
-        if sampling is not None and sampling.temperature > 0:  # the draft draws from its own q, its own stream
-            seed = None if sampling.seed is None else (sampling.seed + 1) % (1 << 64)
-            sampler = Sampler(replace(sampling, seed=seed))
+        if sampling is not None and sampling.temperature > 0:
+            # the request's own seed and choice: the draft's guess for token i is drawn with the target's noise for
+            # it (sampler.py); the guess itself needs no penalties
+            sampler = Sampler(replace(sampling, presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0,
+                                      logit_bias=()))
         return RequestDrafter(self, mode, model=self.model, sampler=sampler)
 
     def drop_model(self, why: str) -> None:
@@ -127,10 +127,9 @@ class RequestDrafter:
     accepted: int = 0
     drafting_s: float = 0.0  # the draft model's time on this request's drafts
     _key: int = 0  # who drafted the last draft (Speculator.acceptance)
-    _q: list[np.ndarray] | None = None
 
     def draft(self, seq: int, prompt: Sequence[int], reply: Sequence[int], limit: int) -> list[int]:
-        s, self._q = self.speculator, None
+        s = self.speculator
         if self.model is not None and s.model is None:  # the draft model failed since this request began
             if self.mode != "auto":
                 return []  # `draft`: plain decoding
@@ -150,16 +149,12 @@ class RequestDrafter:
                 return []
             finally:
                 self.drafting_s += time.perf_counter() - t0
-            self._q = out.q
-            return list(out.tokens)
+            return list(out)
         match = self.lookup.match([*prompt, *reply], limit)
         if match is None or not match.tokens:
             return []
         self._key = match.n
         return match.tokens[: s.length(match.n, len(match.tokens), self.mode)]
-
-    def q(self, i: int) -> np.ndarray | None:
-        return None if self._q is None else self._q[i]
 
     def verified(self, drafted: int, accepted: int) -> None:
         s = self.speculator
