@@ -12,8 +12,10 @@ OpenAI's error shape. The fields follow OpenAI's chat completions; `top_k` and `
 request's speculation mode instead of the session's: auto, lookup, draft or off) are extensions, as are
 llama-server's `grammar` and `json_schema` (structured.py turns them and `response_format` into the GBNF text of
 `ChatRequest.grammar`, which the head's sampler follows), and
-`resume` (token ids an earlier ring generated, see api.ApiServer.events) and `resume_cuts` (the chunks
-its prompt went round in) are only ever set by the API itself: a client's are dropped, not trusted.
+`resume` (token ids an earlier ring generated, see api.ApiServer.events), `resume_cuts` (the chunks
+its prompt went round in) and `choice` (which of the request's `n` choices this one is: the API sends each
+choice to the head as a request of its own) are only ever set by the API itself: a client's are dropped,
+not trusted.
 """
 
 from __future__ import annotations
@@ -42,14 +44,16 @@ MAX_STOP_CHARS = 256
 NO_CHAT_TEMPLATE = "no_chat_template"  # the error code of a chat sent to a model without a chat template
 MAX_TOP_K = 1 << 20
 # Fields OpenAI defines that Kafila cannot honour: refused rather than silently ignored.
-UNSUPPORTED = ("functions", "function_call", "n", "audio", "modalities", "prediction")
+UNSUPPORTED = ("functions", "function_call", "audio", "modalities", "prediction")
 # ... unless they carry the value that asks for nothing (what many clients send by default).
-NEUTRAL: dict[str, tuple[Any, ...]] = {"n": (1,)}
+NEUTRAL: dict[str, tuple[Any, ...]] = {"modalities": (["text"],)}
 # The text-completion endpoint's own fields it cannot honour (`stop` it does honour).
-COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "n", "tools", "tool_choice", "functions")
+COMPLETION_UNSUPPORTED = ("echo", "suffix", "best_of", "tools", "tool_choice", "functions")
 MAX_TOP_LOGPROBS = 20  # OpenAI's limits: a chat's top_logprobs, a completion's logprobs
 MAX_COMPLETION_LOGPROBS = 5
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "n": (1,), "tools": ([],)}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"echo": (False,), "best_of": (1,), "tools": ([],)}
+# OpenAI's own limit on a request's choices; the head refuses more than the session's slots (its concurrency)
+MAX_N = 128
 MAX_LOGIT_BIAS = 1024  # entries of a request's logit_bias
 DEFAULT_REPEAT_LAST_N = 64  # llama.cpp's server's
 
@@ -87,6 +91,8 @@ class ChatRequest:
     tool_choice: str = "auto"  # none, auto, required, or "function": the one named `tool_name`
     tool_name: str | None = None
     parallel_tool_calls: bool = False  # llama.cpp's server's default (OpenAI's is true)
+    n: int = 1  # choices asked for: each its own KV sequence (slot) at the head, sharing the prompt's cache
+    choice: int = 0  # which of them this request is (set by the API only): its own noise (sampler.py)
 
     def body(self) -> dict[str, Any]:
         """The normalised body sent toward the head (only the fields above, nothing a client added)."""
@@ -116,6 +122,10 @@ class ChatRequest:
                 out[name] = getattr(self, name)
         if self.logit_bias:
             out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        if self.n != 1:
+            out["n"] = self.n
+        if self.choice:
+            out["choice"] = self.choice
         if self.logprobs is not None:  # each endpoint's own way to ask
             out |= ({"logprobs": self.logprobs} if self.prompt is not None
                     else {"logprobs": True, "top_logprobs": self.logprobs})
@@ -138,8 +148,14 @@ class ChatRequest:
     def sampling(self) -> SamplingParams:
         """The sampler's settings; top_p 0 (allowed by OpenAI) keeps only the most likely token."""
         top_k, top_p = (1, 1.0) if self.top_p == 0.0 else (self.top_k, self.top_p)
-        return SamplingParams(self.temperature, top_k, top_p, self.seed, self.min_p, self.presence_penalty,
-                              self.frequency_penalty, self.repeat_penalty, self.repeat_last_n, self.logit_bias)
+        return SamplingParams(self.temperature, top_k, top_p, self.seed, self.choice, self.min_p,
+                              self.presence_penalty, self.frequency_penalty, self.repeat_penalty, self.repeat_last_n,
+                              self.logit_bias)
+
+    def choices(self) -> list[dict[str, Any]]:
+        """The body sent toward the head for each of the `n` choices (the API's fan-out): one request each."""
+        body = self.body()
+        return [body] if self.n == 1 else [{**body, "choice": i} for i in range(self.n)]
 
 
 def parse_request(body: Any, *, internal: bool = False) -> ChatRequest:
@@ -216,6 +232,8 @@ def _common(body: Any, unsupported: tuple[str, ...], neutral: dict[str, tuple[An
             MAX_TOKENS_LIMIT + 1),
         "logit_bias": _logit_bias(body.get("logit_bias")),
         "grammar": _grammar(body),
+        "n": _integer(body, "n", 1, MAX_N, 1),
+        "choice": _integer(body, "choice", 0, MAX_N - 1, 0) if internal else 0,
     }
 
 

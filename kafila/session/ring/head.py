@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import logging
@@ -38,16 +37,16 @@ from kafila.engine.draft import DraftModel
 from kafila.engine.embedding import Embedder
 from kafila.engine.request import Chunk, Request
 from kafila.engine.stage import ContextConfig
-from kafila.engine.vocab import TextStream, Vocab
+from kafila.engine.vocab import Vocab
 from kafila.errors import NeighbourFault, NetworkError, SessionEnded
 from kafila.planner.ttft import TtftModel, window_depth
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.authority import Sender, Via, chat_owner
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
-from kafila.session.ring.chat_prompt import chat_prompt
-from kafila.session.ring.chat_request import BadRequest, ChatRequest, parse_request
+from kafila.session.ring.chat_request import BadRequest
 from kafila.session.ring.frame_check import FrameLimits, from_neighbour, shape_fault
 from kafila.session.ring.reply_stream import paced
+from kafila.session.ring.request_builder import RequestBuilder
 from kafila.session.ring.ring_stats import RingStats
 from kafila.session.ring.slots import Slots
 from kafila.session.ring.speculation import RequestDrafter, Speculator
@@ -61,7 +60,7 @@ class Job:
     """One chat request and the queue its events go to."""
 
     id: str
-    body: Any  # as the client sent it: _make_request validates it
+    body: Any  # as the client sent it: RequestBuilder.build validates it
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     request: Request | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -87,6 +86,7 @@ class Head:
         self._slots = Slots.empty(config.n_seq_max)
         self.speculator = Speculator(speculate, self.stats.circuit_costs, lambda: max(len(self._active) - 1, 0),
                                      draft, worker.call)
+        self.requests = RequestBuilder(vocab, embedder.n_vocab, config, self.speculator)
         self._waiting: list[Job] = []
         self._active: dict[int, Job] = {}
         # frame id -> (its chunks, rows wanting logits, sent at, (sequences, positions) as sent)
@@ -123,7 +123,7 @@ class Head:
             return
         job = Job(f"chat-{next(self._ids)}", body, owner=owner)
         try:
-            job.request = self._make_request(job, slot=-1)
+            job.request, job.tool_format = self.requests.build(job.body)
         except BadRequest as exc:  # checked again here: the API is not the only way in (DESIGN §5)
             yield exc.event()
             return
@@ -149,43 +149,6 @@ class Head:
             self._waiting.remove(job)
         elif job in self._active.values():
             job.abandoned = True
-
-    def _make_request(self, job: Job, slot: int) -> Request:
-        """The engine's request for a chat or completion body; BadRequest (never anything else) when it is bad."""
-        chat = parse_request(job.body, internal=True)
-        for name, ids in (("resume", chat.resume), ("logit_bias", [t for t, _ in chat.logit_bias])):
-            if any(t >= self.embedder.n_vocab for t in ids):
-                raise BadRequest(f"'{name}' holds a token id outside the vocabulary", name)
-        rendered = chat_prompt(chat, self.vocab)
-        job.tool_format, prompt = rendered.tool_format, rendered.tokens
-        if rendered.grammar is not None:  # a call the tool choice forces (chat_prompt.py)
-            chat = dataclasses.replace(chat, grammar=rendered.grammar)
-        n_ctx = self.config.n_ctx_per_seq
-        field_name = "messages" if chat.prompt is None else "prompt"
-        if len(prompt) + len(chat.resume) >= n_ctx:
-            raise BadRequest(f"the prompt is {len(prompt) + len(chat.resume)} tokens but the context holds {n_ctx} "
-                             "per request; shorten it (or the host raises --context)", field_name,
-                             "context_length_exceeded")
-        replay = self._replay(chat, len(prompt))
-        # a rebuilt reply starts from nothing: a reused cache was computed in other chunks
-        request = Request(slot, prompt + list(chat.resume), chat.max_tokens, n_ctx,
-                          chat.sampler(self.vocab, prompt), self.vocab, logprobs=chat.logprobs,
-                          stop=chat.stop, reuse_cache=chat.cache_prompt and not replay, replay=replay,
-                          drafter=self.speculator.drafter(chat.speculate, chat.sampling()))
-        request.text = TextStream(self.vocab, rendered.shown)  # a tool call's special markers show in its text
-        for t in chat.resume:  # the text stream continues where the reply stopped (a character may span the cut)
-            request.text.push(t)
-        return request
-
-    def _replay(self, chat: ChatRequest, prompt_tokens: int) -> list[int]:
-        """The chunks a resumed reply is rebuilt in: its prompt's as first computed, then a row per token.
-
-        Nothing (a plain prefill, whose continuation may differ) when the recorded chunks do not cover this
-        prompt, as when the first run reused a cached prefix."""
-        cuts = list(chat.resume_cuts)
-        if not chat.resume or sum(cuts) != prompt_tokens or not all(0 < c <= self.config.n_batch for c in cuts):
-            return []
-        return cuts + [1] * len(chat.resume)
 
     def fail_all(self, reason: str, resumable: bool = False) -> None:
         """End every request with `reason`; new requests are refused the same way."""
