@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kafila.engine.llama_lib import llama
-from kafila.engine.stage import ContextConfig, Rows, load_model, logits_out, make_context_params
+from kafila.engine.stage import ContextConfig, Rows, fork_sequence, load_model, logits_out, make_context_params
 from kafila.engine.ubatch import in_batch_order, ubatches
 from kafila.errors import EngineError
 
@@ -49,6 +49,10 @@ class ReferenceContext:
         """Drop a sequence's KV cache from position `keep` on (0: all of it), as a stage does."""
         if not llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1):
             raise EngineError(f"llama.cpp could not drop sequence {seq_id} from position {keep}")
+
+    def fork(self, src: int, seq_id: int, keep: int) -> None:
+        """Sequence `seq_id` becomes a copy of `src`'s positions before `keep`, as a stage does."""
+        fork_sequence(self._mem, src, seq_id, keep)
 
     def close(self) -> None:
         lc = llama()

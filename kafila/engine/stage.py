@@ -80,6 +80,18 @@ def make_context_params(config: ContextConfig) -> Any:
     return params
 
 
+def fork_sequence(mem: Any, src: int, dst: int, keep: int) -> None:
+    """`dst` becomes `src`'s positions [0, keep). Each sequence has a KV stream of its own (kv_unified off), and
+    llama.cpp copies between streams only whole (the buffer copy waits for the next decode), so the copy is of
+    the whole sequence, then the positions from `keep` on are dropped again."""
+    lc = llama()
+    lc.llama_memory_seq_rm(mem, dst, -1, -1)
+    if keep > 0:
+        lc.llama_memory_seq_cp(mem, src, dst, -1, -1)
+        if not lc.llama_memory_seq_rm(mem, dst, keep, -1):
+            raise EngineError(f"llama.cpp could not drop sequence {dst} from position {keep}")
+
+
 def logits_out(ctx: Any, n_out: int, n_vocab: int) -> np.ndarray:
     """A copy of the logits of the last call's `n_out` output rows."""
     if n_out == 0:
@@ -221,6 +233,11 @@ class StageEngine:
         self._check_seqs(np.array([seq_id]))
         if not llama().llama_memory_seq_rm(self._mem, seq_id, keep if keep > 0 else -1, -1):
             raise EngineError(f"llama.cpp could not drop sequence {seq_id} from position {keep}")
+
+    def fork(self, src: int, seq_id: int, keep: int) -> None:
+        """Make sequence `seq_id` hold a copy of sequence `src`'s positions before `keep` (nothing else)."""
+        self._check_seqs(np.array([src, seq_id]))
+        fork_sequence(self._mem, src, seq_id, keep)
 
     def sequence_state(self, seq_id: int) -> bytes:
         """Sequence `seq_id`'s KV cache as llama.cpp saves it (its cells' positions, then K and V of every layer

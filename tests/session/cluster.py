@@ -289,16 +289,18 @@ class Cluster:
 
     def stream_chat(self, content: str, max_tokens: int, timeout: float = REPLY_TIMEOUT_S,
                     streaming: threading.Event | None = None, url: str | None = None,
-                    prefilling: threading.Event | None = None, streaming_after: int = 1) -> list[tuple[float, Any]]:
+                    prefilling: threading.Event | None = None, streaming_after: int = 1,
+                    extra: dict[str, Any] | None = None) -> list[tuple[float, Any]]:
         """A streamed chat: (monotonic time it arrived, parsed chunk or "[DONE]") for every data line.
 
         `streaming` is set once `streaming_after` characters of the reply's text have arrived, `prefilling`
-        once the first prefill progress chunk has. Through the host's API, or the one at `url`.
+        once the first prefill progress chunk has. Through the host's API, or the one at `url`; `extra`: more
+        body fields (greedy unless they say otherwise).
         """
         text = 0
         url = url or self.url
         body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                           "temperature": 0.0, "stream": True, "cache_prompt": False}).encode()
+                           "temperature": 0.0, "stream": True, "cache_prompt": False, **(extra or {})}).encode()
         req = urllib.request.Request(url + "/v1/chat/completions", body, self.headers(url))
         out: list[tuple[float, Any]] = []
         with urllib.request.urlopen(req, timeout=timeout) as r:

@@ -20,12 +20,13 @@ N_CTX = 512  # the head tests' context per request (tests/session/ring/conftest.
 
 
 @contextlib.asynccontextmanager
-async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 30,
+async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 30, n_seq: int = 2,
                     chat_template: str | None = None) -> AsyncIterator[Head]:
-    """A running head over blocks [0, n_blocks) (`chat_template`: in place of the model's, as the host's
-    --chat-template); on exit it must still be running (a test's requests did not stop it), then it is stopped."""
+    """A running head over blocks [0, n_blocks) with `n_seq` slots (`chat_template`: in place of the model's, as
+    the host's --chat-template); on exit it must still be running (a test's requests did not stop it), then it
+    is stopped."""
     path = cache.stage(model, StageSpec(0, n_blocks, True))
-    config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=2, n_batch=128, n_threads=2)
+    config = ContextConfig(n_ctx_per_seq=n_ctx, n_seq_max=n_seq, n_batch=128, n_threads=2)
     engine = await asyncio.to_thread(StageEngine, path, config, True)
     worker = StageWorker(engine)
     vocab = Vocab(engine.vocab, chat_template or GGUFFile(path).get("tokenizer.chat_template"))

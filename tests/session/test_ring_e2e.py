@@ -109,6 +109,8 @@ def replay_on_one_context(model: Path, trace_path: Path) -> tuple[int, int]:
                 ref.free(e["free"])
             elif "trim" in e:  # a slot kept for a new request: positions from `keep` on dropped
                 ref.free(e["trim"], e["keep"])
+            elif "fork" in e:  # a slot given a running request's prompt (one of n choices)
+                ref.fork(e["src"], e["fork"], e["keep"])
     finally:
         ref.close()
     return len(ours), sum(ours[f] == theirs.get(f) for f in ours)

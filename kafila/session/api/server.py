@@ -21,12 +21,14 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from kafila.errors import NetworkError, SessionError
+from kafila.session.api.choices import merged
 from kafila.session.api.guard import Guard, error_response
 from kafila.session.api.replies import CHAT, TEXT, Shape, event_error, stream, whole
 from kafila.session.api.token import NONCE_HEX, PROOF_PATH, new_token, proof, remove_token, write_token
@@ -43,6 +45,23 @@ REPLAN_HOLD_S = 60.0
 REPLANNING = ("lost", "waiting", "planning", "delivering", "connecting")  # the phases between two rings
 PORT_TRIES = 20  # a port in use: the chat API takes the next free one of this many
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a chat body; chat_request bounds what the ring is sent within it
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """What `/v1/models` tells of the served model's context: tokens a request may hold (the session's
+    --context: prompt and reply), sequences served at once (--concurrency: `n` at most), and the context the model
+    was trained with (its GGUF's, when known)."""
+
+    n_ctx: int
+    n_seq_max: int
+    n_ctx_train: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields clients read a context length from: vLLM's `max_model_len`, `context_length` (OpenRouter's,
+        LM Studio's), and llama.cpp's server's `meta` block (`n_ctx_train`; `n_ctx` as its /props says)."""
+        meta = {"n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train, "n_seq_max": self.n_seq_max}
+        return {"max_model_len": self.n_ctx, "context_length": self.n_ctx, "meta": meta}
 
 
 class Forwarder:
@@ -98,6 +117,7 @@ class ApiServer:
                  require_token: bool = True) -> None:
         self.state, self.host, self.port = state, host, port
         self._chat: Chat | None = None
+        self.context: ModelContext | None = None  # set with `chat` by the session code (what it planned for)
         self._epoch = 0  # counts the rings this server has been given to serve on
         self._ring_changed = asyncio.Event()  # set when a ring is given or the session's phase moves
         state.subscribe(lambda _state: self._ring_changed.set())
@@ -259,8 +279,10 @@ class ApiServer:
         return self.state.model or "kafila"
 
     async def _models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_id, "object": "model",
-                                                             "created": 0, "owned_by": "kafila"}]})
+        model = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "kafila"}
+        if self.context is not None:
+            model |= self.context.fields()
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _state(self, _request: web.Request) -> web.Response:
         return web.json_response(self.state.public_json())  # never the join code (DESIGN §5)
@@ -292,7 +314,9 @@ class ApiServer:
             why = held or self.state.rejection or self.state.lost or f"phase: {self.state.phase}"
             return error_response(503, f"the session is not serving ({why})", code="not_serving")
         cid = f"{shape.prefix}-{int(time.time() * 1000)}"
-        async with contextlib.aclosing(self.events(req.body())) as events:
+        bodies = req.choices()  # one request toward the head per choice (choices.py)
+        streams = [self.events(body) for body in bodies]
+        async with contextlib.aclosing(streams[0] if len(streams) == 1 else merged(streams)) as events:
             # The first event decides the status: a request the head refuses (a prompt longer than the
             # context, say) is an HTTP error even when streamed, not a 200 whose stream holds the error.
             first = await anext(events, {"error": "the ring ended the request without an answer"})
@@ -300,8 +324,9 @@ class ApiServer:
                 return event_error(first)
             base = {"id": cid, "created": int(time.time()), "model": self.model_id}
             if not req.stream:
-                return await whole(shape, base, first, events, req.logprobs is not None)
-            return await stream(request, shape, base, first, events, req.include_usage, req.logprobs is not None)
+                return await whole(shape, base, first, events, req.logprobs is not None, req.n)
+            return await stream(request, shape, base, first, events, req.include_usage, req.logprobs is not None,
+                                req.n)
 
 
 def _json_body(data: bytes) -> Any:

@@ -22,7 +22,7 @@ from kafila.model.gguf_set import SHARD_NAME
 from kafila.net.trust import VerifiedMember
 from kafila.planner import Member, ModelSpec, Workload, make_plan, predict_edge
 from kafila.planner.placement import Placement
-from kafila.session.api.server import Forwarder
+from kafila.session.api.server import Forwarder, ModelContext
 from kafila.session.coordinator.drift import Drift, measured_speed
 from kafila.session.coordinator.model_copy import ModelCopies
 from kafila.session.delivery.local_model import claimed_hash
@@ -133,6 +133,7 @@ class Epochs(ModelCopies):
         self.order = order
         self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
         if self.api is not None:
+            self.api.context = ModelContext(self.opts.context, self.opts.concurrency, self.info.context_length or None)
             self.api.chat = self.forwarder.chat
         for n in order:
             await self._tell(n, messages.Admit(self.epoch))

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kafila.engine.draft import DraftModel
@@ -27,7 +28,7 @@ from kafila.errors import (
 from kafila.model.gguf_file import GGUFFile
 from kafila.net.quic import Link
 from kafila.planner.ttft import TtftModel, plan_model
-from kafila.session.api.server import Forwarder
+from kafila.session.api.server import Forwarder, ModelContext
 from kafila.session.member.core import MemberCore, log
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.authority import RingView, Sender, Via, refusal
@@ -81,6 +82,7 @@ class Serving(MemberCore):
                                      self._ttft_model(), self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
+                        self.api.context = model_context(config, path)
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
                     tg.create_task(self._report_stats())
@@ -88,6 +90,7 @@ class Serving(MemberCore):
                     assert self.edges.next is not None
                     self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
                     if self.api:
+                        self.api.context = model_context(config, self.worker.engine.path)
                         self.api.chat = self.forwarder.chat
                     tg.create_task(self._stage_loop(inbox))
                 self._ring_up.set()
@@ -173,6 +176,9 @@ class Serving(MemberCore):
             elif isinstance(c, messages.Trim):
                 cursors.drop(c.seq, c.keep)
                 await self.worker.free(c.seq, c.keep)
+            elif isinstance(c, messages.Fork):
+                cursors.fork(c.src, c.seq, c.keep)
+                await self.worker.fork(c.src, c.seq, c.keep)
             elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
                 continue
             await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
@@ -240,3 +246,11 @@ class Serving(MemberCore):
             self.draft.close()
             self.draft = None
         self.head = self.forwarder = None
+
+
+def model_context(config: ContextConfig, stage: Path) -> ModelContext:
+    """The context `/v1/models` reports: the session's, and the trained one a stage file's metadata keeps."""
+    meta = GGUFFile(stage)
+    arch = meta.get("general.architecture")
+    trained = meta.get(f"{arch}.context_length") if isinstance(arch, str) else None
+    return ModelContext(config.n_ctx_per_seq, config.n_seq_max, trained if isinstance(trained, int) else None)

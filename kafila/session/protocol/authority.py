@@ -83,7 +83,7 @@ SENDERS: dict[str, frozenset[Role]] = {
     "stats": frozenset({H}),
     "chat_evt": frozenset({H, P}),  # the head's answer: to the coordinator, or along the ring
     "chat": frozenset({C, P}),  # the coordinator's API's request to the head, or one along the ring
-    "free": frozenset({P}), "trim": frozenset({P}),
+    "free": frozenset({P}), "trim": frozenset({P}), "fork": frozenset({P}),
     "bye": frozenset({C, M, A, P}),
 }
 

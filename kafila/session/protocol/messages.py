@@ -47,6 +47,8 @@ that may be null; fields this build does not know are ignored):
     trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
                               reuses the rest; travels the ring back to the head, ahead of the frames
                               that rely on it)
+    fork      ring            src, seq, keep (seq becomes a copy of src's positions before keep: a prompt
+                              another request computed, as for n choices; travels the ring like trim)
     chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
                               an earlier ring generated and "resume_cuts": [its prompt's chunks]),
                               forwarded to the head
@@ -306,6 +308,14 @@ class Trim(Control):
 
 
 @dataclass(frozen=True)
+class Fork(Control):
+    T = "fork"
+    src: int
+    seq: int
+    keep: int
+
+
+@dataclass(frozen=True)
 class Chat(Control):
     T = "chat"
     id: str
@@ -387,6 +397,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "copied": (Copied, {"sha256": null_or(SHA256), "error": null_or(TEXT)}),
     "free": (Free, {"seq": integer(0, 0xFFFF)}),
     "trim": (Trim, {"seq": integer(0, 0xFFFF), "keep": integer(0, MAX_INDEX)}),
+    "fork": (Fork, {"src": integer(0, 0xFFFF), "seq": integer(0, 0xFFFF), "keep": integer(0, MAX_INDEX)}),
     "chat": (Chat, {"id": NAME, "origin": NAME, "body": json_object}),
     "chat_evt": (ChatEvt, {"id": NAME, "dest": NAME, "evt": chat_event}),
     "bye": (Bye, {"reason": TEXT}),

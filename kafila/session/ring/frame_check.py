@@ -89,9 +89,18 @@ class Cursors:
 
     def drop(self, seq: int, keep: int = 0) -> None:
         """A `free` (keep 0) or `trim` of `seq` passed: its positions from `keep` on are gone."""
+        self._admitted(seq)
+        self.next[seq] = min(self.next.get(seq, 0), keep)
+
+    def fork(self, src: int, seq: int, keep: int) -> None:
+        """A `fork` passed: `seq` now holds `src`'s positions before `keep`."""
+        self._admitted(src)
+        self._admitted(seq)
+        self.next[seq] = min(self.next.get(src, 0), max(keep, 0))
+
+    def _admitted(self, seq: int) -> None:
         if not 0 <= seq < self.limits.slots:
             raise NeighbourFault(f"sequence {seq} is outside the admitted {self.limits.slots} slots")
-        self.next[seq] = min(self.next.get(seq, 0), keep)
 
 
 def from_neighbour(decode: Callable[[bytes], T], raw: bytes) -> T:

@@ -48,7 +48,7 @@ from kafila.session.ring.frame_check import FrameLimits, from_neighbour, shape_f
 from kafila.session.ring.reply_stream import paced
 from kafila.session.ring.request_builder import RequestBuilder
 from kafila.session.ring.ring_stats import RingStats
-from kafila.session.ring.slots import Slots
+from kafila.session.ring.slots import Slots, sharer
 from kafila.session.ring.speculation import RequestDrafter, Speculator
 from kafila.session.ring.stage_runtime import StageWorker
 
@@ -105,6 +105,7 @@ class Head:
         self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[None]]] = {
             messages.Free: self._on_free,
             messages.Trim: self._on_trim,
+            messages.Fork: self._on_fork,
             messages.Chat: self._on_chat,
             messages.Bye: self._on_bye,
         }
@@ -177,16 +178,31 @@ class Head:
             self._wake.clear()
             if self.failed:
                 continue
-            while self._waiting and self._slots:
-                job = self._waiting.pop(0)
-                assert job.request is not None
-                taken = self._slots.take(job.request.prompt, job.request.reuse_cache, job.owner)
-                job.request.seq = taken.slot
-                job.request.reuse(taken.keep)
-                self._active[taken.slot] = job
-                if taken.trim:
-                    await self._trim(taken.slot, taken.keep)
+            for job in list(self._waiting):
+                if self._slots and job in self._waiting:  # (one abandoned while an earlier one's trim was sent)
+                    await self._start(job)
             await self._dispatch()
+
+    async def _start(self, job: Job) -> None:
+        """Give a waiting job a slot, its cached prefix kept (trimmed to it), or a running request's prompt forked
+        into it; a job whose prompt a running request is still prefilling waits for it (n choices share one)."""
+        r = job.request
+        assert r is not None
+        src, shared = sharer(r.prompt, job.owner, r.reuse_cache, {s: (j.request.prompt, j.owner, j.request.reuse_cache)
+                                                                  for s, j in self._active.items() if j.request})
+        shared = shared if shared > self._slots.cached(r.prompt, r.reuse_cache, job.owner) else 0
+        source = self._active[src].request if shared else None
+        if source is not None and source.fed < shared:
+            return  # its rows are on their way round: forked once every stage holds them
+        self._waiting.remove(job)
+        taken = self._slots.take(r.prompt, r.reuse_cache, job.owner)
+        r.seq = taken.slot
+        r.reuse(shared or taken.keep)
+        self._active[taken.slot] = job
+        if shared:
+            await self._fork(src, taken.slot, shared)
+        elif taken.trim:
+            await self._trim(taken.slot, taken.keep)
 
     async def _dispatch(self) -> None:
         """Send frames, each packing the next chunk of every ready request, while the ring has room."""
@@ -346,6 +362,15 @@ class Head:
         else:
             await self.send_next(messages.encode(messages.Trim(slot, keep)))
 
+    async def _fork(self, src: int, slot: int, keep: int) -> None:
+        """`slot` becomes a copy of `src`'s first `keep` positions on every stage, ahead of the slot's rows."""
+        if self.trace:
+            self.trace({"fork": slot, "src": src, "keep": keep})
+        if self.send_next is None:
+            await self.worker.fork(src, slot, keep)
+        else:
+            await self.send_next(messages.encode(messages.Fork(src, slot, keep)))
+
     async def _on_control(self, msg: messages.Control) -> None:
         handler = self._handlers.get(type(msg))
         if handler is None:
@@ -366,6 +391,12 @@ class Head:
         if not 0 <= msg.seq < self.config.n_seq_max:
             raise NeighbourFault(f"a trim of slot {msg.seq} came round, outside the {self.config.n_seq_max} slots")
         await self.worker.free(msg.seq, msg.keep)  # back from the ring: the head's own stage last
+
+    async def _on_fork(self, msg: messages.Fork) -> None:
+        if not (0 <= msg.src < self.config.n_seq_max and 0 <= msg.seq < self.config.n_seq_max):
+            raise NeighbourFault(f"a fork of slot {msg.src} into {msg.seq} came round, outside the "
+                                 f"{self.config.n_seq_max} slots")
+        await self.worker.fork(msg.src, msg.seq, msg.keep)  # back from the ring: the head's own stage last
 
     async def _on_chat(self, msg: messages.Chat) -> None:
         if self.send_next is not None:

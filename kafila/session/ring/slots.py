@@ -47,7 +47,11 @@ class Slots:
     def __bool__(self) -> bool:
         return bool(self.idle)
 
-    def take(self, prompt: Sequence[int], reuse: bool = True, owner: str = "") -> Taken:
+    def cached(self, prompt: Sequence[int], reuse: bool = True, owner: str = "") -> int:
+        """How many of `prompt`'s tokens `take` would find cached (0 when no slot is idle)."""
+        return self.take(prompt, reuse, owner, peek=True).keep if self.idle else 0
+
+    def take(self, prompt: Sequence[int], reuse: bool = True, owner: str = "", peek: bool = False) -> Taken:
         """The idle slot for `prompt`: longest common prefix among `owner`'s slots, else an empty slot, else the
         least recently used. Without `reuse` (or from another owner) the slot's cache is dropped whole (keep 0)."""
         def shared(s: int) -> int:
@@ -59,6 +63,8 @@ class Slots:
         slot = max(self.idle, key=rank)
         # at least the prompt's last token is computed again: its logits give the first reply token
         keep = min(shared(slot), len(prompt) - 1)
+        if peek:
+            return Taken(slot, keep, False)
         held = self.idle.pop(slot)
         self.owners.pop(slot, None)
         return Taken(slot, keep, keep < len(held))
@@ -68,3 +74,23 @@ class Slots:
         self.idle[slot] = tuple(tokens)
         self.used[slot] = next(self._clock)
         self.owners[slot] = owner
+
+
+def sharer(prompt: Sequence[int], owner: str, reuse: bool, active: dict[int, tuple[Sequence[int], str, bool]]
+           ) -> tuple[int, int]:
+    """The busy slot whose prompt shares the longest prefix with `prompt`, and how many tokens a fork from it would
+    give (at most all but the prompt's last token, whose logits give the first reply token); (-1, 0) when none.
+
+    `active`: each busy slot's prompt, owner and whether its request reuses caches. Only the same owner's requests
+    share, for the reason slots are kept per owner (the module's docstring); a request that reuses no cache
+    (cache_prompt false) shares only with another such of the very same prompt: its sibling among n choices, whose
+    prompt is computed afresh once for all of them."""
+    best, most = -1, 0
+    for slot, (theirs, who, their_reuse) in active.items():
+        common = common_prefix(theirs, prompt)
+        same = common == len(theirs) == len(prompt)
+        allowed = who == owner and ((reuse and their_reuse) or (not (reuse or their_reuse) and same))
+        n = min(common, len(prompt) - 1) if allowed else 0
+        if n > most:
+            best, most = slot, n
+    return best, most

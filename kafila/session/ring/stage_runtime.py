@@ -128,6 +128,10 @@ class StageWorker:
         # on the stage's thread, so it never races a running call
         await self._through_loop(self.engine.free, seq, keep)
 
+    async def fork(self, src: int, seq: int, keep: int) -> None:
+        """Make sequence `seq` a copy of `src`'s positions before `keep` (a prompt another request computed)."""
+        await self._through_loop(self.engine.fork, src, seq, keep)
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.engine.close()

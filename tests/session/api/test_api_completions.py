@@ -94,7 +94,7 @@ def test_a_streamed_completion(served: tuple[ApiServer, ScriptedRing], ring: Scr
     ({"prompt": PROMPT, "max_tokens": 1 << 21}, "max_tokens"), ({"prompt": PROMPT, "seed": "s"}, "seed"),
     ({"prompt": PROMPT, "stream": "yes"}, "stream"), ({"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": PROMPT, "stop": [""]}, "stop"), ({"prompt": PROMPT, "stop": 5}, "stop"),
-    ({"prompt": PROMPT, "echo": True}, "echo"), ({"prompt": PROMPT, "n": 2}, "n"),
+    ({"prompt": PROMPT, "echo": True}, "echo"), ({"prompt": PROMPT, "n": 0}, "n"),
     ({"prompt": PROMPT, "logprobs": 6}, "logprobs"), ({"prompt": PROMPT, "suffix": "end"}, "suffix"),
     ({"prompt": PROMPT, "best_of": 3}, "best_of"), ({"prompt": PROMPT, "model": 5}, "model"),
     ({"prompt": PROMPT, "resume": [1, 2]}, None),  # a client's `resume` is dropped, not trusted: served

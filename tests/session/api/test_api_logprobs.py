@@ -108,7 +108,7 @@ def test_a_chat_stop_string_through_the_client(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("kwargs, param", [({"top_logprobs": 3}, "top_logprobs"),
                                            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-                                           ({"n": 2}, "n"), ({"response_format": {"type": "json_schema"}},
+                                           ({"n": 3}, "n"), ({"response_format": {"type": "json_schema"}},
                                                              "response_format.json_schema")])
 def test_bad_or_unsupported_fields_are_400s(client: openai.OpenAI, kwargs: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kafila.session.ring.slots import Slots, Taken, common_prefix
+from kafila.session.ring.slots import Slots, Taken, common_prefix, sharer
 
 pytestmark = pytest.mark.fast
 
@@ -83,3 +83,15 @@ def test_a_slots_cache_is_reused_only_by_its_owner() -> None:
     again = slots.take([1, 2, 3, 4, 7], owner="ada")
     assert (again.slot, again.keep, again.trim) == (first.slot, 4, True)  # ada's own cache, as before
     assert slots.take([1, 2, 3, 5, 6], owner="bo") == Taken(theirs.slot, 4, False)
+
+
+def test_a_request_shares_the_longest_prompt_a_busy_slot_of_its_owner_holds() -> None:
+    prompt = [1, 2, 3, 4, 5]
+    active = {0: ((1, 2, 9), "me", True), 1: ((1, 2, 3, 4, 5), "me", True), 2: ((1, 2, 3, 4, 5, 6), "you", True)}
+    assert sharer(prompt, "me", True, active) == (1, 4)  # all but the last token: its logits give the first reply
+    assert sharer(prompt, "them", True, active) == (-1, 0)  # another owner's prompt is never shared
+    # no cache reused (cache_prompt false): only a sibling of the very same prompt (one of n choices) is shared
+    fresh = {0: ((1, 2, 3, 4, 5), "me", True), 1: ((1, 2, 3, 4, 9), "me", False), 3: ((1, 2, 3, 4, 5), "me", False)}
+    assert sharer(prompt, "me", False, fresh) == (3, 4)
+    assert sharer(prompt, "me", True, {3: fresh[3]}) == (-1, 0)
+    assert Slots.empty(2).cached(prompt, True, "me") == 0 and Slots({}).cached(prompt) == 0

@@ -1,0 +1,151 @@
+"""Client acceptance: the official `openai` client and LangChain's `ChatOpenAI` against a ring of three members
+(separate processes, the API on the coordinating host): every sampling field is accepted and honoured, checked by
+what it must do to the reply (a stop string never shows, a banned token never comes, n gives n different choices,
+a seed repeats, top_p near 0 is greedy, penalties break a repetition, usage counts what came), and both clients
+get the same reply for the same fields. One ring for every case."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_openai import ChatOpenAI
+
+from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
+
+MODEL = "SmolLM2"
+CAPITAL = "What is the capital of France? Answer in one sentence."
+REPEAT = "Write the word 'bee' twenty times, separated by spaces."
+FRESH = {"cache_prompt": False}  # computed afresh: the same numbers every time (a reused cache moves them a little)
+TOKENS = 16
+SEED = 4242
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("ring"), [("ada", []), ("bo", []), ("cy", [])]) as cluster:
+        cluster.wait_phase({"admitted"})
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(ring: Cluster) -> Iterator[openai.OpenAI]:
+    token = ring.headers()["Authorization"].removeprefix("Bearer ")
+    with openai.OpenAI(base_url=ring.url + "/v1", api_key=token, max_retries=0, timeout=REPLY_TIMEOUT_S) as c:
+        yield c
+
+
+def chat_model(ring: Cluster, **fields: Any) -> ChatOpenAI:
+    token = ring.headers()["Authorization"].removeprefix("Bearer ")
+    return ChatOpenAI(model=MODEL, base_url=ring.url + "/v1", api_key=token, max_retries=0,  # type: ignore[arg-type]
+                      timeout=REPLY_TIMEOUT_S, extra_body=FRESH, **fields)
+
+
+def ask(client: openai.OpenAI, content: str = CAPITAL, **fields: Any) -> Any:
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                          **{"max_tokens": TOKENS, "temperature": 0, "extra_body": FRESH, **fields})
+
+
+def token_id(smollm: Path, piece: str) -> int:
+    """The id of the one token `piece` is (from the model file's own vocabulary, not Kafila's code)."""
+    from llama_cpp import Llama
+
+    from kafila.engine.llama_lib import llama
+
+    llama()
+    model = Llama(str(smollm), vocab_only=True, verbose=False)
+    try:
+        ids = model.tokenize(piece.encode(), add_bos=False, special=False)
+    finally:
+        model.close()
+    assert len(ids) == 1, (piece, ids)
+    return int(ids[0])
+
+
+def test_models_give_the_context_length(client: openai.OpenAI) -> None:
+    model: Any = next(iter(client.models.list()))
+    assert model.max_model_len == model.context_length == 512  # the session's --context (cluster.py)
+    assert model.meta == {"n_ctx": 512, "n_ctx_train": 8192, "n_seq_max": 4}  # SmolLM2 was trained on 8192
+
+
+def test_max_tokens_stop_and_usage(client: openai.OpenAI, ring: Cluster) -> None:
+    whole = ask(client, max_tokens=6)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 6
+    text = ask(client).choices[0].message.content
+    stop = text[6:10]
+    cut = ask(client, stop=[stop, "zzz"])
+    assert cut.choices[0].message.content == text[:6] and cut.choices[0].finish_reason == "stop"
+    chunks = list(ask(client, stop=stop, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[:6]
+    assert chunks[-1].usage == cut.usage and cut.usage.completion_tokens > 0
+    lc = chat_model(ring, temperature=0, max_tokens=TOKENS).invoke([HumanMessage(CAPITAL)], stop=[stop])
+    assert lc.content == text[:6] and lc.response_metadata["finish_reason"] == "stop"
+    assert lc.usage_metadata is not None and lc.usage_metadata["output_tokens"] == cut.usage.completion_tokens
+    streamed: Any = None
+    for piece in chat_model(ring, temperature=0, max_tokens=TOKENS, stream_usage=True).stream([HumanMessage(CAPITAL)]):
+        streamed = piece if streamed is None else streamed + piece
+    assert isinstance(streamed, AIMessageChunk) and streamed.content == text
+    assert streamed.usage_metadata is not None and streamed.usage_metadata["output_tokens"] > 0
+
+
+def test_seed_temperature_and_top_p(client: openai.OpenAI, ring: Cluster) -> None:
+    sampled = {"temperature": 0.9, "seed": SEED, "max_tokens": TOKENS}
+    first = ask(client, **sampled).choices[0].message.content
+    assert ask(client, **sampled).choices[0].message.content == first
+    assert ask(client, **{**sampled, "seed": SEED + 1}).choices[0].message.content != first
+    lc = chat_model(ring, **sampled)
+    assert lc.invoke([HumanMessage(CAPITAL)]).content == first  # the same fields: the same reply
+    greedy = ask(client).choices[0].message.content
+    assert ask(client, temperature=1.5, top_p=1e-9).choices[0].message.content == greedy  # only the top token left
+    assert chat_model(ring, temperature=1.5, top_p=1e-9, max_tokens=TOKENS).invoke(
+        [HumanMessage(CAPITAL)]).content == greedy
+
+
+def test_penalties_break_a_repetition(client: openai.OpenAI, ring: Cluster) -> None:
+    def most(text: str) -> int:
+        return Counter(text.split()).most_common(1)[0][1]
+
+    plain = ask(client, REPEAT, max_tokens=24).choices[0].message.content
+    for fields in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalised = ask(client, REPEAT, max_tokens=24, **fields).choices[0].message.content
+        assert most(penalised) < most(plain), (fields, plain, penalised)
+        lc = chat_model(ring, temperature=0, max_tokens=24, **fields).invoke([HumanMessage(REPEAT)])
+        assert lc.content == penalised
+
+
+def test_logit_bias_bans_a_token_and_logprobs_show_it(client: openai.OpenAI, ring: Cluster, smollm: Path) -> None:
+    greedy = ask(client, logprobs=True, top_logprobs=3)
+    content = greedy.choices[0].logprobs.content
+    assert len(content) == greedy.usage.completion_tokens and "".join(c.token for c in content) == \
+        greedy.choices[0].message.content
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token and c.logprob <= 0 for c in content)
+    first = content[0].token
+    banned = {str(token_id(smollm, first)): -100}
+    biased = ask(client, logit_bias=banned, logprobs=True)
+    assert first not in [c.token for c in biased.choices[0].logprobs.content]
+    lc = chat_model(ring, temperature=0, max_tokens=TOKENS, logit_bias=banned, logprobs=True,
+                    top_logprobs=2).invoke([HumanMessage(CAPITAL)])
+    assert lc.content == biased.choices[0].message.content
+    tokens = [c["token"] for c in lc.response_metadata["logprobs"]["content"]]
+    assert first not in tokens and all(len(c["top_logprobs"]) == 2
+                                       for c in lc.response_metadata["logprobs"]["content"])
+
+
+def test_n_choices(client: openai.OpenAI, ring: Cluster) -> None:
+    sampled = {"temperature": 0.9, "seed": SEED, "max_tokens": TOKENS}
+    reply = ask(client, n=3, **sampled)
+    texts = [c.message.content for c in reply.choices]
+    assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(texts)) == 3, texts
+    assert texts[0] == ask(client, **sampled).choices[0].message.content  # choice 0: the request's own reply
+    result = chat_model(ring, n=3, **sampled).generate([[HumanMessage(CAPITAL)]])
+    assert [g.text for g in result.generations[0]] == texts
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client, n=5)  # the host's --concurrency is 4
+    assert err.value.body["param"] == "n"  # type: ignore[index]
