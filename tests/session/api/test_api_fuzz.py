@@ -140,7 +140,8 @@ def test_any_json_body_over_http_is_served_or_a_400(served: tuple[ApiServer, Scr
     finally:
         conn.close()
     if resp.status == 200:
-        assert len(ring.bodies) == sent + 1
+        n = body.get("n") or 1  # one request toward the head per choice
+        assert len(ring.bodies) == sent + n and [b.get("choice", 0) for b in ring.bodies[sent:]] == list(range(n))
         got = ring.bodies[-1]  # what the ring was sent is what a head can run, whatever the client wrote
         assert all(isinstance(got[k], float) and 0 <= got[k] <= 2 for k in ("temperature", "top_p"))
         assert all(type(got[k]) is int and got[k] >= (k == "max_tokens") for k in ("top_k", "max_tokens"))

@@ -184,7 +184,7 @@ async def test_the_token_file_is_private_and_goes_with_the_server() -> None:
     b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": -101}}',
     b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-5": 1}}',
     b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": [1]}',
-    b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "n": 0}',
     b'{"messages": []}', b'{"messages": "hi"}', b'{"messages": [{"role": "user"}]}',
     b'{"messages": [{"role": "wizard", "content": "hi"}]}', b'{"messages": [{"role": "user", "content": 5}]}',
     b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
 
 MODEL = "SmolLM2"
 CAPITAL = "What is the capital of France? Answer in one sentence."
+OPEN = "Write one sentence about the sea."  # many likely replies: sampling shows
 REPEAT = "Write the word 'bee' twenty times, separated by spaces."
 FRESH = {"cache_prompt": False}  # computed afresh: the same numbers every time (a reused cache moves them a little)
 TOKENS = 16
@@ -97,15 +98,16 @@ def test_max_tokens_stop_and_usage(client: openai.OpenAI, ring: Cluster) -> None
 
 def test_seed_temperature_and_top_p(client: openai.OpenAI, ring: Cluster) -> None:
     sampled = {"temperature": 0.9, "seed": SEED, "max_tokens": TOKENS}
-    first = ask(client, **sampled).choices[0].message.content
-    assert ask(client, **sampled).choices[0].message.content == first
-    assert ask(client, **{**sampled, "seed": SEED + 1}).choices[0].message.content != first
+    first = ask(client, OPEN, **sampled).choices[0].message.content
+    assert ask(client, OPEN, **sampled).choices[0].message.content == first
+    assert ask(client, OPEN, **{**sampled, "seed": SEED + 1}).choices[0].message.content != first
     lc = chat_model(ring, **sampled)
-    assert lc.invoke([HumanMessage(CAPITAL)]).content == first  # the same fields: the same reply
-    greedy = ask(client).choices[0].message.content
-    assert ask(client, temperature=1.5, top_p=1e-9).choices[0].message.content == greedy  # only the top token left
+    assert lc.invoke([HumanMessage(OPEN)]).content == first  # the same fields: the same reply
+    greedy = ask(client, OPEN).choices[0].message.content
+    assert greedy != first  # sampling shows here ...
+    assert ask(client, OPEN, temperature=1.5, top_p=1e-9).choices[0].message.content == greedy  # ... top_p cuts it
     assert chat_model(ring, temperature=1.5, top_p=1e-9, max_tokens=TOKENS).invoke(
-        [HumanMessage(CAPITAL)]).content == greedy
+        [HumanMessage(OPEN)]).content == greedy
 
 
 def test_penalties_break_a_repetition(client: openai.OpenAI, ring: Cluster) -> None:
@@ -140,11 +142,13 @@ def test_logit_bias_bans_a_token_and_logprobs_show_it(client: openai.OpenAI, rin
 
 def test_n_choices(client: openai.OpenAI, ring: Cluster) -> None:
     sampled = {"temperature": 0.9, "seed": SEED, "max_tokens": TOKENS}
-    reply = ask(client, n=3, **sampled)
+    reply = ask(client, OPEN, n=3, **sampled)
     texts = [c.message.content for c in reply.choices]
     assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(texts)) == 3, texts
-    assert texts[0] == ask(client, **sampled).choices[0].message.content  # choice 0: the request's own reply
-    result = chat_model(ring, n=3, **sampled).generate([[HumanMessage(CAPITAL)]])
+    assert texts[0] == ask(client, OPEN, **sampled).choices[0].message.content  # choice 0: the request's own reply
+    assert reply.usage.completion_tokens == sum(c["completion_tokens"]  # every choice's tokens, the prompt once
+                                                for c in reply.model_extra["kafila"]["choices"])
+    result = chat_model(ring, n=3, **sampled).generate([[HumanMessage(OPEN)]])
     assert [g.text for g in result.generations[0]] == texts
     with pytest.raises(openai.BadRequestError) as err:
         ask(client, n=5)  # the host's --concurrency is 4

@@ -94,8 +94,10 @@ async def test_a_malformed_frame_is_its_senders_fault_and_the_stage_stays_up(tmp
     (messages.encode(messages.Free(256)), 256),
     (messages.encode(messages.Trim(65535, 0)), 65535),
     (messages.encode(messages.Free(1)), 1),  # the first id past this session's one slot
+    (messages.encode(messages.Fork(0, 300, 4)), 300),  # a fork into a sequence past the slots
+    (messages.encode(messages.Fork(257, 0, 4)), 257),  # ... and from one
     (bad_frame(256), 256),
-], ids=["free-256", "trim-65535", "free-1", "frame-256"])
+], ids=["free-256", "trim-65535", "free-1", "fork-into-300", "fork-from-257", "frame-256"])
 async def test_a_sequence_outside_the_slots_is_refused_and_its_sender_reported_lost(tmp_path: Path, sent: bytes,
                                                                                    seq: int) -> None:
     source, manifest = host_stage(tmp_path)
