@@ -18,8 +18,8 @@ from tests.session.cluster import REPLY_TIMEOUT_S, Cluster, check_resumed_reply,
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
 
 STORY = "Tell me a long story about a dragon."
-TOKENS = 64
-CUT_AFTER_CHARS = 80  # about 20 tokens of the reply have arrived when the member goes
+TOKENS = 32
+CUT_AFTER_CHARS = 40  # about 10 tokens of the reply have arrived when the member goes
 # computed afresh (cache_prompt false): a prompt cache computed in other chunks moves the numbers a little, and
 # with them, now and then, a sampled token (llama.cpp's server says the same of its cache_prompt)
 SEEDED: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "seed": 20261207}
@@ -28,7 +28,7 @@ SEEDED: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "seed": 20261207}
 def test_a_seeded_reply_is_the_same_through_speculation_a_kill_and_a_smaller_ring(tmp_path: Path,
                                                                                    smollm: Path) -> None:
     draft = ["--draft", str(smollm)]  # whichever member is made the head drafts with the model itself
-    with Cluster(tmp_path, [("ada", draft), ("bo", draft), ("cy", ["--throttle", "4", *draft])]) as cluster:
+    with Cluster(tmp_path, [("ada", draft), ("bo", draft), ("cy", draft)]) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
 
         def reply(**extra: Any) -> str:
