@@ -27,7 +27,9 @@ SEEDED: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "seed": 20261207}
 
 def test_a_seeded_reply_is_the_same_through_speculation_a_kill_and_a_smaller_ring(tmp_path: Path,
                                                                                    smollm: Path) -> None:
-    draft = ["--draft", str(smollm)]  # whichever member is made the head drafts with the model itself
+    # whichever member is made the head drafts with the model itself; one thread each: three members spinning on
+    # every core of a small machine slow each other many times over
+    draft = ["--threads", "1", "--draft", str(smollm)]
     with Cluster(tmp_path, [("ada", draft), ("bo", draft), ("cy", draft)]) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
 
