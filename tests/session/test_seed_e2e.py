@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from kafila.session.launch.demo import SHARED_MACHINE_ENV
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster, check_resumed_reply, reply_text
+from tests.shared_probe import shared_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
 
@@ -30,7 +32,9 @@ def test_a_seeded_reply_is_the_same_through_speculation_a_kill_and_a_smaller_rin
     # whichever member is made the head drafts with the model itself; one thread each: three members spinning on
     # every core of a small machine slow each other many times over
     draft = ["--threads", "1", "--draft", str(smollm)]
-    with Cluster(tmp_path, [("ada", draft), ("bo", draft), ("cy", draft)]) as cluster:
+    shared_probe(tmp_path / "cache", 1)  # the members' one-thread probe, measured once for all tests
+    members = [("ada", draft), ("bo", draft), ("cy", draft)]
+    with Cluster(tmp_path, members, member_env={n: SHARED_MACHINE_ENV for n, _ in members}) as cluster:
         plan = cluster.wait_phase({"admitted"})["plan"]
 
         def reply(**extra: Any) -> str:

@@ -18,7 +18,9 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
+from kafila.session.launch.demo import SHARED_MACHINE_ENV
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.shared_probe import shared_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
 
@@ -34,7 +36,10 @@ SEED = 4242
 @pytest.fixture(scope="module")
 def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     one = ["--threads", "1"]  # three members spinning on every core of a small machine slow each other many times
-    with Cluster(tmp_path_factory.mktemp("ring"), [("ada", one), ("bo", one), ("cy", one)]) as cluster:
+    tmp = tmp_path_factory.mktemp("ring")
+    shared_probe(tmp / "cache", 1)  # the members' one-thread probe, measured once for all tests
+    members = [("ada", one), ("bo", one), ("cy", one)]
+    with Cluster(tmp, members, member_env={n: SHARED_MACHINE_ENV for n, _ in members}) as cluster:
         cluster.wait_phase({"admitted"})
         yield cluster
 
