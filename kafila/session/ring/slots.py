@@ -82,15 +82,13 @@ def sharer(prompt: Sequence[int], owner: str, reuse: bool, active: dict[int, tup
     give (at most all but the prompt's last token, whose logits give the first reply token); (-1, 0) when none.
 
     `active`: each busy slot's prompt, owner and whether its request reuses caches. Only the same owner's requests
-    share, for the reason slots are kept per owner (the module's docstring); a request that reuses no cache
-    (cache_prompt false) shares only with another such of the very same prompt: its sibling among n choices, whose
-    prompt is computed afresh once for all of them."""
+    share, for the reason slots are kept per owner (the module's docstring), and only requests that reuse caches:
+    one with cache_prompt false computes its prompt afresh, as one context would, each of its n choices too."""
     best, most = -1, 0
+    if not reuse:
+        return best, most
     for slot, (theirs, who, their_reuse) in active.items():
-        common = common_prefix(theirs, prompt)
-        same = common == len(theirs) == len(prompt)
-        allowed = who == owner and ((reuse and their_reuse) or (not (reuse or their_reuse) and same))
-        n = min(common, len(prompt) - 1) if allowed else 0
+        n = min(common_prefix(theirs, prompt), len(prompt) - 1) if who == owner and their_reuse else 0
         if n > most:
             best, most = slot, n
     return best, most

@@ -1,7 +1,8 @@
 """`n` choices, `seed` and `usage` as the official `openai` package sees them, from a real API server in front of a
 real head (the whole SmolLM2 as its one stage, three slots): each choice is its own sequence whose prompt is forked
-from the first one's, seeded apart from the others and the same twice; streamed chunks carry each choice's index
-and a last chunk the whole request's usage; more choices than the session's slots are a 400 naming `n`."""
+from the first one's (unless cache_prompt is false), seeded apart from the others and the same twice; streamed
+chunks carry each choice's index and a last chunk the whole request's usage; more choices than the session's slots
+are a 400 naming `n`."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def client(served: ApiServer) -> Iterator[openai.OpenAI]:
         yield c
 
 
-def test_n_choices_differ_by_seed_repeat_and_share_one_prefill(client: openai.OpenAI) -> None:
+def test_n_choices_differ_by_seed_and_repeat(client: openai.OpenAI) -> None:
     first = client.chat.completions.create(model=MODEL, messages=HI, n=3, **SAMPLED)
     texts = [c.message.content for c in first.choices]
     assert [c.index for c in first.choices] == [0, 1, 2] and all(texts)
@@ -74,8 +75,19 @@ def test_n_choices_differ_by_seed_repeat_and_share_one_prefill(client: openai.Op
     per = stats["choices"]
     assert first.usage is not None and first.usage.prompt_tokens == per[0]["prompt_tokens"]
     assert first.usage.completion_tokens == sum(c["completion_tokens"] for c in per)
-    # the prompt was prefilled once: choices 1 and 2 were forked all but its last token
-    assert per[0]["cached_tokens"] == 0 and [c["cached_tokens"] for c in per[1:]] == [per[0]["prompt_tokens"] - 1] * 2
+    assert [c["cached_tokens"] for c in per] == [0, 0, 0]  # cache_prompt false: each computed afresh
+
+
+def test_n_choices_share_one_prefill(client: openai.OpenAI) -> None:
+    # a prompt no other test sends (a slot holds at most the chat template's opening of it): the first choice
+    # prefills it, the others are forked all but its last token (or, had the first ended already, take its slot's
+    # cache, which holds the same)
+    moon: Any = [{"role": "user", "content": "Write one sentence about the moon."}]
+    reply = client.chat.completions.create(model=MODEL, messages=moon, n=3, temperature=0.8, seed=1, max_tokens=4)
+    per: Any = reply.model_extra["kafila"]["choices"]  # type: ignore[index]
+    prompt = per[0]["prompt_tokens"]
+    assert per[0]["cached_tokens"] < prompt - 1 and [c["cached_tokens"] for c in per[1:]] == [prompt - 1] * 2
+    assert reply.usage is not None and reply.usage.prompt_tokens == prompt
 
 
 def test_streamed_choices_carry_their_index_and_the_usage_of_all(client: openai.OpenAI) -> None:

@@ -90,8 +90,7 @@ def test_a_request_shares_the_longest_prompt_a_busy_slot_of_its_owner_holds() ->
     active = {0: ((1, 2, 9), "me", True), 1: ((1, 2, 3, 4, 5), "me", True), 2: ((1, 2, 3, 4, 5, 6), "you", True)}
     assert sharer(prompt, "me", True, active) == (1, 4)  # all but the last token: its logits give the first reply
     assert sharer(prompt, "them", True, active) == (-1, 0)  # another owner's prompt is never shared
-    # no cache reused (cache_prompt false): only a sibling of the very same prompt (one of n choices) is shared
-    fresh = {0: ((1, 2, 3, 4, 5), "me", True), 1: ((1, 2, 3, 4, 9), "me", False), 3: ((1, 2, 3, 4, 5), "me", False)}
-    assert sharer(prompt, "me", False, fresh) == (3, 4)
-    assert sharer(prompt, "me", True, {3: fresh[3]}) == (-1, 0)
+    # cache_prompt false computes the prompt afresh: it neither shares nor is shared
+    assert sharer(prompt, "me", False, active) == (-1, 0)
+    assert sharer(prompt, "me", True, {3: ((1, 2, 3, 4, 5), "me", False)}) == (-1, 0)
     assert Slots.empty(2).cached(prompt, True, "me") == 0 and Slots({}).cached(prompt) == 0
