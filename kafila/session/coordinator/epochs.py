@@ -133,7 +133,8 @@ class Epochs(ModelCopies):
         self.order = order
         self.forwarder = Forwarder("host", self.joined[order[0]].link.send)
         if self.api is not None:
-            self.api.context = ModelContext(self.opts.context, self.opts.concurrency, self.info.context_length or None)
+            self.api.context = ModelContext(self.settings.context, self.settings.concurrency,
+                                            self.info.context_length or None)
             self.api.chat = self.forwarder.chat
         for n in order:
             await self._tell(n, messages.Admit(self.epoch))
