@@ -3,14 +3,18 @@
 what it must do to the reply (a stop string never shows, a banned token never comes, n gives n different choices,
 a seed repeats, top_p near 0 is greedy, penalties break a repetition, usage counts what came), and both clients
 get the same reply for the same fields; structured output through `parse` and `with_structured_output` gives the
-pydantic object. One ring for every case."""
+pydantic object; `tool_choice` required and a named function give a valid call through both clients (LangChain's
+`bind_tools`), whole and streamed; a completion's top log-probabilities are llama-cpp-python's. One ring for every
+case."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 from langchain_core.messages import AIMessageChunk, HumanMessage
@@ -174,3 +178,70 @@ def test_structured_output_as_pydantic_objects(client: openai.OpenAI, ring: Clus
     assert isinstance(parsed, City) and parsed.name and parsed.country
     structured = chat_model(ring, temperature=0, max_tokens=96).with_structured_output(City)
     assert structured.invoke([HumanMessage(question[0]["content"])]) == parsed
+
+
+WEATHER: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}
+ADD: Any = {"type": "function", "function": {
+    "name": "add", "description": "Adds two whole numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+WEATHER_QUESTION = "What is the weather like in Paris today?"
+CALL_TOKENS = 60
+
+
+@pytest.mark.parametrize("choice", ["required", "add"])
+def test_forced_tool_calls_through_both_clients(client: openai.OpenAI, ring: Cluster, choice: str) -> None:
+    tool_choice: Any = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    reply = ask(client, WEATHER_QUESTION, tools=[WEATHER, ADD], tool_choice=tool_choice, max_tokens=CALL_TOKENS)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    (call,) = reply.choices[0].message.tool_calls
+    tool = next(t for t in (WEATHER, ADD) if t["function"]["name"] == call.function.name)
+    assert choice == "required" or call.function.name == choice
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, tool["function"]["parameters"])
+    streamed: dict[int, dict[str, str]] = {}  # the openai client's deltas, reassembled by index
+    for chunk in ask(client, WEATHER_QUESTION, tools=[WEATHER, ADD], tool_choice=tool_choice,
+                     max_tokens=CALL_TOKENS, stream=True):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            part = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+            part["name"] += d.function.name or ""
+            part["arguments"] += d.function.arguments or ""
+    assert list(streamed.values()) == [{"name": call.function.name, "arguments": call.function.arguments}]
+    lc = chat_model(ring, temperature=0, max_tokens=CALL_TOKENS).bind_tools([WEATHER, ADD], tool_choice=choice)
+    whole = lc.invoke([HumanMessage(WEATHER_QUESTION)])
+    assert [(c["name"], c["args"]) for c in whole.tool_calls] == [(call.function.name, args)]
+    pieces: Any = None
+    for piece in lc.stream([HumanMessage(WEATHER_QUESTION)]):
+        pieces = piece if pieces is None else pieces + piece
+    assert isinstance(pieces, AIMessageChunk)
+    assert [(c["name"], c["args"]) for c in pieces.tool_calls] == [(call.function.name, args)]
+
+
+def llama_cpp_completion_logprobs(smollm: Path, prompt: str, tokens: int, k: int) -> dict[str, Any]:
+    """llama-cpp-python's own greedy completion of `prompt` with its top-`k` log-probabilities (ground truth)."""
+    from tests.conftest import reference_llama
+
+    with reference_llama(smollm, 512, logits_all=True) as model:
+        out: Any = model.create_completion(prompt, max_tokens=tokens, temperature=0, logprobs=k)
+    return dict(out["choices"][0])
+
+
+def test_completion_top_logprobs_are_llama_cpps(client: openai.OpenAI, smollm: Path) -> None:
+    prompt, k = "The capital of France is", 5
+    ours = client.completions.create(model=MODEL, prompt=prompt, max_tokens=TOKENS, temperature=0, logprobs=k,
+                                     extra_body=FRESH).choices[0]
+    truth = llama_cpp_completion_logprobs(smollm, prompt, TOKENS, k)
+    assert ours.text == truth["text"]
+    assert ours.logprobs is not None and ours.logprobs.tokens == truth["logprobs"]["tokens"]
+    worst = max(abs(a - b) for a, b in zip(ours.logprobs.token_logprobs, truth["logprobs"]["token_logprobs"],
+                                           strict=True))
+    assert ours.logprobs.top_logprobs is not None
+    for mine, theirs in zip(ours.logprobs.top_logprobs, truth["logprobs"]["top_logprobs"], strict=True):
+        assert set(mine) == set(theirs), (mine, theirs)
+        worst = max(worst, *(abs(mine[t] - theirs[t]) for t in mine))
+    print(f"max |logprob - llama-cpp-python's| = {worst:.2e}")
+    assert worst < 1e-4

@@ -38,6 +38,7 @@ SAMPLES: dict[str, messages.Control] = {
     "measuring": messages.Measuring("x", 0, False, 0.0), "measured": messages.MeasuredSelf({}),
     "lost": messages.Lost("m2", "r", 1), "replan": messages.Replan("r", 1),
     "stats": messages.Stats({}, None, None), "free": messages.Free(0), "trim": messages.Trim(0, 1),
+    "fork": messages.Fork(0, 1, 2),
     "chat": messages.Chat("m2-0", "m2", {}), "chat_evt": messages.ChatEvt("m2-0", "m2", {"notice": "n"}),
     "roster": messages.Roster("hd", "m", {}), "bye": messages.Bye("r"),
     "copy": messages.Copy(MANIFEST), "copy_need": messages.CopyNeed(()), "copied": messages.Copied(None, "e"),
