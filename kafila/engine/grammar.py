@@ -27,6 +27,11 @@ from kafila.engine.llama_lib import llama
 from kafila.errors import EngineError
 
 ROOT = "root"
+# llama-cpp-python's converter writes a string's character as `[^"\\]`, which lets a raw newline or tab into
+# a JSON string (invalid JSON); llama.cpp's own converter (json-schema-to-grammar.cpp) excludes control
+# characters, as JSON does: its rule replaces the port's
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 # llama_token_data is {int32 id; float logit; float p}: a numpy record array of that layout is handed over as is
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
@@ -47,7 +52,7 @@ def schema_grammar(schema: Any) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        return str(json_schema_to_gbnf(json.dumps(schema)))
+        return str(json_schema_to_gbnf(json.dumps(schema))).replace(_LOOSE_CHAR, _JSON_CHAR)
     except RecursionError:
         raise GrammarError("the schema nests too deeply") from None
     except Exception as exc:  # the converter asserts (and may fail otherwise) on what it does not handle

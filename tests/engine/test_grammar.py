@@ -63,6 +63,18 @@ def test_a_schema_the_converter_refuses_is_a_grammar_error_saying_why() -> None:
     assert "root ::=" in schema_grammar(SCHEMA) and "root" in json_object_grammar()
 
 
+@pytest.mark.parametrize("grammar", ["schema", "object"])
+def test_a_json_string_takes_no_raw_control_character(vocab: Vocab, grammar: str) -> None:
+    # llama-cpp-python's converter alone lets a newline into a string: a reply json.loads refuses
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    g = Grammar(vocab, schema_grammar(schema) if grammar == "schema" else json_object_grammar())
+    for t in vocab.tokenize('{"a": "x', add_special=False):
+        g.accept(t)
+    for bad in ("\n", "\t", "\x01"):
+        assert not g.allows(vocab.tokenize(bad, add_special=False)[0]), repr(bad)
+    assert g.allows(vocab.tokenize("y", add_special=False)[0])
+
+
 def test_a_clone_goes_its_own_way_and_both_free(vocab: Vocab) -> None:
     g = Grammar(vocab, YES_NO)
     y, n = vocab.tokenize("y", add_special=False)[0], vocab.tokenize("n", add_special=False)[0]

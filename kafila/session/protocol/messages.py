@@ -33,8 +33,7 @@ that may be null; fields this build does not know are ignored):
     measuring member → host   step, attempt, waiting, elapsed_s (how its measurement of its own machine goes:
                               it connects before measuring; attempt: of the probe's decode timing, 0 before it;
                               waiting: for another Kafila process's measurement on its machine; at most 1/s)
-    measured  member → host   measurements {...} (what its announcement would have carried: the host judges
-                              them as it judges an announcement's; a member that announced "measuring" sends it)
+    measured  member → host   measurements {...} (what an announcement carries, sent after "measuring")
     lost      any → host/all  who, reason, epoch
     replan    host → all      reason, epoch (this epoch ends though nobody was lost: a member slowed or
                               joined; stop serving, fail requests in flight as resumable, await `assign`)
@@ -44,11 +43,10 @@ that may be null; fields this build does not know are ignored):
                               prompt tokens), circuit_gap_s|null (a decode circuit's median time outside
                               compute: the links, each hop's software, the head's turnaround)
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
-    trim      ring            seq, keep (drop that sequence's positions from keep on, so a new request
-                              reuses the rest; travels the ring back to the head, ahead of the frames
-                              that rely on it)
-    fork      ring            src, seq, keep (seq becomes a copy of src's positions before keep: a prompt
-                              another request computed, as for n choices; travels the ring like trim)
+    trim      ring            seq, keep (drop its positions from keep on, so a new request reuses the rest;
+                              travels the ring back to the head, ahead of the frames that rely on it)
+    fork      ring            src, seq, keep (seq becomes src's positions before keep: a prompt another
+                              request computed, as for n choices; travels the ring like trim)
     chat      ring / control  id, origin, body (an OpenAI chat request, optionally "resume": [token ids]
                               an earlier ring generated and "resume_cuts": [its prompt's chunks]),
                               forwarded to the head
@@ -58,24 +56,19 @@ that may be null; fields this build does not know are ignored):
                               {"progress": {"prefilled": n, "prompt_tokens": n}} |
                               {"tool_format": dialect} (before the first delta of a chat with tools)
     roster    host → member   coordinator, model, members {name: {bw, disp, mem, ubw, nat, rtt_ms|null}},
-                              beside|null (the ring member in the coordinator's own process, lost with
-                              it; null: it only coordinates), holders [names holding the model file,
-                              verified by sha256], model_sha256|null, fingerprints {name: sha256}
-                              (the coordinator's state, replicated at each admission: who serves, what
-                              each measured, and what a member needs to take coordination over, so
-                              that the ring outlives its host; kafila.session.member.takeover),
-                              fingerprints {name: sha256}, mandates {holder: credential} (the credential
-                              each holder announces should it coordinate next: kafila.net.mandate)
+                              beside|null (the ring member in the coordinator's own process; null: it
+                              only coordinates), holders [names holding the verified model file],
+                              model_sha256|null, fingerprints {name: sha256}, mandates {holder:
+                              credential} (kafila.net.mandate): the coordinator's state at each admission,
+                              all a member needs to take coordination over (kafila.session.member.takeover)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
-    copy      host → member   manifest {sha256, size, chunk_size, chunks} of the model file: hold a copy
-                              on disk, so that the ring outlives a host no other member holds it for
-    copy_need member → host   chunks [at most COPY_BATCH indices it still lacks] (asked one batch at a time:
-                              a background transfer, never more than a batch ahead of the control messages)
+    copy      host → member   manifest {sha256, size, chunk_size, chunks} of the model file: a copy to keep
+    copy_need member → host   chunks [at most COPY_BATCH indices it still lacks] (one batch at a time: a
+                              background transfer, never more than a batch ahead of the control messages)
     copied    member → host   sha256|null (the verified copy), error|null (why it holds none)
 
-decode() checks every field's type and range from one table (SCHEMA, its checks from
-kafila.session.protocol.fields); anything malformed is a ProtocolError naming what is wrong, never
-another exception.
+decode() checks every field's type and range from one table (SCHEMA, its checks in fields.py); anything
+malformed is a ProtocolError naming what is wrong, never another exception.
 """
 
 from __future__ import annotations
@@ -121,13 +114,10 @@ from kafila.session.protocol.records import StageTime as StageTime
 from kafila.session.protocol.records import TtftTime as TtftTime
 from kafila.session.settings import SessionSettings
 
-# 2: assign and roster carry the members' fingerprints; prove/proof of a model file. 3: stats carry
-# circuit_gap_s; copy, copy_need, copied (a copy of the model on a member's disk). 4: measuring, measured (a
-# member connects before it measures itself). 5: assign carries the session's settings (kafila.session.settings)
-# in place of config and speculate; roster no longer carries strategy and mixed_builds (they are settings)
-# 6: roster carries mandates; stats and chat_evt only from the head. 7: settings carry chat_template; a chat_evt
-# may be {"tool_format"}
-CONTROL_VERSION = 7
+# 2: fingerprints in assign and roster; prove/proof. 3: stats' circuit_gap_s; copy, copy_need, copied. 4: measuring,
+# measured. 5: assign's settings (kafila.session.settings). 6: roster's mandates; stats and chat_evt from the head
+# only. 7: settings' chat_template; chat_evt {"tool_format"}. 8: fork (a request's n choices)
+CONTROL_VERSION = 8
 
 MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none

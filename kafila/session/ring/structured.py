@@ -17,6 +17,8 @@ from kafila.engine.grammar import GrammarError, json_object_grammar, schema_gram
 MAX_GRAMMAR_CHARS = 64 * 1024  # the GBNF text and a schema as JSON (the body travels as one 4 MiB message)
 MAX_REPEAT = 1024  # the most repetitions one `{m,n}` or a schema's min/max length or items may ask for
 _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+# bounds llama-cpp-python's converter drops (its own TODO): a reply could break them, so a schema with one is refused
+_UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _FIELDS = ("grammar", "json_schema", "response_format")
 
@@ -95,7 +97,8 @@ def _converted(schema: Any, param: str) -> str:
 
 
 def _bounded(node: Any, param: str) -> None:
-    """Refuse counts the converter would write out one by one (maxItems: 10**9 is a billion rules)."""
+    """Refuse counts the converter would write out one by one (maxItems: 10**9 is a billion rules), and numeric
+    bounds it cannot enforce."""
     stack = [node]
     while stack:
         item = stack.pop()
@@ -104,6 +107,11 @@ def _bounded(node: Any, param: str) -> None:
                 count = item.get(key)
                 if isinstance(count, int | float) and not isinstance(count, bool) and count > MAX_REPEAT:
                     raise FieldError(f"'{param}' asks for {key} {count}; at most {MAX_REPEAT} are supported", param)
+            for key in _UNENFORCED:  # a property of that name has a schema (a dict) as its value, not a number
+                if isinstance(item.get(key), int | float) and not isinstance(item[key], bool):
+                    raise FieldError(f"'{param}' asks for {key} {item[key]}, which llama.cpp's JSON-schema converter "
+                                     "cannot enforce; leave it out of the schema (and check the value yourself)",
+                                     param)
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)

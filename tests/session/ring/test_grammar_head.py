@@ -27,7 +27,7 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
                                          "country": {"enum": ["France", "Italy", "Spain", "Other"]},
                                          "population": {"type": "number"}, "capital": {"type": "boolean"}},
         "required": ["city", "country", "population", "capital"]}
-LIST = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 2, "maxItems": 5}
+LIST = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 5}
 ASK = {json.dumps(PERSON): "Describe a famous programmer as JSON.",
        json.dumps(CITY): "Give a European city as JSON.",
        json.dumps(LIST): "List a few small numbers as a JSON array."}

@@ -34,6 +34,11 @@ def test_each_way_to_ask_gives_the_grammar_chats_and_completions_alike(fields: d
     assert parse_request(chat.body(), internal=True).grammar == grammar  # the head reads it as sent
 
 
+def test_a_property_named_like_a_bound_is_no_bound() -> None:
+    schema = {"type": "object", "properties": {"minimum": {"type": "integer"}, "maximum": {"type": "string"}}}
+    assert parse_request({"messages": HI, "json_schema": schema}).grammar
+
+
 @pytest.mark.parametrize("fields, param, says", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "strin"}}}},
      "response_format.json_schema.schema", "Unrecognized schema"),
@@ -46,6 +51,10 @@ def test_each_way_to_ask_gives_the_grammar_chats_and_completions_alike(fields: d
     ({"response_format": "json"}, "response_format", "type"),
     ({"json_schema": {"type": "array", "maxItems": 10**9}}, "json_schema", "maxItems"),
     ({"json_schema": [1]}, "json_schema", "schema"),
+    ({"json_schema": {"type": "array", "items": {"type": "integer", "maximum": 99}}}, "json_schema", "maximum 99"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"n": {"type": "number", "exclusiveMinimum": 0}}}}}},
+     "response_format.json_schema.schema", "exclusiveMinimum"),
     ({"grammar": ""}, "grammar", "GBNF"),
     ({"grammar": 'root ::= "a"{1,100000000}'}, "grammar", "repeats"),
     ({"grammar": "x" * 70_000}, "grammar", "characters"),
