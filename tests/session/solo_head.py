@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from kafila.engine.embedding import Embedder
@@ -13,8 +14,10 @@ from kafila.engine.vocab import Vocab
 from kafila.model.cut import StageSpec
 from kafila.model.gguf_file import GGUFFile
 from kafila.model.stage_cache import StageCache
+from kafila.session.api.server import ApiServer
 from kafila.session.ring.head import Head
 from kafila.session.ring.stage_runtime import StageWorker
+from tests.session.api_fixtures import admitted_state
 
 N_CTX = 512  # the head tests' context per request (tests/session/ring/conftest.py's `head`)
 
@@ -40,3 +43,32 @@ async def solo_head(model: Path, cache: StageCache, n_ctx: int, n_blocks: int = 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await asyncio.to_thread(worker.close)
+
+
+@contextlib.contextmanager
+def served_head(model: Path, cache: StageCache, n_seq: int = 2) -> Iterator[ApiServer]:
+    """An ApiServer whose ring is a running solo head of `n_seq` slots, on its own event loop in a thread (for
+    synchronous clients: the openai package)."""
+    loop = asyncio.new_event_loop()
+    started, box = threading.Event(), {}
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        async with solo_head(model, cache, N_CTX, n_seq=n_seq) as head:
+            server = ApiServer(admitted_state(), port=0)
+            server.chat = head.chat
+            await server.start()
+            box["server"] = server
+            started.set()
+            await stop.wait()
+            await server.stop()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    assert started.wait(120), "the API server did not start"
+    try:
+        yield box["server"]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(60)
+        loop.close()

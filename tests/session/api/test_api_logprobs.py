@@ -4,8 +4,6 @@ and a streamed reply's chunks carry the same text and numbers as the whole reply
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +13,8 @@ import pytest
 
 from kafila.model.stage_cache import StageCache
 from kafila.session.api.server import ApiServer
-from tests.session.api_fixtures import MODEL, admitted_state
-from tests.session.solo_head import N_CTX, solo_head
+from tests.session.api_fixtures import MODEL
+from tests.session.solo_head import served_head
 
 pytestmark = pytest.mark.fast
 
@@ -29,29 +27,8 @@ FRESH = {"cache_prompt": False}
 @pytest.fixture(scope="module")
 def served(smollm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     """An ApiServer whose ring is a running solo head, on its own event loop in a thread."""
-    loop = asyncio.new_event_loop()
-    started, box = threading.Event(), {}
-    stop = asyncio.Event()
-
-    async def serve() -> None:
-        async with solo_head(smollm, StageCache(tmp_path_factory.mktemp("stages")), N_CTX) as head:
-            server = ApiServer(admitted_state(), port=0)
-            server.chat = head.chat
-            await server.start()
-            box["server"] = server
-            started.set()
-            await stop.wait()
-            await server.stop()
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
-    thread.start()
-    assert started.wait(120), "the API server did not start"
-    try:
-        yield box["server"]
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(60)
-        loop.close()
+    with served_head(smollm, StageCache(tmp_path_factory.mktemp("stages"))) as server:
+        yield server
 
 
 @pytest.fixture
