@@ -28,18 +28,10 @@ from kafila.engine.chat.template import ChatTemplate
 from kafila.model.gguf_file import GGUFFile
 from kafila.session.api.token import read_token
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.session.tool_specs import ADD, WEATHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]  # two replies on a loaded machine
 
-WEATHER: Any = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}
-ADD: Any = {"type": "function", "function": {
-    "name": "add", "description": "Adds two whole numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
 ASK: Any = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 MAX_TOKENS = 60
 OWN_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

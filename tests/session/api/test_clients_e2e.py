@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from kafila.session.launch.demo import SHARED_MACHINE_ENV
 from tests.session.cluster import REPLY_TIMEOUT_S, Cluster
+from tests.session.tool_specs import ADD, WEATHER
 from tests.shared_probe import shared_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * REPLY_TIMEOUT_S)]
@@ -180,15 +181,6 @@ def test_structured_output_as_pydantic_objects(client: openai.OpenAI, ring: Clus
     assert structured.invoke([HumanMessage(question[0]["content"])]) == parsed
 
 
-WEATHER: Any = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}
-ADD: Any = {"type": "function", "function": {
-    "name": "add", "description": "Adds two whole numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
 WEATHER_QUESTION = "What is the weather like in Paris today?"
 CALL_TOKENS = 60
 
