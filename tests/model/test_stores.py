@@ -15,7 +15,7 @@ from kafila.model.cut import StageSpec, write_stage
 from kafila.model.describe import assess_model
 from kafila.model.embedded import resolve_model
 from kafila.model.stores import StoreRoots, find_model, list_models
-from kafila.session.coordinator.epochs import model_label
+from kafila.session.coordinator.planning import model_label
 from tests.conftest import run_kafila
 from tests.model.test_refused import KINDS, write_kind
 from tests.model.test_split_files import copy_gguf

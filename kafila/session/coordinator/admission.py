@@ -6,8 +6,8 @@ progress, and judged once its measurements come. `--wait` bounds the wait for me
 arrived is waited for while it measures, up to `--measure-wait`, then planned without (and held, if it ends).
 
 A member that comes after the first plan (a friend arriving late, or a lost member's restarted machine) is
-held: the coordinator plans it in when that cuts the slowest stage enough (epochs._until_change), then or
-at any later plan (epochs._plan_over).
+held: the coordinator's machine plans it in when that cuts the slowest stage enough, then or at any later plan
+(machine.py). The door only talks to arrivals: it hands each member it admits to `enter`.
 """
 
 from __future__ import annotations
@@ -15,46 +15,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import secrets
-from dataclasses import replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 from kafila.errors import KafilaError, NetworkError, ProtocolError, SessionError
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session.coordinator.builds import BuildVerdict, judge_member
-from kafila.session.coordinator.core import Arrival, CoordinatorCore, Joined, log
-from kafila.session.coordinator.epochs import GAIN, planner_member
+from kafila.session.coordinator.planning import GAIN, unusable_measurements
 from kafila.session.delivery.local_model import MODEL_KEY, judge_model, model_proof
+from kafila.session.options import HostOptions
 from kafila.session.protocol import messages
 from kafila.session.protocol.authority import RingView, Sender, Via, refusal
-from kafila.session.state import member_view
+from kafila.session.state import SessionState, member_view
 from kafila.session.stoppable import run_stoppable
 
-
-def unusable_measurements(peer: VerifiedMember) -> str | None:
-    """Why a member's announced measurements cannot be planned with (missing, NaN, negative), or None."""
-    try:
-        planner_member(peer)
-    except SessionError as exc:
-        return str(exc)
-    return None
-
-
+log = logging.getLogger("kafila.host")
 PROOF_TIMEOUT_S = 10.0  # a member that does not answer its model proof by then is refused
 
 
-class Admission(CoordinatorCore):
-    """The coordinator's door: who joins the session, and waiting for them."""
+@dataclass
+class Arrival:
+    """A member connected and measuring its machine: not admitted until its measurements come."""
+
+    link: Link
+    since: float  # loop time its arrival, or the wait for or the start of its own measurement, was heard
+    step: str = "measuring its machine"
+    attempt: int = 0  # the probe's decode timing attempt (0 before it)
+    waiting: bool = False  # for another Kafila process's measurement on its machine
+
+    def text(self, elapsed_s: float) -> str:
+        """How its measurement goes, for a person."""
+        return f"{self.step}, {elapsed_s:.0f} s so far"
+
+
+class Admission:
+    """The coordinator's door: who joins the session, and waiting for them. `present`: the members admitted;
+    `enter(peer, link, verdict)`: one more (the runtime hands it to the machine)."""
+
+    def __init__(self, ep: PeerEndpoint, opts: HostOptions, state: SessionState, model: Path, cache: StageCache,
+                 my_build: str, present: Callable[[], Collection[str]],
+                 enter: Callable[[VerifiedMember, Link, BuildVerdict], None]) -> None:
+        self.ep, self.opts, self.state, self.model, self.cache = ep, opts, state, model, cache
+        self.settings, self.my_build, self.present, self.enter = opts.settings, my_build, present, enter
+        self.measuring: dict[str, Arrival] = {}  # connected, not measured yet (_measured)
+        self.model_sha256: str | None = None  # hashed when a member first announces its own copy
+        self.arrived = asyncio.Event()
+        self.departed: set[str] = set()  # lost so far (the machine's): one that comes back rejoined
 
     async def _model_refusal(self, peer: VerifiedMember, link: Link) -> str | None:
         """Why a member's own model file (join --model) is refused: None when it has none, or it is the host's
         and the member proves it holds it (a holder cuts its own stages and can become the heir)."""
         if MODEL_KEY not in peer.measurements:
             return None
-        if self._model_sha256 is None:
-            self._model_sha256 = await run_stoppable(partial(self.cache.source_hash, self.model))
-        refusal = judge_model(self._model_sha256, peer.name, peer.measurements)
+        if self.model_sha256 is None:
+            self.model_sha256 = await run_stoppable(partial(self.cache.source_hash, self.model))
+        refusal = judge_model(self.model_sha256, peer.name, peer.measurements)
         if refusal is not None:
             return refusal
         nonce = secrets.token_bytes(32)
@@ -72,13 +94,14 @@ class Admission(CoordinatorCore):
         return (f"{peer.name} announced the host's model hash but did not prove it holds the file (pieces of it "
                 f"the host chose): {why}")
 
-    async def _accept_loop(self) -> None:
-        while True:
-            try:
-                link = await self.ep.accept(timeout_s=3600)
-            except TimeoutError:
-                continue
-            self._tg.create_task(self._arrive(link))  # each on its own: one member's minutes of measuring hold no other
+    async def accept_loop(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            while True:
+                try:
+                    link = await self.ep.accept(timeout_s=3600)
+                except TimeoutError:
+                    continue
+                tg.create_task(self._arrive(link))  # each on its own: one member's minutes of measuring hold no other
 
     async def _arrive(self, link: Link) -> None:
         """A member has connected: refuse it, or (once its measurements came, when it announced MEASURING_KEY)
@@ -88,7 +111,7 @@ class Admission(CoordinatorCore):
         if not verdict.admitted:  # another build or protocol: said at once, before it spends minutes measuring
             await self._refuse(peer, link, verdict.reason)
             return
-        if peer.name in self.joined or peer.name in self.measuring:
+        if peer.name in self.present() or peer.name in self.measuring:
             await self._refuse(peer, link, "a member of that name is already in the session (join with another --name)",
                                shown=False)
             return
@@ -103,7 +126,7 @@ class Admission(CoordinatorCore):
                 await self._admit(measured, link, verdict, status="measured")
         finally:
             self.measuring.pop(peer.name, None)
-            self._arrived.set()
+            self.arrived.set()
 
     async def _admit(self, peer: VerifiedMember, link: Link, verdict: BuildVerdict, status: str = "joined") -> None:
         """Admit a member with its measurements, or refuse it (unusable numbers, a model file it cannot prove)."""
@@ -112,26 +135,21 @@ class Admission(CoordinatorCore):
         if refusal is not None:
             await self._refuse(peer, link, refusal)
             return
-        if peer.name in self.joined:
+        if peer.name in self.present():
             await self._refuse(peer, link, "a member of that name is already in the session (join with another --name)",
                                shown=False)
             return
         view = replace(member_view(peer), status=status)  # "measured": until its stage is loaded (the Members tab)
-        self.joined[peer.name] = Joined(peer, link)
-        self.builds.add(peer.name, verdict)
         came = "rejoined" if peer.name in self.departed else "joined"
-        self.departed.discard(peer.name)
         if self.state.plan is None:
-            self.state.log(f"{peer.name} {came} ({len(self.joined)}/{self.expected})")
+            self.state.log(f"{peer.name} {came} ({len(self.present()) + 1}/{self.expected})")
         else:  # after the first plan: held until a plan takes it in
             view.note = f"{came} after planning: planned in when that cuts the slowest stage"
             self.state.log(f"{peer.name} {came} the session; planned in when that cuts the slowest stage by "
                            f"{GAIN:.0%}, now or at a later plan")
-            self.held.add(peer.name)
-            self.arrivals.put_nowait(peer.name)
         self.state.upsert_member(view)
-        self._tg.create_task(self._recv_loop(peer.name, link))
-        self._arrived.set()
+        self.enter(peer, link, verdict)
+        self.arrived.set()
 
     async def _refuse(self, peer: VerifiedMember, link: Link, reason: str, shown: bool = True) -> None:
         if shown:
@@ -146,9 +164,9 @@ class Admission(CoordinatorCore):
         Meanwhile it is shown measuring, with its step and attempt; the wait for members waits for it."""
         name, arriving = peer.name, self.measuring[peer.name]
         self.state.upsert_member(replace(member_view(peer), status="measuring", note="measuring its machine"))
-        self.state.log(f"{name} arrived ({len(self.joined) + len(self.measuring)}/{self.expected}); "
+        self.state.log(f"{name} arrived ({len(self.present()) + len(self.measuring)}/{self.expected}); "
                        "it is measuring its machine")
-        self._arrived.set()
+        self.arrived.set()
         try:
             while True:
                 msg = messages.decode(await link.recv())
@@ -182,29 +200,29 @@ class Admission(CoordinatorCore):
         """How many members to wait for: those asked for, and the host's own machine unless it only coordinates."""
         return self.opts.members + (0 if self.opts.coordinate_only else 1)
 
-    async def _wait_for_members(self) -> None:
+    async def wait_for_members(self) -> None:
         """Until the expected members have joined; or `wait_s` for members to arrive, and `measure_wait_s` for
         each that arrived to measure its machine (from when its own measurement began), whichever is later."""
         loop = asyncio.get_running_loop()
         arrive_by = loop.time() + self.opts.wait_s
         self.state.log(f"waiting up to {self.opts.wait_s:.0f} s for {self.expected} members to arrive (--wait), and "
                        f"up to {self.settings.measure_wait_s:.0f} s for each to measure its machine (--measure-wait)")
-        while len(self.joined) < self.expected:
+        while len(self.present()) < self.expected:
             now = loop.time()
             deadlines = [a.since + self.settings.measure_wait_s for a in self.measuring.values()]
-            arriving = now < arrive_by and len(self.joined) + len(self.measuring) < self.expected
+            arriving = now < arrive_by and len(self.present()) + len(self.measuring) < self.expected
             later = [d for d in deadlines if d > now] + ([arrive_by] if arriving else [])
             if not later:
                 break
-            self._arrived.clear()
+            self.arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), min(later) - now)
+                await asyncio.wait_for(self.arrived.wait(), min(later) - now)
         for name, a in self.measuring.items():  # each goes on measuring, and is held as a late arrival if it ends
             why = (f"left out: still measuring its machine after {self.settings.measure_wait_s:.0f} s (--measure-wait; "
                    f"{a.step}); planned in later if it finishes and that cuts the slowest stage")
             self.state.update_member(name, note=why)
             self.state.log(f"{name} {why}")
-        if not self.joined:
+        if not self.present():
             if self.measuring:
                 raise SessionError(f"no member finished measuring its machine within {self.settings.measure_wait_s:.0f}"
                                    f" s (--measure-wait): {', '.join(self.measuring)}")

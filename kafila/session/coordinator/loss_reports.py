@@ -6,9 +6,11 @@ itself lost is leaving: evicted at once. Any other report is a claim about someo
 checks it on its own link to the member named: a QUIC ping acknowledged within the bound means the member
 is there, and nobody is evicted (the reporter's ring edge broke, which a new plan over everyone mends); a
 ping unanswered, or the link down, confirms the loss. So one member cannot evict another by saying so.
+A reporter refuted REFUTED times within REFUTED_S is the member at fault (its own edges fail, or it lies):
+it is evicted, so that no member can re-plan the ring at will.
 
     report(reporter, who, reason)  -> Evict (a self-report) | Probe (ping `who`) | nothing (one is pending)
-    answered(who)                  -> Replan (nobody evicted) | nothing (no report was pending)
+    answered(who)                  -> Replan (nobody evicted) | Evict (the reporter, refuted again) | nothing
     unanswered(who, why)           -> Evict                   | nothing
     reset()                        a new epoch: reports pending for the old one are void
 """
@@ -16,6 +18,9 @@ ping unanswered, or the link down, confirms the loss. So one member cannot evict
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+REFUTED = 2  # a reporter refuted this many times ...
+REFUTED_S = 3600.0  # ... within this long is evicted itself
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class LossReports:
     """The reports of this epoch waiting for the coordinator's own link to confirm them."""
 
     pending: dict[str, tuple[str, str]] = field(default_factory=dict)  # who → (reporter, reason), the first
+    refuted: dict[str, list[float]] = field(default_factory=dict)  # reporter → when its reports were refuted
 
     def report(self, reporter: str, who: str, reason: str) -> list[Action]:
         """A report authority allowed (the member itself, or a ring neighbour of it)."""
@@ -59,11 +65,16 @@ class LossReports:
         self.pending[who] = (reporter, reason)
         return [Probe(who)]
 
-    def answered(self, who: str) -> list[Action]:
+    def answered(self, who: str, now: float = 0.0) -> list[Action]:
         """`who` acknowledged the coordinator's ping: it is there."""
         if (pending := self.pending.pop(who, None)) is None:
             return []
         reporter, reason = pending
+        times = self.refuted[reporter] = [t for t in self.refuted.get(reporter, []) if now - t < REFUTED_S] + [now]
+        if len(times) >= REFUTED:
+            del self.refuted[reporter]
+            return [Evict(reporter, f"its loss reports were refuted {len(times)} times within {REFUTED_S:.0f} s "
+                                    f"(the last: {who}, who answers the coordinator)")]
         return [Replan(f"{reporter} reported {who} lost ({reason}), but {who} answers the coordinator: "
                        "nobody is evicted, and the ring is planned again over everyone")]
 

@@ -19,6 +19,7 @@ Each verdict carries the line the session's log shows: why a re-plan was held ba
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from kafila.session.coordinator.drift import HOLD_S, Drift
@@ -49,14 +50,16 @@ class ReplanBudget:
 
     backoff_s: float = BACKOFF_S
     last_at: float | None = None  # the last drift re-plan
-    seen: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # member -> (when, speed) measured
+    seen: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)  # member -> (when, speed) measured
 
     def observe(self, now: float, speeds: dict[str, float]) -> None:
         """Each member's speed as the serving ring measures it now (its plan's speed × measured / predicted)."""
         for name, speed in speeds.items():
             if math.isfinite(speed) and speed > 0:
-                kept = [(t, s) for t, s in self.seen.get(name, []) if now - t < STEADY_S]
-                self.seen[name] = [*kept, (now, speed)]
+                kept = self.seen.setdefault(name, deque())
+                while kept and now - kept[0][0] >= STEADY_S:  # oldest first: a second's work, not the window's
+                    kept.popleft()
+                kept.append((now, speed))
 
     def slowest(self, name: str, now: float) -> float | None:
         """`name`'s slowest speed sustained for SUSTAINED_S within the last STEADY_S (None: none measured)."""

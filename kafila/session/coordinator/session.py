@@ -20,7 +20,7 @@ from kafila.net.endpoint import Addr, PeerEndpoint
 from kafila.net.mandate import Credential, bound_secret
 from kafila.net.trust import JoinCode
 from kafila.session.api.server import ApiServer
-from kafila.session.coordinator.epochs import model_label
+from kafila.session.coordinator.planning import model_label
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement
 from kafila.session.delivery.cache_inventory import InUse, start_cache_use
 from kafila.session.options import HostOptions

@@ -1,6 +1,6 @@
 """A member's word to the host that it is still working on a step the host cannot watch.
 
-The host bounds its wait for a member's stage by progress, not by a fixed time (kafila.session.coordinator.epochs):
+The host bounds its wait for a member's stage by progress, not by a fixed time (kafila.session.coordinator.machine):
 bytes of the stage moving are progress it sees itself; verifying, cutting, loading into llama.cpp and
 opening ring edges are not, so the member says which of them it is doing, now and every EVERY_S.
 """

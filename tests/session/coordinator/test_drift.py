@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kafila.net.trust import VerifiedMember
 from kafila.planner import ModelSpec, NatClass, Workload, make_plan
 from kafila.session.coordinator.drift import HOLD_S, SETTLE_S, SLOWER, Drift, DriftWatch, measured_speed
-from kafila.session.coordinator.epochs import cuts_enough, planner_member
+from kafila.session.coordinator.planning import cuts_enough, planner_member
 
 pytestmark = pytest.mark.fast
 

@@ -23,7 +23,7 @@ import pytest
 
 from kafila.bench.drift import cy_slower
 from kafila.session.coordinator.drift import HOLD_S
-from kafila.session.coordinator.epochs import GAIN
+from kafila.session.coordinator.planning import GAIN
 from kafila.session.launch.demo import SHARED_MACHINE_ENV
 from tests.conftest import llama_cpp_reply
 from tests.session.cluster import BackToBack, Cluster, reply_text

@@ -93,7 +93,7 @@ def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: i
 
     from kafila.net.trust import MAX_ANNOUNCEMENT, VerifiedMember
     from kafila.planner import NatClass
-    from kafila.session.coordinator.epochs import planner_member
+    from kafila.session.coordinator.planning import planner_member
     from kafila.session.member.measure import Emulation, measurements
 
     _, result, _ = measured
