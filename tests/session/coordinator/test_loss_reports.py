@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafila.session.coordinator.loss_reports import Evict, LossReports, Probe, Replan
+from kafila.session.coordinator.loss_reports import REFUTED_S, Evict, LossReports, Probe, Replan
 
 pytestmark = pytest.mark.fast
 
@@ -36,3 +36,19 @@ def test_a_new_epoch_voids_the_reports_pending() -> None:
     r.reset()
     assert r.answered("bo") == [] and r.unanswered("bo", "down") == []
     assert r.report("ada", "bo", "again") == [Probe("bo")]
+
+
+def test_a_reporter_refuted_twice_within_the_window_is_the_one_evicted() -> None:
+    # issue 55: without this a member could re-plan the ring at will by lying about a neighbour that answers
+    r = LossReports()
+    r.report("mallory", "bo", "made up")
+    assert isinstance(r.answered("bo", now=100.0)[0], Replan)
+    r.report("mallory", "bo", "made up again")
+    [evict] = r.answered("bo", now=100.0 + REFUTED_S - 1)
+    assert evict.who == "mallory" and "refuted 2 times" in evict.reason
+    r.report("mallory", "bo", "after the window")  # its count starts over once it is evicted
+    assert isinstance(r.answered("bo", now=10 * REFUTED_S)[0], Replan)
+    r.report("ada", "bo", "once")
+    assert isinstance(r.answered("bo", now=20 * REFUTED_S)[0], Replan)
+    r.report("ada", "bo", "an hour later")
+    assert isinstance(r.answered("bo", now=21 * REFUTED_S)[0], Replan)  # outside the window: not evicted

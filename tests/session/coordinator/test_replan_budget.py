@@ -1,6 +1,6 @@
 """Re-plans have a budget (issue 55, finding 4): a member whose speed swings is planned at its slowest speed, drift
 re-plans back off; an honest slow-down is still planned promptly. On a fake clock, the coordinator's own pieces
-(DriftWatch, measured_speed, ReplanBudget) wired as epochs.py wires them."""
+(DriftWatch, measured_speed, ReplanBudget) wired as machine.py wires them."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Ring:
     def _replan(self, watch: DriftWatch, t: float, drift: Drift,
                 stages: dict[str, tuple[float, float | None]]) -> bool:
         speed = measured_speed(self.speed, stages, drift)
-        if self.budget is not None:  # epochs.py's _budgeted
+        if self.budget is not None:  # machine.py's _on_stats
             verdict = self.budget.weigh(t, drift, self.speed, speed)
             if verdict.note:
                 self.notes.append(verdict.note)

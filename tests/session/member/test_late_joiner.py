@@ -67,7 +67,7 @@ async def test_a_successor_is_found_by_its_mandate_and_a_self_signed_one_is_not(
         code, credential = await open_session(host, rdv)
         for ep in (heir, mallory, late):
             await ep.join_session(rdv, str(code))
-        # the host's roster mandates the heir (epochs._mandates); mallory signs one for itself
+        # the host's roster mandates the heir (runtime._mandates); mallory signs one for itself
         mandated = credential.delegate(host.identity.key, code.session_id, heir.identity.fingerprint)
         forged = credential.delegate(mallory.identity.key, code.session_id, mallory.identity.fingerprint)
         assert mandated is not None and forged is not None
