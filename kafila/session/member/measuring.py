@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kafila.engine.probe import ProbeResult
 from kafila.errors import EngineError, KafilaError, NetworkError, ProtocolError, SessionError
 from kafila.net.quic import Link
-from kafila.session.member.core import log
+from kafila.session.member.machine import log
 from kafila.session.protocol import messages
 from kafila.session.state import SessionState
 

@@ -14,30 +14,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
 
 from kafila.errors import DiskFullError, KafilaError, ProtocolError
+from kafila.model.stage_cache import StageCache
+from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.stage_files import StageReceiver, megabytes
-from kafila.session.member.core import MemberCore, log
+from kafila.session.member.machine import log
 from kafila.session.protocol import messages
 from kafila.session.protocol.chunks import COPY_BATCH, COPY_MAGIC, parse_chunk
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.state import SessionState
 from kafila.session.stoppable import run_stoppable
 
 
-class ModelCopy(MemberCore):
-    """Receiving a copy of the model into the cache; `model_copy` is the verified one."""
+class ModelCopy:
+    """Receiving a copy of the model into the cache; `model_copy` is the verified one. A part of the member
+    (runtime.py), handed how to reach the coordinator (`send_host`) and to start a task of its own (`spawn`)."""
 
-    _copy: StageReceiver | None = None  # the copy being received (None: none, or it is whole)
-    _copy_task: asyncio.Task[None] | None = None  # its start or its final check, off the control loop
-    _copy_todo: list[int]  # chunks not yet asked for, in order
-    _copy_asked: set[int]  # the batch asked for and not yet all here
+    def __init__(self, me: str, state: SessionState, cache: StageCache, use: InUse | None,
+                 send_host: Callable[[messages.Control], Awaitable[None]],
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        self.me, self.state, self.cache, self.use, self.send_host, self.spawn = me, state, cache, use, send_host, spawn
+        self.model_copy: Path | None = None  # a verified copy of the model the host gave
+        self._copy: StageReceiver | None = None  # the copy being received (None: none, or it is whole)
+        self._copy_task: asyncio.Task[None] | None = None  # its start or its final check, off the control loop
+        self._copy_todo: list[int] = []  # chunks not yet asked for, in order
+        self._copy_asked: set[int] = set()  # the batch asked for and not yet all here
 
-    async def _on_copy(self, msg: messages.Copy) -> None:
+    def offer(self, manifest: StageManifest) -> None:
         """The host offers a copy of the model (again at each admission until it is held)."""
         self._copy = None  # a copy under way starts over: chunks in flight for it are dropped
         if self._copy_task is not None:
             self._copy_task.cancel()
-        self._copy_task = self._tg.create_task(self._start_copy(msg.manifest))
+        self._copy_task = self.spawn(self._start_copy(manifest))
 
     async def _start_copy(self, manifest: StageManifest) -> None:
         """Check what the `.part` already holds and the space for the rest, then ask for the first batch (nothing
@@ -50,7 +62,7 @@ class ModelCopy(MemberCore):
             self._copy_todo = await run_stoppable(receiver.missing)
             receiver.check_space()
         except (DiskFullError, OSError) as exc:
-            await self._give_copy_up(f"{self.opts.name} cannot hold a copy: {exc}")
+            await self._give_copy_up(f"{self.me} cannot hold a copy: {exc}")
             return
         self._copy, self._copy_asked = receiver, set()
         self.state.log(f"receiving a copy of the model ({megabytes(manifest.size)}) in the background, so that the "
@@ -58,7 +70,7 @@ class ModelCopy(MemberCore):
         with contextlib.suppress(KafilaError):  # the host gone: the control loop finds out
             await self._ask_copy()
 
-    async def _on_copy_chunk(self, raw: bytes) -> None:
+    async def chunk(self, raw: bytes) -> None:
         receiver = self._copy
         try:
             index, data = parse_chunk(raw, COPY_MAGIC)
@@ -88,7 +100,7 @@ class ModelCopy(MemberCore):
                 await self.send_host(messages.CopyNeed(tuple(batch)))
                 return
         self._copy = None
-        self._copy_task = self._tg.create_task(self._finish_copy(receiver))
+        self._copy_task = self.spawn(self._finish_copy(receiver))
 
     async def _finish_copy(self, receiver: StageReceiver) -> None:
         try:

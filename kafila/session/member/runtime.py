@@ -1,15 +1,19 @@
-"""A member connected to its coordinator: it follows the coordinator's instructions, one handler per message.
+"""A member connected to its coordinator: an asyncio shell that pumps the member's machine (machine.py).
 
-MemberRuntime joins the member's parts over their shared core: stage (an epoch's stage and edges), serving
-(the admitted ring) and takeover (the coordinator gone). One code path whether the member is the head or
-not, and whether the ring runs on one machine or across the world: only the links differ.
+Each message on the coordinator's link goes to the machine (`Follower.handle`), which checks who may send it
+and says what it asks; the shell carries that out with the member's parts, each owning its state: the stage
+(stage.py), the ring it serves (serving.py), a model copy (model_copy.py). When the coordinator's link fails
+the machine says whom to follow (`without_coordinator`), and the shell connects to it, or coordinates itself
+(takeover.py). One code path whether the member is the head or not, and wherever the ring runs.
+
+    coordinator link ─► _next_control ─► Follower.handle(sender, msg) ─► effects ─► _apply ─► the parts
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Coroutine
 from typing import Any
 
 from kafila.errors import KafilaError, NetworkError, SessionError
@@ -19,42 +23,47 @@ from kafila.net.quic import Link
 from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import model_proof
-from kafila.session.member.core import log
+from kafila.session.member import machine as mx
+from kafila.session.member.host_link import find_host
+from kafila.session.member.machine import Follower, log
 from kafila.session.member.model_copy import ModelCopy
-from kafila.session.member.stage import MemberStage
-from kafila.session.member.takeover import Takeover
+from kafila.session.member.serving import RingService
+from kafila.session.member.stage import Stages
+from kafila.session.member.takeover import END_GRACE_S, FIND_COORDINATOR_S, coordinate, survivors
+from kafila.session.member.throttle import Throttle
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
-from kafila.session.protocol.authority import RingView, Sender, Via, chat_owner, refusal
 from kafila.session.state import SessionState
 
 
-class MemberRuntime(MemberStage, Takeover, ModelCopy):
+class MemberRuntime:
     """Everything a member does after it is connected to the host."""
 
     def __init__(self, ep: PeerEndpoint, control: Link, state: SessionState, opts: MemberOptions,
                  cache: StageCache, api: ApiServer | None, use: InUse | None = None) -> None:
-        super().__init__(ep, control, state, opts, cache, api, use)
-        # what each of the host's messages does; a handler returns an exit status to end the session
-        self._handlers: dict[type[messages.Control], Callable[[Any], Awaitable[int | None]]] = {
-            messages.Assign: self._on_assign,
-            messages.Connect: self._on_connect,
-            messages.Admit: self._on_admit,
-            messages.Reject: self._on_reject,
-            messages.Refused: self._on_reject,
-            messages.Lost: self._on_lost,
-            messages.Replan: self._on_replan,
-            messages.Chat: self._on_chat,
-            messages.Bye: self._on_bye,
-            messages.Roster: self._on_roster,
-            messages.Prove: self._on_prove,
-            messages.Copy: self._on_copy,
-        }
+        self.ep, self.control, self.state, self.opts, self.cache, self.api = ep, control, state, opts, cache, api
+        self.use = use  # the delivered stage this member serves: `kafila cache --prune` leaves it
+        self.throttle = Throttle(opts.throttle_schedule or ((0.0, opts.throttle),))  # EMULATION
+        self.follower = Follower(opts.name, state)
+        self.stages = Stages(ep, opts, state, cache, use, self.throttle, self.send_host)
+        self.ring = RingService(opts, state, api, self.send_host)
+        self.copy = ModelCopy(opts.name, state, cache, use, self.send_host, self._spawn)
+        self._tg: asyncio.TaskGroup | None = None  # the running member's tasks: a serving task's error ends it
+        self._pending: list[messages.Control] = []  # the coordinator's messages read while a stage arrived
+        self._gone: set[bytes] = set()  # coordinators lost so far (their endpoints' member ids)
+        self._coordinating: asyncio.Task[None] | None = None  # this process coordinates the session (a takeover)
+
+    async def send_host(self, msg: messages.Control) -> None:
+        """Send a control message to the coordinator."""
+        await self.control.send(messages.encode(msg))
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        assert self._tg is not None
+        return self._tg.create_task(job)
 
     async def run(self) -> int:
         """Follow the host's instructions until it says bye; returns the exit status."""
-        async with asyncio.TaskGroup() as tg:
-            self._tg = tg
+        async with asyncio.TaskGroup() as self._tg:
             try:
                 while True:
                     try:
@@ -64,86 +73,118 @@ class MemberRuntime(MemberStage, Takeover, ModelCopy):
                         if status is not None:
                             return status
                         continue  # connected to the member that coordinates now
-                    refused = refusal(Sender(self.control.peer.name, Via.COORDINATOR), msg, RingView())
-                    if refused is not None:  # never handled (protocol.authority)
-                        log.warning("refused %s", refused)
-                        continue
-                    handler = self._handlers.get(type(msg))
-                    if handler is None:
-                        log.warning("ignored a %r message from the host", msg.T)
-                        continue
-                    status = await handler(msg)
-                    if status is not None:
-                        return status
+                    for effect in self.follower.handle(self.control.peer.name, msg):
+                        status = await self._apply(effect)
+                        if status is not None:
+                            return status
             finally:
-                await self._stop_serving("this member is leaving")
+                await self.ring.stop("this member is leaving")
                 if self._coordinating is not None:  # the coordinator lives and ends with this process's member
                     self._coordinating.cancel()
+        raise AssertionError("unreachable")  # the loop returns or raises
 
-    # -- the host's messages (one handler per type) ---------------------------------------------
-    async def _on_assign(self, msg: messages.Assign) -> None:
-        await self._stop_serving(None)
-        await self._setup(msg)
+    async def _next_control(self) -> messages.Control:
+        if self._pending:
+            return self._pending.pop(0)
+        while True:
+            raw = await self.control.recv()
+            kind = messages.kind(raw)
+            if kind == "control":
+                return messages.decode(raw)
+            if kind == "copy":
+                await self.copy.chunk(raw)
+                continue
+            log.warning("ignored a stray %s message from the host", kind)
 
-    async def _on_connect(self, msg: messages.Connect) -> None:
-        await self._connect()
+    async def _apply(self, e: mx.Effect) -> int | None:
+        """Carry out one of the machine's effects; an exit status ends the session."""
+        if isinstance(e, mx.Setup):
+            await self.ring.stop(None)
+            await self._setup(e.assign)
+        elif isinstance(e, mx.Connect):
+            assign = self.follower.assignment
+            if assign is None:
+                raise SessionError("the host sent a ring instruction before assigning a stage")
+            self.ring.edges = await self.stages.connect(assign)
+        elif isinstance(e, mx.Serve):
+            self.throttle.start()
+            self.ring.start(self._spawn)
+            self.state.lost = None  # an earlier loss is behind us: this ring serves
+            self.state.set_phase("admitted", "admitted: serving")
+        elif isinstance(e, mx.Stop):
+            await self.ring.stop(e.reason, lost=e.lost)
+        elif isinstance(e, mx.Chat):
+            await self.ring.chat(e.msg, self.control.peer.name, self.control.post, self.control.send)
+        elif isinstance(e, mx.Prove):
+            if self.opts.model is not None:  # the coordinator reads pieces of the file we announced too
+                digest = await asyncio.to_thread(model_proof, self.opts.model, bytes.fromhex(e.nonce))
+                await self.send_host(messages.Proof(digest))
+        elif isinstance(e, mx.Offer):
+            self.copy.offer(e.manifest)
+        elif isinstance(e, mx.End):
+            return e.status
+        return None
 
-    async def _on_admit(self, msg: messages.Admit) -> None:
-        self.throttle.start()
-        self._ring_up.clear()
-        self._serving = self._tg.create_task(self._serve())
-        self.state.lost = None  # an earlier loss is behind us: this ring serves
-        self.state.set_phase("admitted", "admitted: serving")
+    async def _setup(self, assign: messages.Assign) -> None:
+        """Receive (or cut) and load this member's stage of `assign`: the worker the ring will serve with."""
+        self.follower.assignment = self.ring.assigned = assign
+        self.ring.worker = await self.stages.setup(assign, self.control, self._pending)
 
-    async def _on_reject(self, msg: messages.Reject | messages.Refused) -> None:
-        self.state.rejection = msg.reason
-        self.state.set_phase("rejected", f"{msg.T}: {msg.reason}")
-        raise SessionError(f"the session was {'rejected' if msg.T == 'reject' else 'refused'}: {msg.reason}")
+    # -- the coordinator gone (takeover.py) ------------------------------------------------------------
+    async def _without_coordinator(self, reason: str) -> int | None:
+        """Go on after the coordinator left: None once connected to a member that took coordination over."""
+        self.follower.ended = self.ring.ended
+        step = self.follower.without_coordinator(reason, self.ring.serving)
+        if isinstance(step, mx.Follow):
+            await self._follow(step)
+            return None
+        why = step.why if isinstance(step, mx.End) else ""
+        if isinstance(step, mx.ServeOn):
+            assert self.ring.task is not None
+            await asyncio.wait({self.ring.task})  # until the ring itself breaks (our own cancellation still ends us)
+            self.follower.ended = self.ring.ended
+            why = self.follower.why_ended(step.left, served=True)
+        self.state.lost = why
+        self.state.set_phase("closed", f"the session cannot go on: {why}")
+        self.ring.fail_requests(why, resumable=False)
+        self.ring.say_bye_on_ring(why)
+        await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
+        raise SessionError(why)
 
-    async def _on_lost(self, msg: messages.Lost) -> None:
-        await self._stop_serving(f"member {msg.who} was lost: {msg.reason}", lost=msg.who)
-
-    async def _on_replan(self, msg: messages.Replan) -> None:
-        await self._stop_serving(f"the ring is planned again: {msg.reason}")
-
-    async def _on_chat(self, msg: messages.Chat) -> None:
-        # The host sends its first chat as soon as it has admitted the ring: it can be read in the same
-        # turn as the admission, before the serving task that makes the head has run. Dropped, its
-        # request would wait for an answer forever.
-        serving = self._serving
-        if self.head is None and serving is not None and not serving.done() and not self._ring_up.is_set():
-            up = asyncio.ensure_future(self._ring_up.wait())
-            try:
-                await asyncio.wait({up, serving}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                up.cancel()
-        if self.head is not None:
-            owner = chat_owner(Sender(self.control.peer.name, Via.COORDINATOR), msg)  # never its declared origin
-            self.head.serve_remote(msg, self.control.send, owner)
-            return
-        # not serving: a loss ended this ring, and the API server sends the request again to the next one
-        down = self._serving is None or self._serving.done()
-        why = "its ring is not serving" if down else "it is not the ring's head"
-        log.warning("chat %s from %s reached %s, but %s", msg.id, msg.origin, self.opts.name, why)
+    async def _follow(self, step: mx.Follow) -> None:
+        """Leave the lost coordinator for `step.heir` (this member, maybe), which re-plans over the survivors
+        (or, `adopt`, takes the serving ring over as it is); start coordinating first when it is this member."""
+        roster, assignment = self.follower.roster, self.follower.assignment
+        assert roster is not None and assignment is not None
+        doing = "this member takes" if step.heir == self.opts.name else f"{step.heir} takes"
+        if step.adopt:  # a coordinate-only host: the ring is whole, and serves on
+            self.state.log(f"{step.left}; the ring serves on, and {doing} coordination over (it holds the model, "
+                           f"so it can re-plan after a later loss)")
+        else:  # the ring lost a stage with its coordinator
+            self.state.set_phase("lost", f"{step.left}; {doing} coordination over (it holds the model) and re-plans "
+                                         f"over {', '.join(survivors(roster, assignment.order))}")
+            # resumable: the API servers wait; the stage lost with the coordinator is named (it may be the head)
+            await self.ring.stop(f"{step.left}; re-planning over the survivors", lost=roster.beside)
+        self._gone.add(self.control.peer.member_id)
         with contextlib.suppress(KafilaError):
-            self.control.post(messages.encode(messages.ChatEvt(msg.id, msg.origin, {
-                "error": f"the chat reached {self.opts.name}, but {why}", "resumable": down})))
+            await self.control.close()
+        if step.heir == self.opts.name:
+            self._coordinating = self._spawn(self._coordinate(assignment, roster, step.adopt))
+        admitted = roster.fingerprints.get(step.heir)
+        found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), step.heir,
+                                bytes.fromhex(admitted) if admitted else None)
+        self.control = await self.ep.connect(found)
+        self._pending.clear()  # the lost coordinator's instructions are void
+        self.state.log(f"connected to {step.heir}, which coordinates now")
 
-    async def _on_prove(self, msg: messages.Prove) -> None:
-        """Show the coordinator we hold the model file we announced (it reads pieces of it too)."""
-        if self.opts.model is not None:
-            digest = await asyncio.to_thread(model_proof, self.opts.model, bytes.fromhex(msg.nonce))
-            await self.send_host(messages.Proof(digest))
-
-    async def _on_roster(self, msg: messages.Roster) -> None:
-        """The coordinator's state: kept, so that this member knows the ring without its host."""
-        self.roster = msg
-        self.state.coordinator = self.state.coordinator or msg.coordinator
-        for name, m in msg.members.items():
-            self.state.update_member(name, bandwidth_bytes_per_s=m.bw, dispatch_s=m.disp, memory_bytes=m.mem,
-                                     nat=m.nat, rtt_ms=m.rtt_ms)
-
-    async def _on_bye(self, msg: messages.Bye) -> int:
-        self.state.set_phase("closed", f"the host closed the session: {msg.reason}")
-        return 0
-
+    async def _coordinate(self, assign: messages.Assign, roster: messages.Roster, adopt: bool) -> None:
+        """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
+        try:
+            model = self.opts.model or self.copy.model_copy
+            if model is None:  # the roster names this member a holder: it has one or the other
+                raise SessionError("this member has no model file to coordinate with")
+            status = await coordinate(self.opts, model, assign, roster, self.state, self.cache, self.use, adopt,
+                                      self.ep.identity)
+            self.state.log(f"coordination ended (status {status})")
+        except KafilaError as exc:
+            self.state.log(f"coordination failed: {exc}")

@@ -1,5 +1,6 @@
 """A member serving in an admitted ring: the head batches and samples, any other stage computes and passes
 activations on; a ring edge that fails is reported to the coordinator, and a neighbour's goodbye passed on.
+A part of the member (runtime.py composes it): it owns the stage worker, the edges and the head or forwarder.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,21 @@ from kafila.errors import (
     SessionError,
 )
 from kafila.model.gguf_file import GGUFFile
+from kafila.net.endpoint import RingEdges
 from kafila.net.quic import Link
 from kafila.planner.ttft import TtftModel, plan_model
-from kafila.session.api.server import Forwarder, ModelContext
-from kafila.session.member.core import MemberCore, log
+from kafila.session.api.server import ApiServer, Forwarder, ModelContext
+from kafila.session.member.machine import log
+from kafila.session.member.stage import stage_config
+from kafila.session.options import MemberOptions
 from kafila.session.protocol import frames, messages
-from kafila.session.protocol.authority import RingView, Sender, Via, refusal
+from kafila.session.protocol.authority import RingView, Sender, Via, chat_owner, refusal
 from kafila.session.ring.frame_check import Cursors, FrameLimits, from_neighbour
 from kafila.session.ring.head import Head
 from kafila.session.ring.ring_stats import show_stats
 from kafila.session.ring.speculation import NO_DRAFT
+from kafila.session.ring.stage_runtime import StageWorker
+from kafila.session.state import SessionState
 
 
 def _first(group: BaseException) -> BaseException:
@@ -57,14 +63,67 @@ async def pump(link: Link, inbox: asyncio.Queue[bytes], ring: RingView) -> None:
         inbox.put_nowait(msg)
 
 
-class Serving(MemberCore):
-    """The member's ring while it serves, and its stop."""
+class RingService:
+    """The member's ring while it serves, and its stop: `assigned` is the ring, `worker` its loaded stage, `edges`
+    its two ring edges (set as each is ready); `send_host` reaches the coordinator."""
 
-    async def _serve(self) -> None:
+    def __init__(self, opts: MemberOptions, state: SessionState, api: ApiServer | None,
+                 send_host: Callable[[messages.Control], Awaitable[None]]) -> None:
+        self.opts, self.state, self.api, self.send_host = opts, state, api, send_host
+        self.assigned: messages.Assign | None = None
+        self.worker: StageWorker | None = None
+        self.edges: RingEdges | None = None
+        self.draft: DraftModel | None = None  # as the head: the draft model that drafts for speculation
+        self.head: Head | None = None
+        self.forwarder: Forwarder | None = None
+        self.ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
+        self.task: asyncio.Task[None] | None = None
+        self.up = asyncio.Event()  # serve() has made this epoch's head or forwarder
+
+    @property
+    def serving(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        self.up.clear()
+        self.task = spawn(self.serve())
+
+    async def chat(self, msg: messages.Chat, control_name: str, post: Callable[[bytes], None],
+                   send: Callable[[bytes], Awaitable[None]]) -> None:
+        """A request of the coordinator's API (`control_name`'s link): to the head, or answered that it cannot be.
+
+        The host sends its first chat as soon as it has admitted the ring: it can be read in the same turn as the
+        admission, before the serving task that makes the head has run. Dropped, it would wait forever."""
+        task = self.task
+        if self.head is None and task is not None and not task.done() and not self.up.is_set():
+            up = asyncio.ensure_future(self.up.wait())
+            try:
+                await asyncio.wait({up, task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                up.cancel()
+        if self.head is not None:
+            owner = chat_owner(Sender(control_name, Via.COORDINATOR), msg)  # never its declared origin
+            self.head.serve_remote(msg, send, owner)
+            return
+        # not serving: a loss ended this ring, and the API server sends the request again to the next one
+        down = self.task is None or self.task.done()
+        why = "its ring is not serving" if down else "it is not the ring's head"
+        log.warning("chat %s from %s reached %s, but %s", msg.id, msg.origin, self.opts.name, why)
+        with contextlib.suppress(KafilaError):
+            post(messages.encode(messages.ChatEvt(msg.id, msg.origin, {
+                "error": f"the chat reached {self.opts.name}, but {why}", "resumable": down})))
+
+    @property
+    def _assigned(self) -> messages.Assign:
+        if self.assigned is None:
+            raise ProtocolError("the host sent a ring instruction before assigning a stage")
+        return self.assigned
+
+    async def serve(self) -> None:
         assert self.worker is not None and self.edges is not None
         order = list(self._assigned.order)
         is_head = self._assigned.head == self.opts.name
-        config = self._config()
+        config = stage_config(self._assigned, self.opts.threads)
         inbox: asyncio.Queue[bytes] = asyncio.Queue()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -93,18 +152,18 @@ class Serving(MemberCore):
                         self.api.context = model_context(config, self.worker.engine.path)
                         self.api.chat = self.forwarder.chat
                     tg.create_task(self._stage_loop(inbox))
-                self._ring_up.set()
+                self.up.set()
                 self.state.update_member(self.opts.name, status="serving")
         except* SessionEnded as group:  # a neighbour ended the session; pass the word on around the ring
             why = str(_first(group))
-            self._ended = why
+            self.ended = why
             self.state.lost = why
-            self._fail_requests(why, resumable=False)
-            self._say_bye_on_ring(why)
+            self.fail_requests(why, resumable=False)
+            self.say_bye_on_ring(why)
         except* EngineError as group:  # this member's own stage failed on valid input: it leaves, the ring re-plans
             reason = f"its stage failed: {_first(group)}"
             self.state.set_phase("lost", f"{self.opts.name}'s {reason}")
-            self._fail_requests(f"member {self.opts.name} was lost: {reason}", lost=self.opts.name)
+            self.fail_requests(f"member {self.opts.name} was lost: {reason}", lost=self.opts.name)
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(self.opts.name, reason, self._assigned.epoch))
             raise SessionError(f"{self.opts.name} left the session: {reason}") from None
@@ -115,11 +174,11 @@ class Serving(MemberCore):
             peer = prev.peer.name if fault and prev is not None else self._failed_peer()
             self.state.lost = f"{peer} lost: {reason}"
             self.state.set_phase("lost", f"ring edge failed ({peer}): {reason}")
-            self._fail_requests(f"member {peer} was lost: {reason}", lost=peer)
+            self.fail_requests(f"member {peer} was lost: {reason}", lost=peer)
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(peer, reason, self._assigned.epoch))
 
-    def _say_bye_on_ring(self, why: str) -> None:
+    def say_bye_on_ring(self, why: str) -> None:
         """Tell the next member along the ring that the session cannot go on, and why (it tells the next)."""
         nxt = self.edges.next if self.edges is not None else None
         if nxt is not None:
@@ -132,7 +191,7 @@ class Serving(MemberCore):
                 return link.peer.name
         return "a ring neighbour"
 
-    def _fail_requests(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
+    def fail_requests(self, reason: str, lost: str | None = None, resumable: bool = True) -> None:
         # resumable: the API servers send them again once the host has planned a ring without the lost member
         if self.head is not None:
             self.head.fail_all(reason, resumable=resumable)
@@ -158,7 +217,7 @@ class Serving(MemberCore):
         assert self.worker is not None and self.edges is not None and self.edges.next is not None
         nxt = self.edges.next
         # the predecessor's frames, checked before llama.cpp sees them: a bad one is its fault (frame_check.py)
-        cursors = Cursors(FrameLimits.of(self._config(), self.worker.engine.n_embd))
+        cursors = Cursors(FrameLimits.of(stage_config(self._assigned, self.opts.threads), self.worker.engine.n_embd))
         while True:
             msg = await inbox.get()
             if messages.kind(msg) == "frame":
@@ -224,16 +283,16 @@ class Serving(MemberCore):
             with contextlib.suppress(NetworkError):
                 await self.send_host(stats)
 
-    async def _stop_serving(self, reason: str | None, lost: str | None = None) -> None:
+    async def stop(self, reason: str | None, lost: str | None = None) -> None:
         # `lost`: the member whose loss stops the ring, named to the API servers (a request that two lost
         # heads were serving is not sent to a third: it may be what killed them)
         if reason:
-            self._fail_requests(reason, lost=lost)
-        if self._serving is not None:
-            self._serving.cancel()
+            self.fail_requests(reason, lost=lost)
+        if self.task is not None:
+            self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, KafilaError):
-                await self._serving
-            self._serving = None
+                await self.task
+            self.task = None
         if self.edges is not None:
             for link in (self.edges.next, self.edges.prev):
                 if link is not None:

@@ -2,38 +2,59 @@
 the model), verified and loaded into llama.cpp, then its two ring edges opened.
 
 Each step the host cannot watch is announced by a heartbeat, so that the host bounds its wait by progress.
+A part of the member (runtime.py composes it): it is handed what it needs, and returns the stage's worker and
+the ring's edges; it never reaches into the member's other parts.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-from kafila.engine.stage import StageEngine
+from kafila.engine.stage import ContextConfig, StageEngine
 from kafila.errors import DiskFullError, EngineError, KafilaError, ProtocolError, SessionError
 from kafila.model.cut import StageSpec
+from kafila.model.stage_cache import StageCache
+from kafila.net.endpoint import PeerEndpoint, RingEdges
+from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
+from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import cut_locally
 from kafila.session.delivery.stage_files import StageReceiver
 from kafila.session.delivery.transfer import Superseded, receive_stage
-from kafila.session.member.core import MemberCore
 from kafila.session.member.heartbeat import working
+from kafila.session.member.throttle import Throttle
+from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
-from kafila.session.protocol.manifest import StageManifest
 from kafila.session.ring.compute_turn import ComputeTurn
 from kafila.session.ring.stage_runtime import StageWorker
-from kafila.session.state import StageStats
+from kafila.session.state import SessionState, StageStats
 from kafila.session.stoppable import run_stoppable
 
 RECV_TIMEOUT_S = 60.0
+Send = Callable[[messages.Control], Awaitable[None]]
 
 
-class MemberStage(MemberCore):
-    """Setting up an epoch: the stage, loaded, and the ring edges."""
+def stage_config(assign: messages.Assign, threads: int) -> ContextConfig:
+    """The host's context settings for every stage, with this machine's own thread count."""
+    c = assign.config  # from the session's settings: each a positive int (validated by decode)
+    return ContextConfig(n_ctx_per_seq=c["n_ctx_per_seq"], n_seq_max=c["n_seq_max"], n_batch=c["n_batch"],
+                         n_threads=threads)
 
-    async def _setup(self, msg: messages.Assign) -> None:
-        self.assignment = msg
+
+class Stages:
+    """Setting up an epoch: the stage, loaded, and the ring edges. `send_host`: to the coordinator."""
+
+    def __init__(self, ep: PeerEndpoint, opts: MemberOptions, state: SessionState, cache: StageCache,
+                 use: InUse | None, throttle: Throttle, send_host: Send) -> None:
+        self.ep, self.opts, self.state, self.cache, self.use = ep, opts, state, cache, use
+        self.throttle, self.send_host = throttle, send_host
+
+    async def setup(self, msg: messages.Assign, control: Link, pending: list[messages.Control]) -> StageWorker | None:
+        """This member's stage of `msg`, loaded (None: the host gave the epoch up meanwhile). The stage arrives on
+        `control`; the host's messages that come with it go to `pending`."""
         me = self.opts.name
         if me not in msg.ranges:
             raise ProtocolError(f"the host's assignment has no block range for this member ({me})")
@@ -44,18 +65,18 @@ class MemberStage(MemberCore):
         is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
         try:
-            path = await (self._cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
-                          else self._receive_stage(msg.stage))
+            path = await (self.cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
+                          else self.receive_stage(msg, control, pending))
         except Superseded:  # the host gave this epoch up (a member lost, a newer plan) before the stage came
             self.state.log(f"epoch {msg.epoch}'s stage is no longer wanted: the host planned again")
-            return
+            return None
         except DiskFullError as exc:  # the host plans again without this member
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(me, str(exc), msg.epoch))
             raise SessionError(f"{me} left the session: {exc}") from None
         if self.use is not None:
             self.use.add(path)
-        config = self._config()
+        config = stage_config(msg, self.opts.threads)
         self.state.update_member(me, status="loading")
         try:
             async with working(self.send_host, msg.epoch, "loading its stage"):
@@ -66,22 +87,23 @@ class MemberStage(MemberCore):
             with contextlib.suppress(KafilaError):
                 await self.send_host(messages.Lost(me, reason, msg.epoch))
             raise SessionError(f"{me} left the session: {reason}") from None
-        self.worker = StageWorker(engine, self.throttle, ComputeTurn(self.cache.root))
+        worker = StageWorker(engine, self.throttle, ComputeTurn(self.cache.root))
         await self.send_host(messages.Loaded(msg.epoch))
         self.state.update_member(me, status="loaded")
+        return worker
 
-    async def _connect(self) -> None:
-        """Open this member's two ring edges (when the host says every stage is loaded)."""
-        order = self._assigned.order
+    async def connect(self, assign: messages.Assign) -> RingEdges | None:
+        """Open this member's two ring edges (when the host says every stage is loaded); None: one failed, and
+        the host was told."""
         self.state.set_phase("connecting", "opening ring edges")
-        async with working(self.send_host, self._assigned.epoch, "opening its ring edges"):
-            await self._open_edges(order)
+        async with working(self.send_host, assign.epoch, "opening its ring edges"):
+            return await self._open_edges(assign)
 
-    async def _open_edges(self, order: tuple[str, ...]) -> None:
+    async def _open_edges(self, assign: messages.Assign) -> RingEdges | None:
         # each ring member by the certificate the coordinator admitted: not whoever announced its name later
         # (a restarted member, or one holding the code and posing as it); members only, as a host's
         # coordinating endpoint may share its machine's name with the member beside it
-        admitted = self._assigned.fingerprints
+        order, admitted = assign.order, assign.fingerprints
         by_name: dict[str, VerifiedMember] = {}
         for vm in (await self.ep.members()).verified:
             if vm.measurements.get("role") != "host" and admitted.get(vm.name) == vm.fingerprint.hex():
@@ -92,19 +114,20 @@ class MemberStage(MemberCore):
         me = order.index(self.opts.name)
         succ, pred = order[(me + 1) % len(order)], order[me - 1]
         try:
-            self.edges = await self.ep.open_ring([by_name[n] for n in order])
+            edges = await self.ep.open_ring([by_name[n] for n in order])
         except KafilaError as exc:  # a neighbour gone before admission: the host's to handle, not an exit
-            await self._report_edge_failure(pred, str(exc))
-            return
-        r = self.edges.report
-        if len(order) > 1 and self.edges.next is None:
-            await self._report_edge_failure(succ, r.error if r is not None and r.error else "no link")
-            return
+            await self._report_edge_failure(assign, None, pred, str(exc))
+            return None
+        r = edges.report
+        if len(order) > 1 and edges.next is None:
+            await self._report_edge_failure(assign, edges, succ, r.error if r is not None and r.error else "no link")
+            return None
         edge = None if r is None else messages.EdgeOutcome(r.predicted, r.actual, r.ready_ms, r.error, r.rtt_ms)
-        await self.send_host(messages.Ready(self._assigned.epoch, edge))
+        await self.send_host(messages.Ready(assign.epoch, edge))
         self.state.update_member(self.opts.name, status="ready")
+        return edges
 
-    async def _cut_stage(self, msg: messages.Assign, spec: StageSpec) -> Path:
+    async def cut_stage(self, msg: messages.Assign, spec: StageSpec) -> Path:
         """This member's stage cut from its own copy of the model (the host checked the whole file's sha256)."""
         if self.opts.model is None:
             raise ProtocolError("the host asked this member to cut its stage, but it was given no --model")
@@ -116,26 +139,26 @@ class MemberStage(MemberCore):
         self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
         return path
 
-    async def _report_edge_failure(self, peer: str, reason: str) -> None:
+    async def _report_edge_failure(self, assign: messages.Assign, edges: RingEdges | None, peer: str,
+                                   reason: str) -> None:
         """Tell the host that a ring edge to `peer` could not open; it plans again (or ends the session)."""
-        if self.edges is not None:
-            for link in (self.edges.next, self.edges.prev):
+        if edges is not None:
+            for link in (edges.next, edges.prev):
                 if link is not None:
                     await link.close()
-            self.edges = None
         self.state.log(f"ring edge to {peer} failed: {reason}; waiting for the host")
-        await self.send_host(messages.Lost(peer, f"its ring edge could not open: {reason}", self._assigned.epoch))
+        await self.send_host(messages.Lost(peer, f"its ring edge could not open: {reason}", assign.epoch))
 
-    async def _receive_stage(self, manifest: StageManifest) -> Path:
+    async def receive_stage(self, assign: messages.Assign, control: Link, pending: list[messages.Control]) -> Path:
         """The stage file, received and verified; raises Superseded when the host gives the epoch up meanwhile."""
-        me = self.opts.name
+        me, manifest = self.opts.name, assign.stage
         receiver = StageReceiver(self.cache.root / "delivered", manifest)
         if self.use is not None:  # from its first byte: a session starting meanwhile (its cache cap) leaves it
             for path in (receiver.part, receiver.final):
                 self.use.add(path)
         missing = await run_stoppable(receiver.missing)
         receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
-        await self.send_host(messages.Need(self._assigned.epoch, tuple(missing)))
+        await self.send_host(messages.Need(assign.epoch, tuple(missing)))
         total = manifest.size
         self.state.delivery[me] = (total - receiver.bytes_missing, total)
         self.state.changed()
@@ -148,7 +171,7 @@ class MemberStage(MemberCore):
             if messages.kind(raw) == "copy":  # a model copy's chunk: its batch is asked again after admission
                 return
             msg = messages.decode(raw)
-            self._pending.append(msg)  # handled after the transfer, or at once: the host gave this epoch up
+            pending.append(msg)  # handled after the transfer, or at once: the host gave this epoch up
             if isinstance(msg, messages.Lost | messages.Replan | messages.Assign | messages.Reject | messages.Bye):
                 raise Superseded(type(msg).__name__)
 
@@ -163,8 +186,8 @@ class MemberStage(MemberCore):
             moved, seen = len(receiver.have) != seen, len(receiver.have)
             return "receiving its stage" if moved else None
 
-        async with working(self.send_host, self._assigned.epoch, step):
-            path = await receive_stage(self.control, receiver, RECV_TIMEOUT_S, aside, progress)
+        async with working(self.send_host, assign.epoch, step):
+            path = await receive_stage(control, receiver, RECV_TIMEOUT_S, aside, progress)
         self.state.delivery[me] = (total, total)
         self.state.log(f"stage {manifest.sha256[:12]} verified ({total / 1e6:.1f} MB)")
         return path

@@ -22,12 +22,10 @@ member's two neighbours see: without a coordinator the others would never hear o
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from kafila.errors import KafilaError, ProtocolError, SessionError
+from kafila.errors import ProtocolError
 from kafila.model.describe import describe_model
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
@@ -35,10 +33,7 @@ from kafila.net.mandate import Credential
 from kafila.net.quic import Identity
 from kafila.session.coordinator.runtime import HostRuntime, coordinator_announcement, relay_events
 from kafila.session.delivery.cache_inventory import InUse
-from kafila.session.member.host_link import find_host
-from kafila.session.member.serving import Serving
 from kafila.session.options import HostOptions, MemberOptions
-from kafila.session.protocol import messages
 from kafila.session.protocol.messages import Assign, Roster
 from kafila.session.state import SessionState
 
@@ -111,101 +106,3 @@ async def coordinate(opts: MemberOptions, model: Path, assign: Assign, roster: R
                               serving=assign if adopt else None, departed=frozenset(set(roster.members) - set(ring)),
                               credential=credential)
         return await runtime.run()
-
-
-class Takeover(Serving):
-    """A member whose coordinator is gone: it follows the successor (maybe itself), or the session ends."""
-
-    async def _without_coordinator(self, reason: str) -> int | None:
-        """Go on after the coordinator left: None once connected to a member that took coordination over.
-
-        Every member makes the same choice from the same replicated roster and assignment: the first
-        survivor in ring order holding the model coordinates now (`successor`). When the
-        coordinator's process held a stage, that member re-plans over the survivors; when it held none
-        and the ring still serves, it takes the ring over as it is, so that it can re-plan after a later
-        loss. With no survivor holding the model the ring serves on under the head until a later loss
-        ends the session with that reason (re-planning needs the model's bytes), on every member.
-        """
-        left = f"the coordinator ({self.state.coordinator or 'the host'}) left the session: {reason}"
-        self.state.coordinator_left = left
-        roster, assignment = self.roster, self.assignment
-        serving = self._serving is not None and not self._serving.done()
-        if roster is not None and assignment is not None and self._ended is None:
-            heir = successor(roster, assignment.order)
-            if heir is not None and heir not in self._heirs:
-                if roster.beside in assignment.order:  # the ring lost a stage with its coordinator
-                    await self._take_over(heir, left)
-                    return None
-                if serving:  # a coordinate-only host: the ring is whole
-                    await self._hand_over(heir, left)
-                    return None
-        if self.assignment is not None and self._serving is not None and not self._serving.done():
-            self.state.coordinator = self.assignment.head
-            self.state.log(f"{left}; the ring serves on, and {self.assignment.head} (the head) coordinates now")
-            await asyncio.wait({self._serving})  # until the ring itself breaks (our own cancellation still ends us)
-            why = f"{self.state.lost or 'the ring broke'}, after {left}"
-        elif self.state.lost is not None:
-            why = f"{self.state.lost}, and {left}"
-        else:
-            why = f"{left} before the ring was admitted"
-        if self._ended is not None:
-            why = self._ended  # the first member to end said why; every member says the same
-        elif self.assignment is not None:
-            why += ("; the ring cannot be re-planned without its host: no survivor holds the model to cut new "
-                    "stages from (a member joined with `kafila join CODE --model PATH` would have taken "
-                    "coordination over, as would the one the host copies the model to once its copy is whole, "
-                    "unless the host ran with --no-copy): open a new session with `kafila host`")
-        self.state.lost = why
-        self.state.set_phase("closed", f"the session cannot go on: {why}")
-        self._fail_requests(why, resumable=False)
-        self._say_bye_on_ring(why)
-        await asyncio.sleep(END_GRACE_S)  # let every client waiting on this process read the reason
-        raise SessionError(why)
-
-    async def _take_over(self, heir: str, left: str) -> None:
-        """Stop serving the broken ring and connect to `heir`, which coordinates now (this member, maybe)."""
-        assert self.roster is not None and self.assignment is not None
-        doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
-        self.state.coordinator = heir
-        self.state.set_phase("lost", f"{left}; {doing} coordination over (it holds the model) and re-plans "
-                                     f"over {', '.join(survivors(self.roster, self.assignment.order))}")
-        # resumable: the API servers wait; the stage lost with the coordinator is named (it may have been the head)
-        await self._stop_serving(f"{left}; re-planning over the survivors", lost=self.roster.beside)
-        await self._follow(heir, adopt=False)
-
-    async def _hand_over(self, heir: str, left: str) -> None:
-        """Serve on, and report from now on to `heir` (this member, maybe), which takes the ring over as it is."""
-        assert self.roster is not None and self.assignment is not None
-        doing = "this member takes" if heir == self.opts.name else f"{heir} takes"
-        self.state.coordinator = heir
-        self.state.log(f"{left}; the ring serves on, and {doing} coordination over (it holds the model, "
-                       f"so it can re-plan after a later loss)")
-        await self._follow(heir, adopt=True)
-
-    async def _follow(self, heir: str, adopt: bool) -> None:
-        """Leave the lost coordinator for `heir`; start coordinating first when `heir` is this member."""
-        assert self.roster is not None and self.assignment is not None
-        self._heirs.add(heir)
-        self._gone.add(self.control.peer.member_id)
-        with contextlib.suppress(KafilaError):
-            await self.control.close()
-        if heir == self.opts.name:
-            self._coordinating = self._tg.create_task(self._coordinate(self.assignment, self.roster, adopt))
-        admitted = self.roster.fingerprints.get(heir)
-        found = await find_host(self.ep, FIND_COORDINATOR_S, frozenset(self._gone), heir,
-                                bytes.fromhex(admitted) if admitted else None)
-        self.control = await self.ep.connect(found)
-        self._pending.clear()  # the lost coordinator's instructions are void
-        self.state.log(f"connected to {heir}, which coordinates now")
-
-    async def _coordinate(self, assign: messages.Assign, roster: messages.Roster, adopt: bool) -> None:
-        """This process coordinates the session now; its failure is the members' loss of a coordinator, not ours."""
-        try:
-            model = self.opts.model or self.model_copy
-            if model is None:  # the roster names this member a holder: it has one or the other
-                raise SessionError("this member has no model file to coordinate with")
-            status = await coordinate(self.opts, model, assign, roster, self.state, self.cache, self.use, adopt,
-                                      self.ep.identity)
-            self.state.log(f"coordination ended (status {status})")
-        except KafilaError as exc:
-            self.state.log(f"coordination failed: {exc}")

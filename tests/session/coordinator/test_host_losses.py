@@ -31,7 +31,7 @@ import os, signal, sys
 import kafila.session.member.runtime as member
 async def die(self, msg):
     os.kill(os.getpid(), signal.SIGKILL)
-member.MemberRuntime._on_assign = die
+member.MemberRuntime._setup = die
 from kafila.cli import main
 sys.exit(main(sys.argv[1:]))
 """

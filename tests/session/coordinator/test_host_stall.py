@@ -44,10 +44,10 @@ sys.exit(main(sys.argv[1:]))
 # cy is alive and connected, but never asks for its stage: no progress at all
 STALLED = """
 import asyncio, sys
-import kafila.session.member.runtime as member
-async def never(self, manifest):
+import kafila.session.member.stage as member
+async def never(self, *args):
     await asyncio.Event().wait()
-member.MemberRuntime._receive_stage = never
+member.Stages.receive_stage = never
 from kafila.cli import main
 sys.exit(main(sys.argv[1:]))
 """

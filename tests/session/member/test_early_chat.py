@@ -25,8 +25,8 @@ EARLY = "CHAT BEFORE THE HEAD"
 
 LATE_SERVE = f"""
 import asyncio, sys
-import kafila.session.member.runtime as member
-serve, on_chat = member.MemberRuntime._serve, member.MemberRuntime._on_chat
+import kafila.session.member.serving as member
+serve, on_chat = member.RingService.serve, member.RingService.chat
 chatted = asyncio.Event()
 async def late(self):
     if self._assigned.head == self.opts.name:  # the head serves once the first chat has reached it
@@ -35,13 +35,13 @@ async def late(self):
         except TimeoutError:
             pass
     await serve(self)
-async def noted(self, msg):
+async def noted(self, msg, *args):
     if self.head is None:
         print({EARLY!r}, file=sys.stderr, flush=True)
     chatted.set()
-    await on_chat(self, msg)
-member.MemberRuntime._serve = late
-member.MemberRuntime._on_chat = noted
+    await on_chat(self, msg, *args)
+member.RingService.serve = late
+member.RingService.chat = noted
 from kafila.cli import main
 sys.exit(main(sys.argv[1:]))
 """

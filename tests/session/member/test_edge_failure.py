@@ -31,7 +31,7 @@ async def test_an_edge_that_cannot_open_is_reported_lost_and_the_member_stays(tm
         assert bo is not None
         # what the coordinator assigned in epoch 4 (its stage is not this test's: the edges are)
         fps = {"ada": ep.identity.fingerprint.hex(), "bo": m.others["bo"].identity.fingerprint.hex()}
-        m.runtime.assignment = messages.Assign(
+        m.runtime.follower.assignment = messages.Assign(
             epoch=4, order=("ada", "bo"), head="ada", ranges={"ada": (0, 2), "bo": (2, 4)}, settings=SETTINGS, plan={},
             model="m", stage=StageManifest("0" * 64, 1, 1 << 20, ("0" * 64,)), fingerprints=fps)
         m.runtime.state.set_phase("delivering")  # as after that assignment (the phase table: connecting comes next)
@@ -42,7 +42,7 @@ async def test_an_edge_that_cannot_open_is_reported_lost_and_the_member_stays(tm
         assert not m.host.inbox.of(messages.Ready)  # the ring is not ready
         assert m.host.inbox.of(messages.Working) and all(  # it said what it was doing meanwhile, in its epoch
             w == messages.Working(4, "opening its ring edges") for w in m.host.inbox.of(messages.Working))
-        assert m.runtime.edges is None
+        assert m.runtime.ring.edges is None
         assert not m.run.done()  # still in the session, waiting for the coordinator
         assert f"ring edge to bo failed: {why}; waiting for the host" in [t for _, t in m.runtime.state.events]
         # the coordinator's word: bo is lost (the member stops), then the session ends

@@ -39,8 +39,8 @@ async def test_an_edge_opens_to_the_admitted_member_not_to_a_later_namesake(tmp_
         await m.host.send(messages.Connect(1))
         edges = await bo.open_ring([ring["bo"], ring["ada"]])
         await m.first(messages.Ready)
-        assert m.runtime.edges is not None and m.runtime.edges.next is not None and edges.next is not None
-        assert m.runtime.edges.next.peer.fingerprint == bo.identity.fingerprint  # not mallory's
+        assert m.runtime.ring.edges is not None and m.runtime.ring.edges.next is not None and edges.next is not None
+        assert m.runtime.ring.edges.next.peer.fingerprint == bo.identity.fingerprint  # not mallory's
         assert mallory.identity.fingerprint != bo.identity.fingerprint
         await m.host.send(messages.Bye("the test is over"))
         assert await m.run == 0

@@ -24,8 +24,8 @@ async def test_a_loss_the_host_reports_is_named_to_the_waiting_requests(tmp_path
         async def send(msg: bytes) -> None:
             sent.append(msg)
 
-        m.runtime.forwarder = Forwarder("ada", send)  # as while it serves: its API's requests go to the head
-        replies = m.runtime.forwarder.chat({"messages": [{"role": "user", "content": "hi"}]})
+        m.runtime.ring.forwarder = Forwarder("ada", send)  # as while it serves: its API's requests go to the head
+        replies = m.runtime.ring.forwarder.chat({"messages": [{"role": "user", "content": "hi"}]})
         first = asyncio.create_task(anext(replies))
         async with asyncio.timeout(30):
             while not sent:
