@@ -30,15 +30,6 @@ class Cut:
 
 
 @dataclass(frozen=True)
-class Chunks:
-    """Send member `who` the chunks of its epoch-`epoch` stage it asked for (each chunk once an epoch)."""
-
-    who: str
-    epoch: int
-    chunks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class Serve:
     """The ring `order` is admitted: its head serves the coordinator's API."""
 
@@ -69,18 +60,12 @@ class Close:
 
 
 @dataclass(frozen=True)
-class Relay:
-    """The head's answer to a request of the coordinator's API."""
-
-    msg: messages.ChatEvt
-
-
-@dataclass(frozen=True)
-class Copying:
-    """A member's word about the model copy it is being given (coordinator.model_copy)."""
+class Pass:
+    """A member's message whose work is the shell's: the stage chunks it asks for (`need`, of this epoch), the
+    head's answer to the API (`chat_evt`), a model copy's next batch or its end (`copy_need`, `copied`)."""
 
     who: str
-    msg: messages.CopyNeed | messages.Copied
+    msg: messages.Need | messages.ChatEvt | messages.CopyNeed | messages.Copied
 
 
 @dataclass(frozen=True)
@@ -90,4 +75,4 @@ class Exit:
     status: int
 
 
-Effect = Send | Cut | Chunks | Serve | Announce | Stop | Close | Relay | Copying | Exit | Probe
+Effect = Send | Cut | Serve | Announce | Stop | Close | Pass | Exit | Probe

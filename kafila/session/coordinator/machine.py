@@ -256,7 +256,7 @@ class Coordinator:
 
     # -- what members say --------------------------------------------------------------------------
     def _on_need(self, sender: str, msg: messages.Need, now: float) -> list[Effect]:
-        return [fx.Chunks(sender, msg.epoch, msg.chunks)] if msg.epoch == self.epoch else []
+        return [fx.Pass(sender, msg)] if msg.epoch == self.epoch else []
 
     def _on_working(self, sender: str, msg: messages.Working, now: float) -> list[Effect]:
         if msg.epoch == self.epoch:  # the message itself was progress; what it says is for people
@@ -264,12 +264,9 @@ class Coordinator:
         return []
 
     def _on_chat_evt(self, sender: str, msg: messages.ChatEvt, now: float) -> list[Effect]:
-        return [fx.Relay(msg)]
+        return [fx.Pass(sender, msg)]
 
-    def _on_copy_need(self, sender: str, msg: messages.CopyNeed, now: float) -> list[Effect]:
-        return [fx.Copying(sender, msg)]
-
-    _on_copied = _on_copy_need
+    _on_copy_need = _on_copied = _on_chat_evt
 
     def _on_lost(self, sender: str, msg: messages.Lost, now: float) -> list[Effect]:
         # Only the member named or its ring neighbours get here (authority). A report of an epoch given up is

@@ -209,8 +209,8 @@ class HostRuntime:
             if self._cutting is not None:
                 self._cutting.cancel()
             self._cutting = self._spawn(self._cut(e))
-        elif isinstance(e, fx.Chunks):
-            self._send_chunks(e)
+        elif isinstance(e, fx.Pass):
+            self._pass(e.who, e.msg)
         elif isinstance(e, fx.Serve):
             head = self.links.get(e.order[0])
             self.forwarder = None if head is None else Forwarder("host", head.send)
@@ -235,11 +235,6 @@ class HostRuntime:
             if (link := self.links.pop(e.who, None)) is not None:
                 with contextlib.suppress(KafilaError):
                     await link.close()
-        elif isinstance(e, fx.Relay):
-            if self.forwarder is not None:
-                self.forwarder.deliver(e.msg)
-        elif isinstance(e, fx.Copying):
-            self._copying(e)
         elif isinstance(e, fx.Probe):
             self._spawn(self._probe(e.who))
         elif isinstance(e, fx.Exit):
@@ -247,10 +242,16 @@ class HostRuntime:
             if not self._done.done():
                 self._done.set_result(e.status)
 
-    def _copying(self, e: fx.Copying) -> None:
-        if isinstance(e.msg, messages.CopyNeed) and e.who in self.links:
-            self.copies.need(e.who, self.links[e.who], e.msg)
-        elif isinstance(e.msg, messages.Copied) and (sha := self.copies.copied(e.who, e.msg)) is not None:
+    def _pass(self, who: str, msg: messages.Need | messages.ChatEvt | messages.CopyNeed | messages.Copied) -> None:
+        if isinstance(msg, messages.Need):
+            self._send_chunks(who, msg)
+        elif isinstance(msg, messages.ChatEvt):
+            if self.forwarder is not None:
+                self.forwarder.deliver(msg)
+        elif isinstance(msg, messages.CopyNeed):
+            if who in self.links:
+                self.copies.need(who, self.links[who], msg)
+        elif (sha := self.copies.copied(who, msg)) is not None:
             self.door.model_sha256 = self.door.model_sha256 or sha
             if self.machine.serving:  # every member learns the new holder (the next admission's roster says it anyway)
                 self._feed(lambda: [fx.Announce(tuple(self.machine.order))])
@@ -306,15 +307,15 @@ class HostRuntime:
             fingerprints=fingerprints)
         self._feed(lambda: [fx.Send(name, assign)])
 
-    def _send_chunks(self, e: fx.Chunks) -> None:
-        out, link = self.stages.get(e.who), self.links.get(e.who)
-        if out is None or out.epoch != e.epoch or link is None:
+    def _send_chunks(self, who: str, need: messages.Need) -> None:
+        out, link = self.stages.get(who), self.links.get(who)
+        if out is None or out.epoch != need.epoch or link is None:
             return
         # each chunk of the stage once an epoch, whatever a member asks (repeated or past-the-end indices
         # made the host send its stage again and again)
-        chunks = sorted({i for i in e.chunks if i < len(out.manifest.chunks)} - out.asked)
+        chunks = sorted({i for i in need.chunks if i < len(out.manifest.chunks)} - out.asked)
         out.asked.update(chunks)
-        task = asyncio.get_running_loop().create_task(self._send_stage(e.who, link, out, chunks))
+        task = asyncio.get_running_loop().create_task(self._send_stage(who, link, out, chunks))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 

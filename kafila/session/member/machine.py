@@ -18,27 +18,9 @@ from kafila.errors import SessionError
 from kafila.session.member.takeover import successor
 from kafila.session.protocol import messages
 from kafila.session.protocol.authority import RingView, Sender, Via, refusal
-from kafila.session.protocol.manifest import StageManifest
 from kafila.session.state import SessionState
 
 log = logging.getLogger("kafila.member")
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Stop serving, then receive (or cut) the stage of `assign` and load it."""
-
-    assign: messages.Assign
-
-
-@dataclass(frozen=True)
-class Connect:
-    """Open this member's two ring edges."""
-
-
-@dataclass(frozen=True)
-class Serve:
-    """The ring is admitted: serve it."""
 
 
 @dataclass(frozen=True)
@@ -47,27 +29,6 @@ class Stop:
 
     reason: str
     lost: str | None = None
-
-
-@dataclass(frozen=True)
-class Chat:
-    """A request of the coordinator's API, for the head."""
-
-    msg: messages.Chat
-
-
-@dataclass(frozen=True)
-class Prove:
-    """Show the coordinator this member holds the model file it announced."""
-
-    nonce: str
-
-
-@dataclass(frozen=True)
-class Offer:
-    """A copy of the model is offered: receive it in the background."""
-
-    manifest: StageManifest
 
 
 @dataclass(frozen=True)
@@ -94,7 +55,9 @@ class End:
     why: str = ""
 
 
-Effect = Setup | Connect | Serve | Stop | Chat | Prove | Offer | End
+# the coordinator's instructions the shell carries out as they came, and what the machine decided
+Instruction = messages.Assign | messages.Connect | messages.Admit | messages.Chat | messages.Prove | messages.Copy
+Effect = Instruction | Stop | End
 
 
 class Follower:
@@ -120,13 +83,12 @@ class Follower:
         return handler(msg)
 
     def _on_assign(self, msg: messages.Assign) -> list[Effect]:
-        return [Setup(msg)]
+        """Stop serving, then receive (or cut) this stage and load it; `connect`: open the ring edges; `admit`:
+        serve; `chat`: a request of the coordinator's API, for the head; `prove`: show the coordinator this
+        member holds the model file it announced; `copy`: receive a copy of the model in the background."""
+        return [msg]
 
-    def _on_connect(self, msg: messages.Connect) -> list[Effect]:
-        return [Connect()]
-
-    def _on_admit(self, msg: messages.Admit) -> list[Effect]:
-        return [Serve()]
+    _on_connect = _on_admit = _on_chat = _on_prove = _on_copy = _on_assign
 
     def _on_reject(self, msg: messages.Reject | messages.Refused) -> list[Effect]:
         self.state.rejection = msg.reason
@@ -140,15 +102,6 @@ class Follower:
 
     def _on_replan(self, msg: messages.Replan) -> list[Effect]:
         return [Stop(f"the ring is planned again: {msg.reason}")]
-
-    def _on_chat(self, msg: messages.Chat) -> list[Effect]:
-        return [Chat(msg)]
-
-    def _on_prove(self, msg: messages.Prove) -> list[Effect]:
-        return [Prove(msg.nonce)]
-
-    def _on_copy(self, msg: messages.Copy) -> list[Effect]:
-        return [Offer(msg.manifest)]
 
     def _on_roster(self, msg: messages.Roster) -> list[Effect]:
         """Kept, so that this member knows the ring without its host."""

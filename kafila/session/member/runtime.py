@@ -98,28 +98,28 @@ class MemberRuntime:
 
     async def _apply(self, e: mx.Effect) -> int | None:
         """Carry out one of the machine's effects; an exit status ends the session."""
-        if isinstance(e, mx.Setup):
+        if isinstance(e, messages.Assign):
             await self.ring.stop(None)
-            await self._setup(e.assign)
-        elif isinstance(e, mx.Connect):
+            await self._setup(e)
+        elif isinstance(e, messages.Connect):
             assign = self.follower.assignment
             if assign is None:
                 raise SessionError("the host sent a ring instruction before assigning a stage")
             self.ring.edges = await self.stages.connect(assign)
-        elif isinstance(e, mx.Serve):
+        elif isinstance(e, messages.Admit):
             self.throttle.start()
             self.ring.start(self._spawn)
             self.state.lost = None  # an earlier loss is behind us: this ring serves
             self.state.set_phase("admitted", "admitted: serving")
         elif isinstance(e, mx.Stop):
             await self.ring.stop(e.reason, lost=e.lost)
-        elif isinstance(e, mx.Chat):
-            await self.ring.chat(e.msg, self.control.peer.name, self.control.post, self.control.send)
-        elif isinstance(e, mx.Prove):
+        elif isinstance(e, messages.Chat):
+            await self.ring.chat(e, self.control.peer.name, self.control.post, self.control.send)
+        elif isinstance(e, messages.Prove):
             if self.opts.model is not None:  # the coordinator reads pieces of the file we announced too
                 digest = await asyncio.to_thread(model_proof, self.opts.model, bytes.fromhex(e.nonce))
                 await self.send_host(messages.Proof(digest))
-        elif isinstance(e, mx.Offer):
+        elif isinstance(e, messages.Copy):
             self.copy.offer(e.manifest)
         elif isinstance(e, mx.End):
             return e.status

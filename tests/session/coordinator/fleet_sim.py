@@ -221,7 +221,7 @@ class Fleet:
                                                 and host.machine.state.members[e.who].note) or ""))
                     self._leave(e.who)
                     self.at(self.now + 120.0, lambda who=e.who: self._join(who))  # it restarts
-            elif isinstance(e, fx.Relay):
+            elif isinstance(e, fx.Pass) and isinstance(e.msg, messages.ChatEvt):
                 req = self.record.requests.get(int(e.msg.id))
                 if req is not None and req.host == index and not req.ended:
                     req.ended.append("finished")
