@@ -18,6 +18,10 @@ serving ring over as it is (no re-plan, no stage moved), so that `/kafila/state`
 that is really there, and a later member loss reaches it as the host's own `lost` reports do. Waiting
 for the later loss instead would need every member to agree on who was lost, which only the lost
 member's two neighbours see: without a coordinator the others would never hear of it.
+
+The choice is the member's machine's (machine.Follower.without_coordinator); following the successor, or
+coordinating from this process, is its shell's (runtime.MemberRuntime._follow); this module holds the rule
+and the coordinator a successor runs.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ decide which roles the sender holds:
                   name as its origin that member or one whose chats it relays (those after the head, up to
                   it): the origin decides whose prompt cache a request may reuse
 
-Where it is checked: the coordinator's receive loop for admitted members and its wait for an arrival's
+Where it is checked: the coordinator's machine for admitted members and its wait for an arrival's
 measurements (kafila.session.coordinator.machine, admission), the member's loop over its control link
-(member.runtime) and its ring edge's inbox (member.serving for a stage, ring.head for the head). A refused
+(member.machine) and its ring edge's inbox (member.serving for a stage, ring.head for the head). A refused
 message is logged with its sender and kind and never handled.
 """
 
