@@ -95,14 +95,6 @@ class HostRuntime:
     def epoch(self) -> int:
         return self.machine.epoch
 
-    @property
-    def joined(self) -> dict[str, VerifiedMember]:
-        return self.machine.peers
-
-    @property
-    def departed(self) -> set[str]:
-        return self.machine.departed
-
     async def run(self) -> int:
         """Coordinate until the session ends; returns its exit status."""
         loop = asyncio.get_running_loop()

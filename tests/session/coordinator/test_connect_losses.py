@@ -54,7 +54,7 @@ def assert_lost_then_replanned(c: Coordinated, victim: str, reason: str | None =
     """`victim` was lost in epoch 1 (for `reason`, when given); every other member heard so before its
     assignment of epoch 2. The reason it was lost for."""
     assert c.runtime.order and sorted(c.runtime.order) == sorted(n for n in NAMES if n != victim), c.log()
-    assert victim not in c.runtime.joined and victim in c.runtime.departed
+    assert victim not in c.runtime.machine.peers and victim in c.runtime.machine.departed
     view = c.state.members[victim]
     reason = view.note if reason is None else reason
     assert (view.status, view.note) == ("lost", reason)
@@ -99,7 +99,7 @@ async def test_a_ring_edge_that_cannot_open_to_a_member_that_answers_evicts_nobo
         epoch = await c.reach("admitted")
         assert epoch == 2 and sorted(c.runtime.order) == NAMES, c.log()
         assert f"but {victim} answers the coordinator: nobody is evicted" in c.log()
-        assert "was lost" not in c.log() and victim not in c.runtime.departed
+        assert "was lost" not in c.log() and victim not in c.runtime.machine.departed
         assert not any(c.members[n].inbox.of(messages.Lost) for n in NAMES)
 
 

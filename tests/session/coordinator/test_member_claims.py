@@ -103,16 +103,16 @@ async def test_measurements_sent_after_arriving_are_judged_when_they_come(tmp_pa
         async with asyncio.timeout(60):
             while "attempt 2 of 3" not in c.state.members["bo"].note:
                 await asyncio.sleep(0.05)
-        assert c.state.members["bo"].status == "measuring" and not c.runtime.joined, c.log()
+        assert c.state.members["bo"].status == "measuring" and not c.runtime.machine.peers, c.log()
         assert "bo is measuring: timing decode calls (attempt 2 of 3)" in c.log()
         await bo.send(messages.MeasuredSelf({**member_measurements(), "bw": float("nan")}))
         refused = await bo.inbox.first(messages.Refused)
         assert refused.reason == "member bo announced unusable measurements (bandwidth)"
         await ada.send(messages.MeasuredSelf(member_measurements()))
         async with asyncio.timeout(60):
-            while "ada" not in c.runtime.joined:
+            while "ada" not in c.runtime.machine.peers:
                 await asyncio.sleep(0.05)
-        assert c.state.members["bo"].status == "refused" and "bo" not in c.runtime.joined, c.log()
+        assert c.state.members["bo"].status == "refused" and "bo" not in c.runtime.machine.peers, c.log()
         assert c.state.members["ada"].status == "measured", c.log()
-        assert c.runtime.joined["ada"].measurements["bw"] == 1e10  # what it sent, not what it announced
+        assert c.runtime.machine.peers["ada"].measurements["bw"] == 1e10  # what it sent, not what it announced
         assert "ada measured its machine in" in c.log() and "ada joined (1/2)" in c.log()
