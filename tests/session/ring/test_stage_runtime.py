@@ -126,5 +126,6 @@ def test_an_emulated_slow_down_waits_its_sum_whatever_the_loop_overslept(body: R
         return waited, worker._overslept_s
 
     waited, owed = asyncio.run(go())
-    assert sum(waited) / 1e9 == pytest.approx(sum(asked) / 1e9 + owed, abs=1e-4)
-    assert any(w == 0 for w in waited) or owed < 1e-3, (waited, owed)  # late wakes were taken off later waits
+    # waits that did not take earlier late wakes off would add every one of them (30 of up to a millisecond) to
+    # the sum; `owed`, the last wake's lateness, depends on the machine's load and is not bounded here
+    assert sum(waited) / 1e9 == pytest.approx(sum(asked) / 1e9 + owed, abs=1e-4), (waited, owed)
