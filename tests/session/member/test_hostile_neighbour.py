@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kafila.net.quic import Link
+from kafila.net.ring import RingEdges
 from kafila.session.delivery.transfer import send_stage
 from kafila.session.protocol import frames, messages
 from kafila.session.protocol.frames import ActivationHeader, Frame, Phase
@@ -41,8 +41,9 @@ def frame_of(rows: int = 1, width: int = WIDTH, positions: tuple[int, ...] = (0,
     return frames.encode(Frame(header, values))
 
 
-async def serving_body(tmp_path: Path) -> AsyncIterator[tuple[MemberUnderTest, Link]]:
-    """ada serving the body of a ring (bo, ada) on a real stage; the test is bo: its edge into ada."""
+@contextlib.asynccontextmanager
+async def serving_body(tmp_path: Path) -> AsyncIterator[tuple[MemberUnderTest, RingEdges]]:
+    """ada serving the body of a ring (bo, ada) on a real stage; the test is bo: its edges (next: into ada)."""
     source, manifest = host_stage(tmp_path)
     async with member(tmp_path, "ada", others=["bo"]) as m:
         fps = {"ada": m.runtime.ep.identity.fingerprint.hex(), "bo": m.others["bo"].identity.fingerprint.hex()}
@@ -56,8 +57,8 @@ async def serving_body(tmp_path: Path) -> AsyncIterator[tuple[MemberUnderTest, L
         edges = await bo.open_ring([ring["bo"], ring["ada"]])
         await m.first(messages.Ready)
         await m.host.send(messages.Admit(1))
-        assert edges.next is not None
-        yield m, edges.next
+        assert edges.next is not None and edges.prev is not None
+        yield m, edges
 
 
 N_BATCH, N_CTX = CONFIG["n_batch"], CONFIG["n_ctx_per_seq"]
@@ -79,7 +80,9 @@ async def test_a_malformed_frame_is_its_senders_fault_and_the_stage_stays_up(tmp
     # issue 55, finding 2: before, llama.cpp's refusal (n_batch, width) made ada report itself lost and leave,
     # and llama.cpp took the bad positions and NaN rows
     sent, words = CASES[case]
-    async with contextlib.asynccontextmanager(serving_body)(tmp_path) as (m, into_ada):
+    async with serving_body(tmp_path) as (m, edges):
+        into_ada = edges.next
+        assert into_ada is not None
         await into_ada.send(frame_of(2, positions=(0, 1)))  # an honest frame first: ada's cache holds 0..1
         await into_ada.send(sent)
         lost = await m.first(messages.Lost)
@@ -128,19 +131,7 @@ async def test_a_control_message_its_predecessor_may_not_send_is_dropped_not_pas
     head, bo, on its edge to ada; one that claims to (naming ada as its origin, to take ada's prompt cache)
     is refused and dropped, neither passed on nor taken for a loss. The head's chat_evt that follows, for
     another member, is passed on as ever (the edge delivers in order: it shows the chat went nowhere)."""
-    source, manifest = host_stage(tmp_path)
-    async with member(tmp_path, "ada", others=["bo"]) as m:
-        fps = {"ada": m.runtime.ep.identity.fingerprint.hex(), "bo": m.others["bo"].identity.fingerprint.hex()}
-        await m.host.send(assign(1, manifest, fps))
-        need = await m.first(messages.Need)
-        await send_stage(m.host.inbox.link, source, manifest, list(need.chunks))
-        await m.first(messages.Loaded)
-        bo = m.others["bo"]
-        ring = {vm.name: vm for vm in (await bo.members()).verified if vm.name in ("ada", "bo")}
-        await m.host.send(messages.Connect(1))
-        edges = await bo.open_ring([ring["bo"], ring["ada"]])
-        await m.first(messages.Ready)
-        await m.host.send(messages.Admit(1))
+    async with serving_body(tmp_path) as (m, edges):
         assert edges.next is not None and edges.prev is not None
         evt = messages.ChatEvt("cy-0", "cy", {"notice": "for someone else"})
         await edges.next.send(messages.encode(messages.Chat("ada-9", "ada", {"messages": []})))
