@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from kafila.session.coordinator.drift import HOLD_S, SLOWER
+from kafila.session.coordinator.planning import GAIN
 
 HELP = "a member slowing down mid-session: the re-plan's delay and the new plan's speed against the ring's"
 PROMPT = "Tell me a long story about a dragon."
@@ -109,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     results = {"slow_at_s": args.slow_at, "factor": args.factor,
                "replanned_after_s": replanned[0] - serving - args.slow_at, "replan_target_s": REPLAN_WITHIN_S,
                "replan": replan, "blocks": blocks, "replans": len(state.replans), "speed": speed,
-               "slowest_stage_cut": slowest / replan["was_bottleneck_s"], "truth": truth, "replies": replies,
+               "slowest_stage_cut": slowest / replan["was_bottleneck_s"], "slowest_stage_cut_target": f"<= {1 - GAIN}",
+               "slowest_stage_cut_met": slowest <= (1 - GAIN) * replan["was_bottleneck_s"],
+               "truth": truth, "replies": replies,
                "replies_identical": all(r["identical"] for r in replies)}
     emit(envelope("drift", results), args.json, args.out)
     if not args.json:
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"cy {args.factor:g}x slower from {args.slow_at:g} s: planned around "
                   f"{results['replanned_after_s']:.1f} s later (target <= {REPLAN_WITHIN_S:.0f}); its blocks "
                   f"{blocks['before']['cy']} → {blocks['after']['cy']}; slowest stage "
-                  f"{replan['was_bottleneck_s'] * 1e3:.1f} → {slowest * 1e3:.1f} ms")
+                  f"{replan['was_bottleneck_s'] * 1e3:.1f} → {slowest * 1e3:.1f} ms (target <= {1 - GAIN:g}x)")
         out.print(f"on the new plan: {speed['token_ms']:.1f} ms a token against {speed['predicted_token_ms']:.1f} "
                   f"predicted ({speed['outside_ms']:.1f} outside the stages): ratio {speed['ratio']:.3f} "
                   f"(target >= {TARGET}); stage ms predicted/measured "
