@@ -50,16 +50,16 @@ def shared_probe(cache_root: Path, threads: int = 0) -> None:
     """Put this machine's probe on `threads` threads (0: all) into a session's cache, so its members do not measure.
 
     One probe for all members of a test (as `kafila demo` does), and one for all tests on this
-    machine for a day, as a real member keeps it (kafila.session.member.measure.cached_probe): measured in
+    machine for a day, as a real member keeps it (kafila.engine.probe_cache.cached_probe): measured in
     the shared directory, written atomically, then copied here, all under the shared lock. It took
     30 s (140 s on a loaded machine) per test when every test measured again.
     """
     import shutil
 
+    from kafila.engine.probe_cache import cached_probe
     from kafila.model.embedded import default_model_path
     from kafila.model.random_gguf import TEST_SHAPE
     from kafila.model.stage_cache import StageCache
-    from kafila.session.member.measure import cached_probe
 
     shared = _shared_dir()
     with locked(shared):

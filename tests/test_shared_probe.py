@@ -38,7 +38,7 @@ def test_concurrent_runs_probe_once_and_all_read_that_probe(tmp_path: Path, monk
     """
     if not Path("/proc/locks").exists():
         pytest.skip("needs /proc/locks to see a run waiting on the lock")
-    import kafila.session.member.measure as measure
+    import kafila.engine.probe_cache as measure
 
     shared = tmp_path / "shared"
     monkeypatch.setattr(shared_probe_module, "_shared_dir", lambda: shared)

@@ -38,7 +38,7 @@ def identity_of(path: Path | None) -> str:
     """The build tag a process on that llama-cpp-python build announces (None: this process's build)."""
     from kafila.engine.variant import env_for
 
-    code = "from kafila.engine.build import build_identity; from kafila.session.coordinator.builds import build_tag; " \
+    code = "from kafila.engine.build import build_identity, build_tag; " \
            "print(build_tag(build_identity()))"
     env = env_for(path) if path is not None else None
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,

@@ -274,9 +274,9 @@ def _measure_probe(threads: int) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The members' probe, measured afresh (a probe kept for a day may have been taken under another load, and
     the predictions are held against this run's times) in the user cache, whose large-block probe file is
     made once: its result and the cache's probe files, for every model's scratch cache."""
+    from kafila.engine.probe_cache import PROBE_FILE_PREFIX, cached_probe
     from kafila.model.embedded import default_model_path
     from kafila.model.stage_cache import StageCache, default_cache_root
-    from kafila.session.member.measure import PROBE_FILE_PREFIX, cached_probe
 
     user = StageCache(default_cache_root())
     result = cached_probe(default_model_path(), user, threads=threads, fresh=True)

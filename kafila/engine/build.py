@@ -53,3 +53,9 @@ def build_identity() -> BuildIdentity:
             h.update(candidates[0].read_bytes())
     features = lc.llama_print_system_info().decode().strip()
     return BuildIdentity(lc.__version__, h.hexdigest()[:16], features)
+
+
+def build_tag(b: BuildIdentity) -> str:
+    """A compact build identity for announcements: version/libs/features-hash."""
+    features = hashlib.sha256(b.features.encode()).hexdigest()[:8]
+    return f"{b.llama_cpp_python}/{b.libs_sha256}/{features}"

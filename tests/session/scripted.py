@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kafila.engine.build import build_identity
+from kafila.engine.build import build_identity, build_tag
 from kafila.errors import NetworkError
 from kafila.model.cut import StageSpec
 from kafila.model.describe import describe_model
@@ -30,7 +30,6 @@ from kafila.model.embedded import default_model_path
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Identity, Link
-from kafila.session.coordinator.builds import build_tag, wire_protocol
 from kafila.session.coordinator.runtime import HostRuntime
 from kafila.session.coordinator.session import open_session
 from kafila.session.delivery.cache_inventory import InUse
@@ -40,6 +39,7 @@ from kafila.session.member.host_link import connect_host
 from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import HostOptions, MemberOptions
 from kafila.session.protocol import chunks, messages
+from kafila.session.protocol.announcement import wire_protocol
 from kafila.session.protocol.manifest import StageManifest
 from kafila.session.settings import SessionSettings
 from kafila.session.state import SessionState

@@ -7,24 +7,13 @@ the session was opened with --mixed-builds. The wire protocol must match in ever
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafila.engine.build import BuildIdentity
-from kafila.net.quic import ALPN
-from kafila.net.trust import ANNOUNCE_VERSION
-from kafila.session.protocol.frames import VERSION as FRAME_VERSION
-from kafila.session.protocol.messages import CONTROL_VERSION
+from kafila.session.protocol.announcement import wire_protocol
 
 EXACT, MIXED = "exact", "mixed"
-
-
-def build_tag(b: BuildIdentity) -> str:
-    """A compact build identity for announcements: version/libs/features-hash."""
-    features = hashlib.sha256(b.features.encode()).hexdigest()[:8]
-    return f"{b.llama_cpp_python}/{b.libs_sha256}/{features}"
 
 
 def build_differences(mine: str, theirs: str) -> list[str]:
@@ -34,11 +23,6 @@ def build_differences(mine: str, theirs: str) -> list[str]:
     if len(a) != 3 or len(b) != 3:
         return [f"build {theirs!r} is not comparable with {mine!r}"]
     return [f"{n}: {y} there, {x} here" for n, x, y in zip(names, a, b, strict=True) if x != y]
-
-
-def wire_protocol() -> str:
-    """The protocol versions this Kafila speaks, as announced (link ALPN, frames, announcements)."""
-    return f"{ALPN} frames/{FRAME_VERSION} announce/{ANNOUNCE_VERSION} control/{CONTROL_VERSION}"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kafila.engine.build import build_identity
+from kafila.engine.build import build_identity, build_tag
 from kafila.errors import KafilaError, NetworkError, ProtocolError
 from kafila.model.cut import StageSpec
 from kafila.model.describe import ModelInfo
@@ -33,7 +33,7 @@ from kafila.net.trust import VerifiedMember
 from kafila.session.api.server import ApiServer, Forwarder, ModelContext
 from kafila.session.coordinator import effects as fx
 from kafila.session.coordinator.admission import Admission, log
-from kafila.session.coordinator.builds import BuildVerdict, RingBuilds, build_tag
+from kafila.session.coordinator.builds import BuildVerdict, RingBuilds
 from kafila.session.coordinator.machine import Coordinator
 from kafila.session.coordinator.model_copy import ModelCopies
 from kafila.session.coordinator.planning import Planner, model_label, planner_member

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kafila.engine.probe_cache import PROBE_MAX_AGE_S
+
 log = logging.getLogger("kafila.cache")
-PROBE_MAX_AGE_S = 24 * 3600  # kafila.session.member.measure measures an older probe again
 IN_USE = "in-use"
 # kind -> the files of that kind, relative to the cache root
 KINDS: dict[str, tuple[str, ...]] = {

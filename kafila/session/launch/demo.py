@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kafila.engine.probe_cache import cached_probe
 from kafila.engine.variant import env_for
 from kafila.errors import SessionError
 from kafila.model.embedded import default_model_path
@@ -22,7 +23,6 @@ from kafila.model.stage_cache import StageCache
 from kafila.net.ports import free_udp_pair
 from kafila.process import PARENT_ENV
 from kafila.session.launch.host import run_host
-from kafila.session.member.measure import cached_probe
 from kafila.session.options import DEFAULT_API_PORT, HostOptions
 from kafila.session.settings import SessionSettings
 from kafila.session.state import SessionState

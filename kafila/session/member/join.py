@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
+from kafila.engine.probe_cache import cached_probe
 from kafila.model.embedded import default_model_path, resolve_model
 from kafila.model.stage_cache import StageCache
 from kafila.net.endpoint import PeerEndpoint
@@ -15,11 +16,11 @@ from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse, start_cache_use
 from kafila.session.delivery.local_model import model_claim
 from kafila.session.member.host_link import connect_host
-from kafila.session.member.measure import Emulation, cached_probe, identity, measurements
 from kafila.session.member.measuring import measure_connected
 from kafila.session.member.runtime import MemberRuntime
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
+from kafila.session.protocol.announcement import Emulation, identity, measurements
 from kafila.session.state import SessionState, member_view
 from kafila.session.stoppable import run_stoppable
 

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafila.engine.build import BuildIdentity
-from kafila.session.coordinator.builds import RingBuilds, build_differences, build_tag, judge_member, wire_protocol
+from kafila.engine.build import BuildIdentity, build_tag
+from kafila.session.coordinator.builds import RingBuilds, build_differences, judge_member
+from kafila.session.protocol.announcement import wire_protocol
 
 pytestmark = pytest.mark.fast
 

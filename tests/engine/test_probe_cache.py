@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from kafila.engine.probe_cache import cached_probe
 from kafila.errors import KafilaError
 from kafila.model.random_gguf import TEST_SHAPE
 from kafila.model.stage_cache import StageCache
-from kafila.session.member.measure import cached_probe
 
 pytestmark = pytest.mark.slow
 
@@ -94,11 +94,11 @@ def test_the_per_block_time_travels_to_the_planner(measured) -> None:  # type: i
     from kafila.net.trust import MAX_ANNOUNCEMENT, VerifiedMember
     from kafila.planner import NatClass
     from kafila.session.coordinator.planning import planner_member
-    from kafila.session.member.measure import Emulation, measurements
+    from kafila.session.protocol.announcement import Emulation, measurements
 
     _, result, _ = measured
     meas = measurements(result, Emulation(throttle=2.0))
-    four_digits = {"rel": 5e-4}  # the announcement carries 4 significant digits (measure._sig)
+    four_digits = {"rel": 5e-4}  # the announcement carries 4 significant digits (announcement._sig)
     assert meas["blk"] == pytest.approx(result.block_s * 2.0, **four_digits)
     assert meas["disp"] == pytest.approx(result.dispatch_s * 2.0, **four_digits)
     assert len(js.dumps(meas)) < MAX_ANNOUNCEMENT

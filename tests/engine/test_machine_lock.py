@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kafila.engine import probe_cache
 from kafila.errors import EngineError
-from kafila.session.member import measure
 
 pytestmark = pytest.mark.fast
 
@@ -23,8 +23,8 @@ def lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_lock_is_per_user_in_the_temporary_directory(lock_dir: Path) -> None:
-    assert measure.machine_lock_path().parent == lock_dir
-    assert measure.machine_lock_path().name.startswith("kafila-probe-")
+    assert probe_cache.machine_lock_path().parent == lock_dir
+    assert probe_cache.machine_lock_path().name.startswith("kafila-probe-")
 
 
 def test_a_probe_waits_for_another_process_and_says_so_once(lock_dir: Path) -> None:
@@ -32,14 +32,14 @@ def test_a_probe_waits_for_another_process_and_says_so_once(lock_dir: Path) -> N
     got = threading.Event()
 
     def second() -> None:
-        with measure.machine_lock(lambda: waits.append("waiting")):
+        with probe_cache.machine_lock(lambda: waits.append("waiting")):
             got.set()
 
-    with measure.machine_lock_path().open("a") as other:  # another process's probe (an open file of its own)
+    with probe_cache.machine_lock_path().open("a") as other:  # another process's probe (an open file of its own)
         fcntl.flock(other, fcntl.LOCK_EX)
         t = threading.Thread(target=second)
         t.start()
-        assert not got.wait(3 * measure.POLL_S)
+        assert not got.wait(3 * probe_cache.POLL_S)
         fcntl.flock(other, fcntl.LOCK_UN)
     t.join(10)
     assert got.is_set() and waits == ["waiting"]
@@ -51,12 +51,12 @@ def test_a_stop_ends_the_wait(lock_dir: Path) -> None:
 
     def second() -> None:
         try:
-            with measure.machine_lock(stop=stop):
+            with probe_cache.machine_lock(stop=stop):
                 pass
         except EngineError as exc:
             errors.append(exc)
 
-    with measure.machine_lock_path().open("a") as other:
+    with probe_cache.machine_lock_path().open("a") as other:
         fcntl.flock(other, fcntl.LOCK_EX)
         t = threading.Thread(target=second)
         t.start()

@@ -14,7 +14,7 @@ from kafila.net.quic import Identity
 from kafila.net.trust import MAX_ANNOUNCEMENT, Announcement
 from kafila.session.coordinator.runtime import coordinator_announcement
 from kafila.session.delivery.local_model import MODEL_KEY
-from kafila.session.member.measure import Emulation, measurements
+from kafila.session.protocol.announcement import Emulation, measurements
 from tests.shared_probe import sample_probe
 
 pytestmark = pytest.mark.fast
