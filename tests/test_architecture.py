@@ -33,7 +33,7 @@ SESSION_LAYERS: tuple[tuple[str, ...], ...] = (
     *((f"kafila.session.{room}",)
       for room in ("terminal", "launch", "member", "coordinator", "api", "ring", "delivery", "protocol")),
     ("kafila.session.state", "kafila.session.options", "kafila.session.settings", "kafila.session.phases",
-     "kafila.session.stoppable"),
+     "kafila.session.emulation", "kafila.session.stoppable"),
 )
 
 

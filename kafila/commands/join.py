@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.link_delay <= MAX_LINK_DELAY_MS:
         raise SessionError(f"--link-delay is milliseconds from 0 to {MAX_LINK_DELAY_MS:g}, got {args.link_delay:g}")
-    from kafila.session.member.throttle import parse_schedule
+    from kafila.session.emulation import parse_schedule
 
     schedule = parse_schedule(args.throttle_schedule) if args.throttle_schedule else ()
     from kafila.session.member.join import run_member

@@ -23,6 +23,7 @@ from kafila.net.quic import Link
 from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import model_proof
+from kafila.session.emulation import Throttle
 from kafila.session.member import machine as mx
 from kafila.session.member.host_link import find_host
 from kafila.session.member.machine import Follower, log
@@ -30,7 +31,6 @@ from kafila.session.member.model_copy import ModelCopy
 from kafila.session.member.serving import RingService
 from kafila.session.member.stage import Stages
 from kafila.session.member.takeover import END_GRACE_S, FIND_COORDINATOR_S, coordinate, survivors
-from kafila.session.member.throttle import Throttle
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
 from kafila.session.state import SessionState

@@ -24,8 +24,8 @@ from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import cut_locally
 from kafila.session.delivery.stage_files import StageReceiver
 from kafila.session.delivery.transfer import Superseded, receive_stage
+from kafila.session.emulation import Throttle
 from kafila.session.member.heartbeat import working
-from kafila.session.member.throttle import Throttle
 from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
 from kafila.session.ring.compute_turn import ComputeTurn

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kafila.errors import SessionError
-from kafila.session.member.throttle import Throttle, parse_schedule
+from kafila.session.emulation import Throttle, parse_schedule
 
 pytestmark = pytest.mark.fast
 
