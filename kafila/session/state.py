@@ -135,7 +135,7 @@ class SessionState:
     # member whose speed the new plan changed → its measured time over the old plan's prediction)
     replans: list[dict[str, Any]] = field(default_factory=list)
     # member → the share of the model copied to its disk so far (1.0: held and verified), so that the ring
-    # outlives a host no other member holds the model for (coordinator.model_copy)
+    # outlives a host no other member holds the model for (delivery.model_copy_sender)
     copies: dict[str, float] = field(default_factory=dict)
     events: list[tuple[float, str]] = field(default_factory=list)
     # an illegal phase change raises (tests) or is logged (production): phases.py

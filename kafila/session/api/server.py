@@ -27,7 +27,9 @@ from typing import Any
 
 from aiohttp import web
 
+from kafila.engine.stage import ContextConfig
 from kafila.errors import NetworkError, SessionError
+from kafila.model.gguf_file import GGUFFile
 from kafila.session.api.choices import merged
 from kafila.session.api.guard import Guard, error_response
 from kafila.session.api.replies import CHAT, TEXT, Shape, event_error, stream, whole
@@ -56,6 +58,14 @@ class ModelContext:
     n_ctx: int
     n_seq_max: int
     n_ctx_train: int | None = None
+
+    @classmethod
+    def of(cls, config: ContextConfig, stage: Path) -> ModelContext:
+        """The session's context, and the trained one a stage file's metadata keeps."""
+        meta = GGUFFile(stage)
+        arch = meta.get("general.architecture")
+        trained = meta.get(f"{arch}.context_length") if isinstance(arch, str) else None
+        return cls(config.n_ctx_per_seq, config.n_seq_max, trained if isinstance(trained, int) else None)
 
     def fields(self) -> dict[str, Any]:
         """The fields clients read a context length from: vLLM's `max_model_len`, `context_length` (OpenRouter's,

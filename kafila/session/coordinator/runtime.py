@@ -35,10 +35,10 @@ from kafila.session.coordinator import effects as fx
 from kafila.session.coordinator.admission import Admission, log
 from kafila.session.coordinator.builds import BuildVerdict, RingBuilds
 from kafila.session.coordinator.machine import Coordinator
-from kafila.session.coordinator.model_copy import ModelCopies
 from kafila.session.coordinator.planning import Planner, model_label, planner_member
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import claimed_hash
+from kafila.session.delivery.model_copy_sender import ModelCopies
 from kafila.session.delivery.stage_files import manifest_for
 from kafila.session.delivery.transfer import send_stage
 from kafila.session.options import HostOptions

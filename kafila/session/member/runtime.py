@@ -23,11 +23,11 @@ from kafila.net.quic import Link
 from kafila.session.api.server import ApiServer
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import model_proof
+from kafila.session.delivery.model_copy_receiver import ModelCopy
 from kafila.session.emulation import Throttle
 from kafila.session.member import machine as mx
 from kafila.session.member.host_link import find_host
 from kafila.session.member.machine import Follower, log
-from kafila.session.member.model_copy import ModelCopy
 from kafila.session.member.serving import RingService
 from kafila.session.member.stage import Stages
 from kafila.session.member.takeover import END_GRACE_S, FIND_COORDINATOR_S, coordinate, survivors

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from kafila.engine.draft import DraftModel
@@ -28,19 +27,18 @@ from kafila.errors import (
 )
 from kafila.model.gguf_file import GGUFFile
 from kafila.net.endpoint import RingEdges
-from kafila.net.quic import Link
 from kafila.planner.ttft import TtftModel, plan_model
 from kafila.session.api.server import ApiServer, Forwarder, ModelContext
 from kafila.session.member.machine import log
 from kafila.session.member.stage import stage_config
 from kafila.session.options import MemberOptions
-from kafila.session.protocol import frames, messages
-from kafila.session.protocol.authority import RingView, Sender, Via, chat_owner, refusal
-from kafila.session.ring.frame_check import Cursors, FrameLimits, from_neighbour
+from kafila.session.protocol import messages
+from kafila.session.protocol.authority import RingView, Sender, Via, chat_owner
+from kafila.session.ring.frame_check import FrameLimits
 from kafila.session.ring.head import Head
 from kafila.session.ring.ring_stats import show_stats
-from kafila.session.ring.speculation import NO_DRAFT
-from kafila.session.ring.stage_runtime import StageWorker
+from kafila.session.ring.speculation import load_draft
+from kafila.session.ring.stage_runtime import StageWorker, pump, relay
 from kafila.session.state import SessionState
 
 
@@ -49,18 +47,6 @@ def _first(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
     return group
-
-
-async def pump(link: Link, inbox: asyncio.Queue[bytes], ring: RingView) -> None:
-    """Move every message arriving on the ring edge `link` into `inbox` until the link fails; a control message
-    its sender may not send is logged and dropped, never handled nor passed on (protocol.authority)."""
-    sender = Sender(link.peer.name, Via.RING)
-    while True:
-        msg = await link.recv()
-        if messages.kind(msg) == "control" and (refused := refusal(sender, from_neighbour(messages.decode, msg), ring)):
-            log.warning("refused %s", refused)
-            continue
-        inbox.put_nowait(msg)
 
 
 class RingService:
@@ -141,7 +127,7 @@ class RingService:
                                      self._ttft_model(), self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
-                        self.api.context = model_context(config, path)
+                        self.api.context = ModelContext.of(config, path)
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
                     tg.create_task(self._report_stats())
@@ -149,9 +135,10 @@ class RingService:
                     assert self.edges.next is not None
                     self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
                     if self.api:
-                        self.api.context = model_context(config, self.worker.engine.path)
+                        self.api.context = ModelContext.of(config, self.worker.engine.path)
                         self.api.chat = self.forwarder.chat
-                    tg.create_task(self._stage_loop(inbox))
+                    limits = FrameLimits.of(config, self.worker.engine.n_embd)
+                    tg.create_task(relay(self.worker, inbox, self.edges.next, limits, self.forwarder.deliver))
                 self.up.set()
                 self.state.update_member(self.opts.name, status="serving")
         except* SessionEnded as group:  # a neighbour ended the session; pass the word on around the ring
@@ -213,57 +200,14 @@ class RingService:
         write({"ring": list(self._assigned.order)})  # a new ring (a re-plan's too): every stage's cache is empty
         return write
 
-    async def _stage_loop(self, inbox: asyncio.Queue[bytes]) -> None:
-        assert self.worker is not None and self.edges is not None and self.edges.next is not None
-        nxt = self.edges.next
-        # the predecessor's frames, checked before llama.cpp sees them: a bad one is its fault (frame_check.py)
-        cursors = Cursors(FrameLimits.of(stage_config(self._assigned, self.opts.threads), self.worker.engine.n_embd))
-        while True:
-            msg = await inbox.get()
-            if messages.kind(msg) == "frame":
-                frame = from_neighbour(frames.decode, msg)
-                cursors.frame(frame)
-                out, ns = await self.worker.run(frame)
-                await nxt.send(frames.encode(frame.passed(out, ns)))
-                continue
-            c = from_neighbour(messages.decode, msg)
-            if isinstance(c, messages.Bye):
-                raise SessionEnded(c.reason)
-            if isinstance(c, messages.Free):
-                cursors.drop(c.seq)
-                await self.worker.free(c.seq)
-            elif isinstance(c, messages.Trim):
-                cursors.drop(c.seq, c.keep)
-                await self.worker.free(c.seq, c.keep)
-            elif isinstance(c, messages.Fork):
-                cursors.fork(c.src, c.seq, c.keep)
-                await self.worker.fork(c.src, c.seq, c.keep)
-            elif isinstance(c, messages.ChatEvt) and self.forwarder is not None and self.forwarder.deliver(c):
-                continue
-            await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring
-
     async def _draft_model(self, vocab: Vocab, config: ContextConfig) -> tuple[DraftModel | None, str | None]:
-        """This machine's draft model for the head's speculation, and a note when it was asked for and cannot
-        be used (not there, not loadable, another vocabulary): then `draft` decodes plainly and `auto` drafts by
-        lookup, and no reply fails."""
-        path = self.opts.draft
-        if path is None:
+        """This machine's draft model for the head, and a note when it was asked for and cannot be used."""
+        if self.opts.draft is None or self.worker is None:
             return None, None
-        try:
-            model = await asyncio.to_thread(DraftModel, path, config)
-        except EngineError as exc:
-            note = f"no draft model: {exc}; {NO_DRAFT}"
-        else:
-            why = (await asyncio.to_thread(model.refusal, vocab, self.worker.engine.path, self._assigned.model)
-                   if self.worker else None)
-            if why is None:
-                self.draft = model
-                self.state.log(f"the head drafts with {path.name}")
-                return model, None
-            model.close()
-            note = f"draft model refused: {why}; {NO_DRAFT}"
+        self.draft, note = await asyncio.to_thread(load_draft, self.opts.draft, config, vocab, self.worker.engine.path,
+                                                   self._assigned.model)
         self.state.log(note)
-        return None, note
+        return self.draft, None if self.draft else note
 
     def _ttft_model(self) -> TtftModel | None:
         """The plan's TTFT model (None when it predicts none, or a host of another version sent a malformed one)."""
@@ -306,10 +250,3 @@ class RingService:
             self.draft = None
         self.head = self.forwarder = None
 
-
-def model_context(config: ContextConfig, stage: Path) -> ModelContext:
-    """The context `/v1/models` reports: the session's, and the trained one a stage file's metadata keeps."""
-    meta = GGUFFile(stage)
-    arch = meta.get("general.architecture")
-    trained = meta.get(f"{arch}.context_length") if isinstance(arch, str) else None
-    return ModelContext(config.n_ctx_per_seq, config.n_seq_max, trained if isinstance(trained, int) else None)

@@ -3,7 +3,7 @@
 The host's own stage goes with it, so the ring must be re-planned over the survivors, and only a
 process that holds the model's bytes can cut new stages. Every member knows the same replicated
 `roster` (who serves, what each measured, which of them hold the model: verified by sha256 at
-admission, or given a whole copy by the host since, coordinator.model_copy) and the same assignment,
+admission, or given a whole copy by the host since, delivery.model_copy_sender) and the same assignment,
 so each makes the same choice without a word exchanged: the first member in ring order, other than
 the one lost with the coordinator, that holds the model.
 

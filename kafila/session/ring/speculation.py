@@ -17,11 +17,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from kafila.engine.draft import DraftModel
 from kafila.engine.lookup import LONGEST, Lookup
 from kafila.engine.sampler import Sampler, SamplingParams
+from kafila.engine.stage import ContextConfig
+from kafila.engine.vocab import Vocab
 from kafila.errors import EngineError
 from kafila.planner.speculation import best_draft
 from kafila.session.protocol.fields import SPECULATION_MODES as MODES
@@ -162,3 +165,19 @@ class RequestDrafter:
         for counts in (self, s):
             counts.drafted += drafted
             counts.accepted += accepted
+
+
+def load_draft(path: Path, config: ContextConfig, vocab: Vocab, stage: Path,
+               model: str) -> tuple[DraftModel | None, str]:
+    """This machine's draft model for the head's speculation, and the log's line. When it cannot be used (not
+    there, not loadable, another vocabulary than the stage `stage` of `model`) the line says why, and the head
+    decodes plainly (`draft`) or drafts by lookup (`auto`): no reply fails. Blocking: run it off the loop."""
+    try:
+        draft = DraftModel(path, config)
+    except EngineError as exc:
+        return None, f"no draft model: {exc}; {NO_DRAFT}"
+    why = draft.refusal(vocab, stage, model)
+    if why is None:
+        return draft, f"the head drafts with {path.name}"
+    draft.close()
+    return None, f"draft model refused: {why}; {NO_DRAFT}"

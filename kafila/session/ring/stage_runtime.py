@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +27,13 @@ from typing import TypeVar
 import numpy as np
 
 from kafila.engine.stage import Rows, StageEngine
+from kafila.errors import SessionEnded
+from kafila.net.quic import Link
+from kafila.session.protocol import frames, messages
+from kafila.session.protocol.authority import RingView, Sender, Via, refusal
 from kafila.session.protocol.frames import Frame, Phase
 from kafila.session.ring.compute_turn import ComputeTurn
+from kafila.session.ring.frame_check import Cursors, FrameLimits, from_neighbour
 
 # A decode step whose last one took less than this is waited for with the event loop blocked. The loop then
 # neither reads nor acknowledges for that long: far below a link's idle timeout (5 s); past ~25 ms a sender
@@ -35,6 +41,7 @@ from kafila.session.ring.compute_turn import ComputeTurn
 BLOCKING_NS = 50_000_000
 
 T = TypeVar("T")
+log = logging.getLogger("kafila.member")
 
 
 class StageWorker:
@@ -137,3 +144,46 @@ class StageWorker:
         self.engine.close()
         if self.turn is not None:
             self.turn.close()
+
+
+async def pump(link: Link, inbox: asyncio.Queue[bytes], ring: RingView) -> None:
+    """Move every message arriving on the ring edge `link` into `inbox` until the link fails; a control message
+    its sender may not send is logged and dropped, never handled nor passed on (protocol.authority)."""
+    sender = Sender(link.peer.name, Via.RING)
+    while True:
+        msg = await link.recv()
+        if messages.kind(msg) == "control" and (refused := refusal(sender, from_neighbour(messages.decode, msg), ring)):
+            log.warning("refused %s", refused)
+            continue
+        inbox.put_nowait(msg)
+
+
+async def relay(worker: StageWorker, inbox: asyncio.Queue[bytes], nxt: Link, limits: FrameLimits,
+                deliver: Callable[[messages.ChatEvt], bool]) -> None:
+    """A stage that is not the head: compute each frame from the predecessor and pass it on, with the ring's
+    control messages; `deliver` takes a chat event for this member's own API (True: it was one of its requests).
+    The predecessor's frames are checked before llama.cpp sees them: a bad one is its fault (frame_check.py)."""
+    cursors = Cursors(limits)
+    while True:
+        msg = await inbox.get()
+        if messages.kind(msg) == "frame":
+            frame = from_neighbour(frames.decode, msg)
+            cursors.frame(frame)
+            out, ns = await worker.run(frame)
+            await nxt.send(frames.encode(frame.passed(out, ns)))
+            continue
+        c = from_neighbour(messages.decode, msg)
+        if isinstance(c, messages.Bye):
+            raise SessionEnded(c.reason)
+        if isinstance(c, messages.Free):
+            cursors.drop(c.seq)
+            await worker.free(c.seq)
+        elif isinstance(c, messages.Trim):
+            cursors.drop(c.seq, c.keep)
+            await worker.free(c.seq, c.keep)
+        elif isinstance(c, messages.Fork):
+            cursors.fork(c.src, c.seq, c.keep)
+            await worker.fork(c.src, c.seq, c.keep)
+        elif isinstance(c, messages.ChatEvt) and deliver(c):
+            continue
+        await nxt.send(msg)  # free, chat and others' chat_evt travel on around the ring

@@ -1,4 +1,4 @@
-"""A member's side of a model copy (coordinator.model_copy): the whole model file, received in the background.
+"""A member's side of a model copy (delivery.model_copy_sender): the whole model file, received in the background.
 
 The member asks for COPY_BATCH chunks at a time and the next batch once those are verified and written
 (on a worker thread: the ring's frames go on meanwhile), so the copy never runs ahead of the control
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,13 @@ from kafila.errors import DiskFullError, KafilaError, ProtocolError
 from kafila.model.stage_cache import StageCache
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.stage_files import StageReceiver, megabytes
-from kafila.session.member.machine import log
 from kafila.session.protocol import messages
 from kafila.session.protocol.chunks import COPY_BATCH, COPY_MAGIC, parse_chunk
 from kafila.session.protocol.manifest import StageManifest
 from kafila.session.state import SessionState
 from kafila.session.stoppable import run_stoppable
+
+log = logging.getLogger("kafila.member")
 
 
 class ModelCopy:
