@@ -270,7 +270,9 @@ def test_coordinate_only_host_killed_then_a_member_a_holder_takes_over_and_re_pl
         outputs = {n: m.output[-4000:] for n, m in cluster.members.items()}
         assert cluster.members[victim].popen.wait(10) == -9
         # the reply in flight resumes on the re-planned ring: exact up to the cut, then it goes on
-        assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), (chunks[-3:], outputs)
+        errors = [c["error"] for _, c in chunks[:-1] if "error" in c]
+        assert chunks[-1][1] == "[DONE]" and not errors, "\n".join([f"errors: {errors}", *(
+            f"--- {n}:\n{out[-2500:]}" for n, out in outputs.items())])
         notices = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
         assert len(notices) == 1 and f"{victim} was lost" in notices[0][1], (notices, outputs)
         pieces = [(t, ch["delta"].get("content", "")) for t, c in chunks[:-1] for ch in c.get("choices", [])]
