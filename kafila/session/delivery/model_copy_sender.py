@@ -51,7 +51,10 @@ class ModelCopies:
         self.manifest: StageManifest | None = None
         self._task: asyncio.Task[None] | None = None  # hashing the model, then offering the copy
         self._heir: str | None = None  # the member offered a copy and not yet holding it
-        self._sending: asyncio.Task[None] | None = None  # a batch of the heir's: it asks for the next once that is in
+        # the chunks the heir asked for since the last offer: each is sent at most once an offer, so a member's asks
+        # can make the host send no more than the model's size an offer (repeated asks resent without limit)
+        self._asked: set[int] = set()
+        self._sending: set[asyncio.Task[None]] = set()  # the heir's batches on their way
 
     def holders(self, order: list[str], peers: Mapping[str, VerifiedMember]) -> tuple[str, ...]:
         """The ring members holding the model: announced with it (proved at admission) or given a copy."""
@@ -88,18 +91,23 @@ class ModelCopies:
         heir = self._heir_without_model(order, peers)  # the ring may have changed while the model was hashed
         if heir is None:
             return
-        self._heir = heir
+        self._heir, self._asked = heir, set()  # a new offer: the heir may ask again for what it still lacks
         self.state.copies[heir] = self.state.copies.get(heir, 0.0)
         self.state.changed()
         await self.tell(heir, offer)
 
     def need(self, who: str, link: Link, msg: messages.CopyNeed) -> None:
-        """The heir asks for a batch: sent in the background, one batch at a time (at most COPY_BATCH chunks:
-        the message's limit), so a member asking again and again gets no more than a batch in flight."""
-        if self.manifest is None or who != self._heir or (self._sending is not None and not self._sending.done()):
+        """The heir asks for a batch (at most COPY_BATCH chunks: the message's limit), sent in the background: only
+        the chunks not sent since the offer, so a member asking again and again gets each chunk once an offer."""
+        if self.manifest is None or who != self._heir:
             return
-        chunks = [i for i in msg.chunks if 0 <= i < len(self.manifest.chunks)]
-        self._sending = self.spawn(self._send_chunks(who, link, self.manifest, chunks))
+        chunks = sorted({i for i in msg.chunks if 0 <= i < len(self.manifest.chunks)} - self._asked)
+        if not chunks:
+            return
+        self._asked.update(chunks)
+        task = self.spawn(self._send_chunks(who, link, self.manifest, chunks))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send_chunks(self, who: str, link: Link, manifest: StageManifest, chunks: list[int]) -> None:
         try:
@@ -136,6 +144,6 @@ class ModelCopies:
             self._heir = None
 
     def halt(self) -> None:
-        """The ring stops: a batch in flight stops too (the heir asks for it again after the next admission)."""
-        if self._sending is not None:
-            self._sending.cancel()
+        """The ring stops: batches in flight stop too (the heir asks for them again at the next admission's offer)."""
+        for task in list(self._sending):
+            task.cancel()
