@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -19,25 +18,13 @@ import pytest
 
 from kafila.session.api.server import ApiServer
 from kafila.session.ring.chat_request import MAX_CONTENT_CHARS
-from tests.session.api_fixtures import MODEL, REPLY, ScriptedRing, server_in_thread
+from tests.session.api_fixtures import MODEL, REPLY, ScriptedRing
 
 pytestmark = pytest.mark.fast
 
 PROMPT = "The capital of France is"
 TOO_LONG = {"error": "the prompt is 900 tokens but the context holds 512 per request; shorten it", "status": 400,
             "param": "prompt", "code": "context_length_exceeded"}
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[ApiServer, ScriptedRing]]:
-    with server_in_thread() as pair:
-        yield pair
-
-
-@pytest.fixture
-def ring(served: tuple[ApiServer, ScriptedRing]) -> ScriptedRing:
-    served[1].script = None
-    return served[1]
 
 
 def post(server: ApiServer, body: Any, headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
@@ -156,12 +143,6 @@ def test_not_serving_is_a_503(served: tuple[ApiServer, ScriptedRing], ring: Scri
 
 
 # -- the official client ------------------------------------------------------------------------------
-@pytest.fixture
-def client(served: tuple[ApiServer, ScriptedRing], ring: ScriptedRing) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=served[0].url + "/v1", api_key=served[0].token, max_retries=0, timeout=30) as c:
-        yield c
-
-
 def test_openai_completions_create(client: openai.OpenAI, ring: ScriptedRing) -> None:
     reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=["\n\n"])
     assert reply.object == "text_completion" and reply.model == MODEL

@@ -10,7 +10,6 @@ import dataclasses
 import http.client
 import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from kafila.session.ring.chat_request import (
     parse_completion,
     parse_request,
 )
-from tests.session.api_fixtures import ScriptedRing, server_in_thread
+from tests.session.api_fixtures import ScriptedRing
 
 pytestmark = pytest.mark.fast
 
@@ -118,12 +117,6 @@ def test_the_completion_validator_accepts_or_names_the_bad_field(body: Any) -> N
     # the head tells it from a chat by its forwarded body, and reads it back the same
     assert parse_request(req.body(), internal=True) == dataclasses.replace(req, stream=False, include_usage=False)
     json.dumps(req.body(), allow_nan=False)
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[ApiServer, ScriptedRing]]:
-    with server_in_thread() as pair:
-        yield pair
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

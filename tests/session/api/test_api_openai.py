@@ -6,32 +6,17 @@ A real ApiServer with a scripted ring behind it (tests/session/api_fixtures.py);
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from kafila.session.api.server import ApiServer
-from tests.session.api_fixtures import MODEL, ScriptedRing, server_in_thread
+from tests.session.api_fixtures import MODEL, ScriptedRing
 
 pytestmark = pytest.mark.fast
 
 HI: Any = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[ApiServer, ScriptedRing]]:
-    with server_in_thread() as pair:
-        yield pair
-
-
-@pytest.fixture
-def client(served: tuple[ApiServer, ScriptedRing]) -> Iterator[openai.OpenAI]:
-    server, ring = served
-    ring.script = None
-    with openai.OpenAI(base_url=server.url + "/v1", api_key=server.token, max_retries=0, timeout=30) as c:
-        yield c
 
 
 def test_models_give_the_file_stem(client: openai.OpenAI) -> None:

@@ -8,14 +8,13 @@ tests/session/test_tools_ring.py. Bad tools, tool choices and messages are 400s 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from kafila.session.api.server import ApiServer
-from tests.session.api_fixtures import MODEL, ScriptedRing, server_in_thread
+from tests.session.api_fixtures import MODEL, ScriptedRing
 
 pytestmark = pytest.mark.fast
 
@@ -27,20 +26,6 @@ DONE = {"done": {"finish_reason": "stop", "prompt_tokens": 30, "completion_token
 
 def script(fmt: str, pieces: list[str]) -> list[dict[str, Any]]:
     return [{"tool_format": fmt}, *({"delta": p, "tokens": [i]} for i, p in enumerate(pieces)), DONE]
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[ApiServer, ScriptedRing]]:
-    with server_in_thread() as pair:
-        yield pair
-
-
-@pytest.fixture
-def client(served: tuple[ApiServer, ScriptedRing]) -> Iterator[openai.OpenAI]:
-    server, ring = served
-    ring.script = None
-    with openai.OpenAI(base_url=server.url + "/v1", api_key=server.token, max_retries=0, timeout=30) as c:
-        yield c
 
 
 HERMES_REPLY = ["I will look.", "\n<tool", '_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}',
