@@ -24,7 +24,8 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
     challenge {"op":"challenge", "session", "member"}                -> {"nonce": hex16}
     rejoin    {"op":"rejoin", "session", "member", "nonce": hex16, "mac": hex32}  -> {"members": n}
               moves the member's relay address to the source; MAC'd with the registration key
-              over the latest nonce (30 s, single use), see kafila.net.registration
+              over a nonce issued to that source (30 s, single use; stateless, so a challenge from
+              elsewhere spoils none: rendezvous.nonces), see kafila.net.registration
     (announce, list, ping and leave also carry "n" and "mac": kafila.net.registration.signed)
     announce  {"op":"announce", "session", "member", "ann": base64}  -> {}
               stores the member's sealed announcement; opaque here (MAC'd with a key this
@@ -85,7 +86,8 @@ from kafila.net.registration import MESSAGES
 from kafila.net.trust import SESSION_ID_LEN, valid_session_id
 from rendezvous.cookies import Cookies
 from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, net_key
-from rendezvous.state import Member, Session, Stats
+from rendezvous.nonces import Nonces
+from rendezvous.state import MAX_SPENT_GUESSES, Member, Session, Stats
 from rendezvous.table import SessionTable
 
 __all__ = ["Addr", "Limits", "Member", "Out", "RendezvousCore", "Session", "Stats"]
@@ -109,6 +111,7 @@ class RendezvousCore:
         self.stats = Stats()
         self.limiter = RateLimiter(self.limits)
         self.cookies = Cookies(secret)
+        self.nonces = Nonces(secret)
         # (src, request id) -> (when, digest of the request, reply): a retry is the same bytes
         self._replies: OrderedDict[tuple[Addr, int], tuple[float, bytes, bytes]] = OrderedDict()
         self._last_expiry = float("-inf")
@@ -302,21 +305,22 @@ class RendezvousCore:
         return {"members": len(s.members), "reg": m.reg_key.hex()}
 
     def _op_challenge(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
-        _s, m = self._registered(body)  # from any address: the member's NAT may have rebound
-        nonce = registration.new_nonce()
-        m.nonce = (now, nonce)
-        return {"nonce": nonce.hex()}
+        s, m = self._registered(body)  # from any address: the member's NAT may have rebound
+        # nothing kept: the nonce is good only for a re-join from this address (a spoofed challenge spoils none)
+        return {"nonce": self.nonces.issue(s.session_id, m.member_id, src, now).hex()}
 
     def _op_rejoin(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._registered(body)
         self._routable(body, src, now)  # the relay address moves here: it must read what it is sent
         nonce = wire.get_hex(body, "nonce", registration.NONCE_LEN)
         mac = wire.get_hex(body, "mac", registration.MAC_LEN)
-        issued = m.nonce
-        if issued is None or now - issued[0] > registration.NONCE_TTL_S or not hmac.compare_digest(issued[1], nonce):
+        m.spent = {n: until for n, until in m.spent.items() if until > now}  # a stale one is refused anyway
+        if nonce in m.spent or not self.nonces.fresh(nonce, s.session_id, m.member_id, src, now):
             raise RejoinRefused(MESSAGES["stale_nonce"])
-        m.nonce = None  # single use, spent even by a wrong MAC: one guess per challenge
-        if not registration.mac_ok(m.reg_key, s.session_id, m.member_id, nonce, mac):
+        verified = registration.mac_ok(m.reg_key, s.session_id, m.member_id, nonce, mac)
+        if verified or len(m.spent) < MAX_SPENT_GUESSES:  # single use, spent even by a wrong MAC: one guess each
+            m.spent[nonce] = self.nonces.expires(nonce, now)
+        if not verified:
             raise RejoinRefused(MESSAGES["bad_mac"], "bad_mac")
         self.table.place(s, m, src, local, now)
         self.stats.rejoins += 1

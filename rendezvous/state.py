@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 from rendezvous.limits import Addr
 
+# nonces a wrong re-join MAC spends that a member's record keeps (a re-join that verifies is always kept): a
+# stranger can spend only the nonces issued to its own address, and one it re-uses past this gives it only
+# another guess at a 256-bit MAC
+MAX_SPENT_GUESSES = 8
+
 
 @dataclass
 class Member:
@@ -16,7 +21,8 @@ class Member:
     local: Addr  # our socket it registered through
     last_seen: float
     reg_key: bytes = field(repr=False, default=b"")
-    nonce: tuple[float, bytes] | None = None  # (issued at, nonce) of the latest challenge
+    # re-join nonces already used (rendezvous.nonces), each until it would be stale anyway: single use
+    spent: dict[bytes, float] = field(default_factory=dict)
     announcement: str | None = None
     counted: int = 0  # the highest op counter taken (kafila.net.registration.signed)
     counters: set[int] = field(default_factory=set)  # those taken within the window below it

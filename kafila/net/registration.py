@@ -12,7 +12,8 @@ single-use server nonce:
               proof = Ed25519(join key, b"kafila-join\x00" | session id | member id (8) | cookie (16)),
               only for a member id the session does not have yet (else code "member_exists")
     challenge {"op":"challenge", "session", "member"}                     -> {"nonce": hex16}
-              from any source address; the rendezvous keeps the latest nonce per member, 30 s
+              from any source address; the nonce is good for a re-join from that address for 30 s, once
+              (it is a MAC the rendezvous keeps nothing for: rendezvous.nonces)
     rejoin    {"op":"rejoin", "session", "member", "nonce": hex16, "mac": hex32}  -> {"members": n}
               mac = HMAC-SHA256(reg, b"kafila-rejoin\\x00" | session id (ASCII, 8) | member id (8) | nonce (16))
 
@@ -72,11 +73,6 @@ Request = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 def new_reg_key() -> bytes:
     """A fresh registration key (the rendezvous makes one per first join)."""
     return secrets.token_bytes(REG_KEY_LEN)
-
-
-def new_nonce() -> bytes:
-    """A fresh challenge nonce."""
-    return secrets.token_bytes(NONCE_LEN)
 
 
 def rejoin_mac(reg_key: bytes, session_id: str, member_id: bytes, nonce: bytes) -> bytes:

@@ -69,15 +69,46 @@ def test_rejoin_without_the_key_or_with_a_spent_nonce_is_refused() -> None:
     assert c.sessions[sid].members[MID].addr == HOME
 
 
-def test_only_the_latest_nonce_within_30_s_counts() -> None:
+def test_a_nonce_counts_for_30_s_from_the_address_it_was_issued_to() -> None:
+    # a later challenge no longer spoils an earlier one (issue 56 item 5): each nonce stands alone
     c, sid, key = registered()
     old = challenge(c, sid, HOME, now=0.0, rid=2)
     new = challenge(c, sid, HOME, now=1.0, rid=3)
-    assert ask(c, registration.rejoin_body(sid, MID, key, old), HOME, now=1.0, rid=4)["code"] == "stale_nonce"
+    assert ask(c, registration.rejoin_body(sid, MID, key, old), MOVED, now=1.0, rid=4)["code"] == "stale_nonce"
+    assert ask(c, registration.rejoin_body(sid, MID, key, old), HOME, now=1.0, rid=5)["ok"] is True
     late = 1.0 + registration.NONCE_TTL_S + 0.1
-    assert ask(c, registration.rejoin_body(sid, MID, key, new), HOME, now=late, rid=5)["code"] == "stale_nonce"
-    fresh = challenge(c, sid, HOME, now=late, rid=6)
-    assert ask(c, registration.rejoin_body(sid, MID, key, fresh), HOME, now=late, rid=7)["ok"] is True
+    assert ask(c, registration.rejoin_body(sid, MID, key, new), HOME, now=late, rid=6)["code"] == "stale_nonce"
+    fresh = challenge(c, sid, HOME, now=late, rid=7)
+    assert ask(c, registration.rejoin_body(sid, MID, key, fresh), HOME, now=late, rid=8)["ok"] is True
+    assert ask(c, registration.rejoin_body(sid, MID, key, fresh), HOME, now=late, rid=9)["code"] == "stale_nonce"
+
+
+def test_a_spoofed_challenge_does_not_block_a_members_rejoin() -> None:
+    """Issue 56 item 5: one challenge for the member from elsewhere, between its own challenge and its re-join,
+    replaced its nonce, so 15 of 15 re-joins failed; now each re-join succeeds."""
+    c, sid, key = registered()
+    rejoined = 0
+    for i in range(15):
+        now, where = 2.0 * i, (HOME[0], 2000 + i)  # a NAT that rebinds now and then
+        nonce = challenge(c, sid, where, now=now, rid=10 * i + 1)
+        spoofed = ask(c, registration.challenge_body(sid, MID), (f"6.6.6.{i}", 666), now, rid=10 * i + 2)
+        assert spoofed["ok"] is True
+        r = ask(c, registration.rejoin_body(sid, MID, key, nonce), where, now=now + 0.5, rid=10 * i + 3)
+        rejoined += r.get("ok") is True and c.sessions[sid].members[MID].addr == where
+    assert rejoined == 15
+
+
+def test_a_strangers_wrong_macs_keep_little_and_block_nothing() -> None:
+    c, sid, key = registered()
+    for i in range(50):  # strangers spend nonces issued to their own addresses
+        eve = (f"6.6.{i}.6", 666)
+        nonce = challenge(c, sid, eve, now=0.0, rid=100 + 2 * i)
+        r = ask(c, registration.rejoin_body(sid, MID, b"\0" * 32, nonce), eve, rid=101 + 2 * i)
+        assert r["code"] == "bad_mac"
+    m = c.sessions[sid].members[MID]
+    assert len(m.spent) <= 8 and m.addr == HOME
+    nonce = challenge(c, sid, MOVED, now=1.0, rid=3)
+    assert ask(c, registration.rejoin_body(sid, MID, key, nonce), MOVED, now=1.0, rid=4)["ok"] is True
 
 
 def test_a_rejoin_answered_once_is_answered_again_to_its_retry() -> None:
