@@ -26,10 +26,12 @@ command and the TUI can show it as is.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import secrets
+import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -227,11 +229,33 @@ class ApiClient:
         if token is None:
             port = urlsplit(self.url).port
             raise ApiNotYours(self.url, f"you hold no token for it: no {token_path(port or 0)}")
-        shown = body.get("proof") if isinstance(body, dict) else None
-        if not isinstance(shown, str) or not hmac.compare_digest(shown, proof(token, nonce)):
+        body = body if isinstance(body, dict) else {}
+        shown, theirs, address = body.get("proof"), body.get("nonce"), body.get("address")
+        try:
+            server_nonce = bytes.fromhex(theirs) if isinstance(theirs, str) and len(theirs) == NONCE_HEX else None
+        except ValueError:
+            server_nonce = None
+        if not (isinstance(shown, str) and server_nonce is not None and isinstance(address, str) and len(address) < 64
+                and hmac.compare_digest(shown, proof(token, nonce, server_nonce, address))):
             raise ApiNotYours(self.url, "it cannot prove it holds your session's token")
+        # the proof is for the address the session was reached at: a program here relaying a session elsewhere
+        # gets a proof for the session's own address, not this one
+        if address not in await self._dialled():
+            raise ApiNotYours(self.url, f"it relays your session, which serves at {address}: connect there")
         self._proven = token
         return {"Authorization": f"Bearer {token}"}
+
+    async def _dialled(self) -> set[str]:
+        """The addresses ("ip:port", token.endpoint) the URL names: what a connection to it reaches."""
+        from kafila.session.api.token import endpoint
+
+        parts = urlsplit(self.url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            found = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+        except (OSError, ValueError):
+            return set()
+        return {a for *_, sockaddr in found if (a := endpoint(sockaddr)) is not None}
 
     async def _get_json(self, path: str) -> Any:
         url = self.url + path

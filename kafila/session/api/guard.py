@@ -62,7 +62,8 @@ class Guard:
             return error_response(403, "requests from web pages are refused (cross-site fetch)",
                                   code="foreign_origin")
         # the proof is how a client tells its own session from a program squatting on the port: asked
-        # before the client sends its token, so it needs none (it gives away a MAC over the client's nonce)
+        # before the client sends its token, so it needs none (it gives away a MAC over the client's nonce, a
+        # nonce of the server's and the address the connection reached: useless to a relay on another port)
         if self.token is not None and not self._authorized(request) and \
                 not (request.method == "GET" and request.path == PROOF_PATH):
             return error_response(401, f"this chat API needs its bearer token{self.token_hint}",

@@ -19,6 +19,7 @@ import errno
 import itertools
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
@@ -33,7 +34,15 @@ from kafila.model.gguf_file import GGUFFile
 from kafila.session.api.choices import merged
 from kafila.session.api.guard import Guard, error_response
 from kafila.session.api.replies import CHAT, TEXT, Shape, event_error, stream, whole
-from kafila.session.api.token import NONCE_HEX, PROOF_PATH, new_token, proof, remove_token, write_token
+from kafila.session.api.token import (
+    NONCE_HEX,
+    PROOF_PATH,
+    endpoint,
+    new_token,
+    proof,
+    remove_token,
+    write_token,
+)
 from kafila.session.protocol import messages
 from kafila.session.ring.chat_request import BadRequest, ChatRequest, parse_chat, parse_completion
 from kafila.session.state import SessionState
@@ -301,7 +310,14 @@ class ApiServer:
         nonce = request.query.get("nonce", "")
         if self.token is None or len(nonce) != NONCE_HEX or not all(c in "0123456789abcdef" for c in nonce):
             return error_response(400, f"'nonce' must be {NONCE_HEX} lowercase hex digits", "nonce")
-        return web.json_response({"proof": proof(self.token, bytes.fromhex(nonce))})
+        # the address this connection reached, as the kernel says (not the Host header a relay writes): a
+        # client checks the proof against the address it dialled, so a relay on another port proves nothing
+        address = endpoint(request.transport.get_extra_info("sockname") if request.transport else None)
+        if address is None:
+            return error_response(500, "the chat API cannot tell the address this connection reached")
+        mine = secrets.token_bytes(NONCE_HEX // 2)
+        return web.json_response({"proof": proof(self.token, bytes.fromhex(nonce), mine, address),
+                                  "nonce": mine.hex(), "address": address})
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, parse_chat, CHAT)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 import stat
@@ -41,13 +42,32 @@ def token_path(port: int) -> Path:
     return token_dir() / f"api-{port}.token"
 
 
-PROOF_PATH = "/kafila/proof"  # GET ?nonce=<32 hex>: the server shows it holds the token without sending it
+# GET ?nonce=<32 hex>: the server shows it holds the token without sending it, for the address it is reached at
+PROOF_PATH = "/kafila/proof"
 NONCE_HEX = 32
 
 
-def proof(token: str, nonce: bytes) -> str:
-    """What a server holding `token` answers to `nonce`: HMAC-SHA256, hex."""
-    return hmac.new(token.encode(), b"kafila-api-proof\x00" + nonce, hashlib.sha256).hexdigest()
+def proof(token: str, client_nonce: bytes, server_nonce: bytes, address: str) -> str:
+    """What a server holding `token` answers to `client_nonce` on a connection that reached it at `address`
+    ("ip:port", `endpoint`), with a nonce of its own: HMAC-SHA256, hex. Bound to the address, so a program
+    on another port that relays the client's nonce to the server gets a proof for the server's port, not its
+    own; the server's nonce keeps the server from MACing only what a caller chose."""
+    msg = b"kafila-api-proof\x01" + client_nonce + server_nonce + address.encode()
+    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def endpoint(addr: object) -> str | None:
+    """A socket's address ((ip, port, ...) as sockname and peername give it) as "ip:port" ("[ip]:port" for IPv6,
+    an IPv4-mapped IPv6 address as IPv4), the same whichever end of the connection names it; None if not one."""
+    if not isinstance(addr, tuple) or len(addr) < 2 or not isinstance(addr[0], str) or not isinstance(addr[1], int):
+        return None
+    try:
+        ip = ipaddress.ip_address(addr[0].split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return f"[{ip}]:{addr[1]}" if ip.version == 6 else f"{ip}:{addr[1]}"
 
 
 def new_token() -> str:

@@ -11,10 +11,12 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from kafila.session.api.client import ApiClient, ApiNotYours
+from kafila.session.api.server import ApiServer
 from kafila.session.api.token import TOKEN_ENV, token_dir, token_path, write_token
 from tests.session.api_fixtures import start_server
 
@@ -106,3 +108,61 @@ async def test_the_session_itself_proves_it_and_serves() -> None:
                 assert resp.status == 400 and "nonce" in json.dumps(await resp.json())
     finally:
         await server.stop()
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[tuple[ApiServer, str, list[str]]]:
+    """The real session's server, and a squatter on another port that relays every request to it (the Host
+    header rewritten, as the session checks it) and its answer back; what the squatter received, as text."""
+    server, _ring = await start_server()
+    real = f"http://127.0.0.1:{server.guard.port}"
+    seen: list[str] = []
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        seen.append(f"{request.method} {request.path_qs} {dict(request.headers)} {body.decode(errors='replace')}")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with aiohttp.ClientSession() as http, \
+                http.request(request.method, real + request.path_qs, headers=headers, data=body) as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield server, f"http://127.0.0.1:{runner.addresses[0][1]}", seen
+    finally:
+        await runner.cleanup()
+        await server.stop()
+
+
+@pytest.mark.parametrize("how", ["env", "file", "argument", "none"])
+async def test_a_squatter_relaying_the_proof_gets_no_token_and_no_conversation(
+        relay: tuple[ApiServer, str, list[str]], how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 56 item 2: a squatter on the port the client dials, the real session on another, relayed the
+    client's nonce to the session and its proof back (an HMAC over the nonce alone), and got the token and the
+    chat. Now the proof is for the address the session was reached at, which the client checks against the one
+    it dialled: the relay gets neither, whatever tells the client the token."""
+    server, url, seen = relay
+    token = server.token
+    assert token is not None
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    if how == "env":
+        monkeypatch.setenv(TOKEN_ENV, token)
+    elif how == "file":  # the session's token written for the squatted port (a copy the user made)
+        write_token(port_of(url), token)
+    async with ApiClient(url, token=token if how == "argument" else None) as client:
+        with pytest.raises(ApiNotYours) as refused:
+            await client.models()
+        with pytest.raises(ApiNotYours):
+            async for _ in client.stream_chat([{"role": "user", "content": "my secret plans"}]):
+                pass
+    where = f"127.0.0.1:{server.guard.port}"
+    assert (f"it relays your session, which serves at {where}: connect there" in str(refused.value)) == (how != "none")
+    assert seen and all(s.startswith("GET /kafila/proof?nonce=") for s in seen)
+    assert not any(token in s or "Bearer" in s or "my secret plans" in s for s in seen)
+    async with ApiClient(f"http://{where}", token=token) as client:  # the session itself still proves it
+        assert await client.models()
