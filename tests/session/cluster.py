@@ -412,11 +412,13 @@ def check_resumed_reply(chunks: list[tuple[float, Any]], killed_at: float, refer
     its notice is then the one after the kill, and the caller checks the new plan left the member out. With
     `lost`, the notice must name that member unless it is such a drift's.
     """
-    assert chunks[-1][1] == "[DONE]" and not any("error" in c for _, c in chunks[:-1]), (chunks[-3:], context)
+    shown = "\n".join(f"--- {k}:\n{v}" for k, v in context.items()) if isinstance(context, dict) else context
+    errors = [c["error"] for _, c in chunks[:-1] if "error" in c]
+    assert chunks[-1][1] == "[DONE]" and not errors, f"errors: {errors}\n{shown}"
     every = [(t, c["kafila"]["notice"]) for t, c in chunks[:-1] if "notice" in c.get("kafila", {})]
     notices = ([(t, n) for t, n in every if not DRIFT_NOTICE.search(n)]
                or [(t, n) for t, n in every if t > killed_at][:1])
-    assert len(notices) == 1, every
+    assert len(notices) == 1, f"notices: {every}\n{shown}"
     noticed_at, notice = notices[0]
     assert noticed_at - killed_at < LOSS_NOTICED_WITHIN_S, (notice, noticed_at - killed_at)
     assert lost is None or lost in notice or DRIFT_NOTICE.search(notice), notice

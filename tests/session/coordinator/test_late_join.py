@@ -35,7 +35,9 @@ def test_a_fifth_member_joining_mid_reply_is_planned_in_and_the_reply_goes_on(tm
             cluster.join("fay", ["--throttle", "40"])
             waits = cluster.wait_state(cluster.url, lambda s: any("fay waits" in text for _, text in s["events"]),
                                        240)
-            assert waits["phase"] == "admitted" and waits["plan"]["order"] == before["order"], waits["events"][-5:]
+            # fay is not planned in (a drift's re-plan on a loaded machine may have reordered the four meanwhile)
+            assert waits["phase"] == "admitted" and sorted(waits["plan"]["order"]) == sorted(before["order"]), \
+                waits["events"][-8:]
             cluster.join("eve")
             state = cluster.wait_state(cluster.url, lambda s: s["phase"] == "admitted" and "eve" in s["plan"]["order"],
                                        240)
