@@ -116,18 +116,23 @@ class RingService:
                 if self.edges.prev is not None:
                     self.edges.prev.ack_every_second()
                     tg.create_task(pump(self.edges.prev, inbox, RingView(tuple(order), me=self.opts.name)))
+                # a stage file's metadata is read on worker threads: a parse takes ~0.4 s of a loaded machine, and
+                # the links' packets wait on this loop meanwhile (past their idle timeout, a neighbour is lost)
+                path = self.worker.engine.path
+                context = await asyncio.to_thread(ModelContext.of, config, path)
                 if is_head:
-                    path = self.worker.engine.path
-                    template = self._assigned.settings.chat_template or GGUFFile(path).get("tokenizer.chat_template")
+                    template = self._assigned.settings.chat_template or await asyncio.to_thread(
+                        lambda: GGUFFile(path).get("tokenizer.chat_template"))
                     vocab = Vocab(self.worker.engine.vocab, template)  # the host's --chat-template first
                     nxt = self.edges.next
                     draft, note = await self._draft_model(vocab, config)
-                    self.head = Head(self.worker, Embedder(path), vocab, config, order, self._assigned.stage_seconds,
+                    embedder = await asyncio.to_thread(Embedder, path)
+                    self.head = Head(self.worker, embedder, vocab, config, order, self._assigned.stage_seconds,
                                      nxt.send if nxt is not None else None, inbox, self._trace_writer(),
                                      self._ttft_model(), self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
-                        self.api.context = ModelContext.of(config, path)
+                        self.api.context = context
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
                     tg.create_task(self._report_stats())
@@ -135,7 +140,7 @@ class RingService:
                     assert self.edges.next is not None
                     self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
                     if self.api:
-                        self.api.context = ModelContext.of(config, self.worker.engine.path)
+                        self.api.context = context
                         self.api.chat = self.forwarder.chat
                     limits = FrameLimits.of(config, self.worker.engine.n_embd)
                     tg.create_task(relay(self.worker, inbox, self.edges.next, limits, self.forwarder.deliver))

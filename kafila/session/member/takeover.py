@@ -26,6 +26,7 @@ and the coordinator a successor runs.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -97,7 +98,7 @@ async def coordinate(opts: MemberOptions, model: Path, assign: Assign, roster: R
     state = SessionState()
     state.role, state.me, state.coordinator, state.model = "host", opts.name, opts.name, roster.model
     relay_events(state, member_state, "coordinating: ")
-    info = describe_model(model)
+    info = await asyncio.to_thread(describe_model, model)  # off the loop: the member's links are read on it
     async with PeerEndpoint(bind=opts.bind, identity=identity, name=opts.name,
                             idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct,
                             link_delay_s=opts.link_delay_ms / 1e3) as ep:
