@@ -185,7 +185,7 @@ class Coordinated:
         self.state.subscribe(lambda s: changed.set())
         try:
             async with asyncio.timeout(WAIT_S):
-                while not (self.state.phase == phase and self.runtime.epoch > after_epoch):
+                while not (self.state.phase == phase and self.runtime.machine.epoch > after_epoch):
                     if self.run.done():
                         ended = self.run.exception() or self.run.result()
                         raise AssertionError(f"the coordinator ended ({ended!r}) before {phase}:\n{self.log()}")
@@ -195,7 +195,7 @@ class Coordinated:
                     done.cancel()
         except TimeoutError:
             raise AssertionError(f"the coordinator did not reach {phase} within {WAIT_S:g} s:\n{self.log()}") from None
-        return self.runtime.epoch
+        return self.runtime.machine.epoch
 
     def log(self) -> str:
         return "\n".join(text for _, text in self.state.events)

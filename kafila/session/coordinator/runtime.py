@@ -86,15 +86,6 @@ class HostRuntime:
         self._cutting: asyncio.Task[None] | None = None
         self._done: asyncio.Future[int] | None = None
 
-    # what tests and the takeover read
-    @property
-    def order(self) -> list[str]:
-        return self.machine.order
-
-    @property
-    def epoch(self) -> int:
-        return self.machine.epoch
-
     async def run(self) -> int:
         """Coordinate until the session ends; returns its exit status."""
         loop = asyncio.get_running_loop()

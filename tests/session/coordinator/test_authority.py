@@ -33,29 +33,29 @@ def model(tmp_path: Path) -> Path:
 
 def far_from(c: Coordinated, who: str) -> str:
     """A member of the serving ring that is neither `who` nor one of its neighbours."""
-    order = c.runtime.order
+    order = c.runtime.machine.order
     return next(n for n in order if n != who and n not in ring_neighbours(order, who))
 
 
 async def test_a_report_from_a_member_that_is_not_a_neighbour_evicts_nobody(tmp_path: Path, model: Path) -> None:
     async with coordinator(tmp_path, model, NAMES) as c:
         epoch = await c.reach("admitted")
-        head = c.runtime.order[0]
+        head = c.runtime.machine.order[0]
         liar = far_from(c, head)
         await c.members[liar].send(messages.Lost(head, "a lie", epoch))
         await asyncio.sleep(QUIET_S)
-        assert c.state.phase == "admitted" and c.runtime.epoch == epoch, c.log()
-        assert sorted(c.runtime.order) == NAMES and "a lie" not in c.log()
+        assert c.state.phase == "admitted" and c.runtime.machine.epoch == epoch, c.log()
+        assert sorted(c.runtime.machine.order) == NAMES and "a lie" not in c.log()
 
 
 async def test_a_neighbours_report_about_a_member_that_answers_evicts_nobody(tmp_path: Path, model: Path) -> None:
     async with coordinator(tmp_path, model, NAMES) as c:
         epoch = await c.reach("admitted")
-        order = c.runtime.order
+        order = c.runtime.machine.order
         who, reporter = order[1], order[2]  # ring neighbours
         await c.members[reporter].send(messages.Lost(who, "its ring edge failed", epoch))
         again = await c.reach("admitted", after_epoch=epoch)
-        assert sorted(c.runtime.order) == NAMES, c.log()  # everyone planned again: the ring did not shrink
+        assert sorted(c.runtime.machine.order) == NAMES, c.log()  # everyone planned again: the ring did not shrink
         assert f"but {who} answers the coordinator: nobody is evicted" in c.log()
         assert "was lost" not in c.log() and again == epoch + 1
         assert not any(c.members[n].inbox.of(messages.Lost) for n in NAMES)
@@ -64,19 +64,19 @@ async def test_a_neighbours_report_about_a_member_that_answers_evicts_nobody(tmp
 async def test_a_neighbours_report_about_a_silent_member_loses_it(tmp_path: Path, model: Path) -> None:
     async with coordinator(tmp_path, model, NAMES) as c:
         epoch = await c.reach("admitted")
-        order = c.runtime.order
+        order = c.runtime.machine.order
         who, reporter = order[1], order[2]
         silence(c.members[who].ep)
         await c.members[reporter].send(messages.Lost(who, "its ring edge failed", epoch))
         await c.reach("admitted", after_epoch=epoch)
-        assert sorted(c.runtime.order) == sorted(n for n in NAMES if n != who), c.log()
+        assert sorted(c.runtime.machine.order) == sorted(n for n in NAMES if n != who), c.log()
         assert c.state.members[who].status == "lost"
 
 
 async def test_chat_events_and_stats_count_only_from_the_head(tmp_path: Path, model: Path) -> None:
     async with coordinator(tmp_path, model, NAMES) as c:
         await c.reach("admitted")
-        head, other = c.runtime.order[0], c.runtime.order[2]
+        head, other = c.runtime.machine.order[0], c.runtime.machine.order[2]
         forwarder = c.runtime.forwarder
         assert forwarder is not None
         reply = forwarder.chat({"messages": [{"role": "user", "content": "hi"}]})

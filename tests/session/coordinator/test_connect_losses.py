@@ -53,18 +53,19 @@ def reports_its_predecessor(victim: str, dies: bool = True) -> OnConnect:
 def assert_lost_then_replanned(c: Coordinated, victim: str, reason: str | None = None) -> str:
     """`victim` was lost in epoch 1 (for `reason`, when given); every other member heard so before its
     assignment of epoch 2. The reason it was lost for."""
-    assert c.runtime.order and sorted(c.runtime.order) == sorted(n for n in NAMES if n != victim), c.log()
+    order = c.runtime.machine.order
+    assert order and sorted(order) == sorted(n for n in NAMES if n != victim), c.log()
     assert victim not in c.runtime.machine.peers and victim in c.runtime.machine.departed
     view = c.state.members[victim]
     reason = view.note if reason is None else reason
     assert (view.status, view.note) == ("lost", reason)
-    for name in c.runtime.order:
+    for name in c.runtime.machine.order:
         got = c.members[name].inbox.got
         lost = [i for i, m in enumerate(got) if isinstance(m, messages.Lost)]
         replan = next(i for i, m in enumerate(got) if isinstance(m, messages.Assign) and m.epoch == 2)
         assert [got[i] for i in lost] == [messages.Lost(victim, reason, 1)], got
         assert lost[0] < replan
-        assert list(c.members[name].order(2)) == c.runtime.order
+        assert list(c.members[name].order(2)) == c.runtime.machine.order
     return reason
 
 
@@ -97,7 +98,7 @@ async def test_a_ring_edge_that_cannot_open_to_a_member_that_answers_evicts_nobo
     async with coordinator(tmp_path, model, NAMES, stall_s=REPORTER_STALL_S,
                            on_connect=dict.fromkeys(NAMES, behaviour)) as c:
         epoch = await c.reach("admitted")
-        assert epoch == 2 and sorted(c.runtime.order) == NAMES, c.log()
+        assert epoch == 2 and sorted(c.runtime.machine.order) == NAMES, c.log()
         assert f"but {victim} answers the coordinator: nobody is evicted" in c.log()
         assert "was lost" not in c.log() and victim not in c.runtime.machine.departed
         assert not any(c.members[n].inbox.of(messages.Lost) for n in NAMES)
@@ -138,7 +139,7 @@ async def test_a_member_that_keeps_working_while_opening_its_edges_is_waited_for
 
     async with coordinator(tmp_path, model, NAMES, stall_s=STALL_S, on_connect={victim: slow}) as c:
         epoch = await c.reach("admitted")
-        assert epoch == 1 and sorted(c.runtime.order) == NAMES, c.log()
+        assert epoch == 1 and sorted(c.runtime.machine.order) == NAMES, c.log()
         assert "made no progress" not in c.log()
         assert not any(c.members[n].inbox.of(messages.Lost) for n in NAMES)
 
@@ -160,7 +161,7 @@ async def test_stale_loss_reports_change_nothing_and_the_current_one_is_handled(
         await ada.send(messages.Lost("bo", "its ring edge could not open: the current report", 2))
         epoch = await c.reach("admitted", after_epoch=2)
         log = c.log()
-        assert epoch == 3 and c.runtime.order == ["ada"], log
+        assert epoch == 3 and c.runtime.machine.order == ["ada"], log
         assert c.state.members["bo"].status == "lost"
         assert log.count("member cy was lost") == 1 and "a late report of cy" not in log
         assert "a report of epoch 1" not in log
