@@ -52,11 +52,11 @@ It answers on every socket it is given (normally IP1:P, IP1:P+1, and IP2:P, IP2:
 
 STUN answers, too, are never larger than the request (members pad theirs: kafila.net.stun).
 
-Everything is bounded (rendezvous.limits.Limits): sessions in all (when full, the idlest session
-that no second address has joined is dropped for a new one) and per network (/24, /48 for IPv6),
-members per session, datagram sizes, every request and probe per source address and per
-IP, creates and joins tighter still, relayed datagrams per member, the retry cache; silent
-members, sessions no second address joined, and idle sessions expire. Nothing is queued.
+Everything is bounded (rendezvous.limits.Limits): sessions and their bytes in all (when full, the idlest
+session that no second site has joined is dropped for a new one: rendezvous.table), per network (/24, /48
+for IPv6) and per block (/16, /32), members per session, datagram sizes, every request and probe per
+source address and per IP, creates and joins tighter still, relayed datagrams per member, the retry
+cache; silent members, sessions no second address joined, and idle sessions expire. Nothing is queued.
 Records are in rendezvous.state, the session table and its eviction in rendezvous.table, every bound and
 the buckets that apply it in rendezvous.limits.
 """
@@ -85,7 +85,7 @@ from kafila.net import registration, stun, wire
 from kafila.net.registration import MESSAGES
 from kafila.net.trust import SESSION_ID_LEN, valid_session_id
 from rendezvous.cookies import Cookies
-from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal, net_key
+from rendezvous.limits import Addr, Limits, RateLimiter, bounded_refusal
 from rendezvous.nonces import Nonces
 from rendezvous.state import MAX_SPENT_GUESSES, Member, Session, Stats
 from rendezvous.table import SessionTable
@@ -258,13 +258,8 @@ class RendezvousCore:
             raise NotMember("member registered from another address; re-join")
         n = wire.get_int(body, "n", 1, 2**53)
         mac = wire.get_hex(body, "mac", registration.MAC_LEN)
-        fresh = n > m.counted - registration.OP_WINDOW and n not in m.counters
-        if not (fresh and hmac.compare_digest(registration.op_mac(m.reg_key, body), mac)):
+        if not (hmac.compare_digest(registration.op_mac(m.reg_key, body), mac) and m.take(n, registration.OP_WINDOW)):
             raise RejoinRefused("the op's MAC does not verify, or its counter was used", "bad_mac")
-        m.counters.add(n)
-        if n > m.counted:
-            m.counted = n
-            m.counters = {c for c in m.counters if c > n - registration.OP_WINDOW}
         return s, m
 
     def _op_cookie(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
@@ -283,7 +278,7 @@ class RendezvousCore:
             if not hmac.compare_digest(known.join_pub, join_pub):  # not that session's code
                 raise WrongJoinCode(MESSAGES["wrong_code"])
             return {"session": asked}  # another member of the forgotten session re-created it first
-        sid = self.table.add(join_pub, net_key(src[0]), now, asked).session_id
+        sid = self.table.add(join_pub, src[0], now, asked).session_id
         log.info("session %s %s from %s:%d", sid, "created again" if asked else "created", *src)
         return {"session": sid}
 
@@ -328,9 +323,7 @@ class RendezvousCore:
 
     def _op_announce(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:
         s, m = self._member(body, src)
-        ann = wire.get_str(body, "ann", 1300)
-        m.announcement, m.last_seen = ann, now
-        self.table.touch(s, now)
+        self.table.announce(s, m, wire.get_str(body, "ann", 1300), now)  # RendezvousBusy when it has no room
         return {}
 
     def _op_list(self, body: dict[str, Any], src: Addr, local: Addr, now: float) -> dict[str, Any]:

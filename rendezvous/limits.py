@@ -18,11 +18,17 @@ _HEADER = struct.Struct("!BI")  # a control message's kind and request id (kafil
 class Limits:
     """Every bound the rendezvous enforces."""
 
-    # A session is a few hundred bytes (its members' announcements up to 1.3 kB each): 100,000 is tens of MB.
+    # Sessions in all; and the bytes they may hold, announcements counted (rendezvous.state's sizes: a session
+    # of 16 members with the largest announcements is about 60 kB, so the bytes bound first)
     max_sessions: int = 100_000
+    max_table_bytes: int = 512 << 20
     # live sessions created from one network (an IPv4 /24, an IPv6 /48): a flood from many addresses of
     # one network takes this many, not the table
     max_sessions_per_net: int = 64
+    # and from one block of networks (an IPv4 /16, an IPv6 /32: about what one provider hands out), sessions
+    # and bytes: one party holding a whole IPv6 /37 (1,563 /48s) pins 1,024 sessions, not the table
+    max_sessions_per_block: int = 1024
+    max_block_bytes: int = 32 << 20
     max_members: int = 16
     member_timeout_s: float = 30.0  # silent this long -> removed (members re-join every few seconds)
     empty_session_ttl_s: float = 60.0  # a session nobody is in (its creator left or never joined)
@@ -66,14 +72,28 @@ def ip_key(ip: str) -> str:
 
 def net_key(ip: str) -> str:
     """The network one party is likely to hold many addresses of: an IPv4 /24, an IPv6 /48."""
+    return _prefix(ip, 24, 48)
+
+
+def block_key(ip: str) -> str:
+    """A block of networks, about what one provider hands out: an IPv4 /16, an IPv6 /32."""
+    return _prefix(ip, 16, 32)
+
+
+def site_key(ip: str) -> str:
+    """One site (a LAN behind one NAT, a subscriber): an IPv4 /24, an IPv6 /64. A session joined from two of
+    them is in use: two ports, or two addresses, of one network make none."""
+    return _prefix(ip, 24, 64)
+
+
+def _prefix(ip: str, v4: int, v6: int) -> str:
     try:
         addr = ipaddress.ip_address(ip.split("%", 1)[0])
     except ValueError:
         return ip
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    prefix = 24 if addr.version == 4 else 48
-    return str(ipaddress.ip_network((addr, prefix), strict=False))
+    return str(ipaddress.ip_network((addr, v4 if addr.version == 4 else v6), strict=False))
 
 
 @dataclass

@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 
 from rendezvous.limits import Addr
 
+# What the table counts for each session and member, announcements aside: above what tracemalloc measures (about
+# 1.2 kB a session with its entries in the table's indexes; 1.0 kB a member with its address and expiry entries,
+# and up to 0.9 kB more of spent nonces), which tests/rendezvous/test_room.py checks
+SESSION_BYTES = 1_500
+MEMBER_BYTES = 2_400
+
+
+def announcement_bytes(ann: str | None) -> int:
+    """What a member's announcement adds (a str of it: its characters and about 50 bytes of object)."""
+    return 0 if ann is None else len(ann) + 64
+
+
 # nonces a wrong re-join MAC spends that a member's record keeps (a re-join that verifies is always kept): a
 # stranger can spend only the nonces issued to its own address, and one it re-uses past this gives it only
 # another guess at a 256-bit MAC
@@ -25,7 +37,20 @@ class Member:
     spent: dict[bytes, float] = field(default_factory=dict)
     announcement: str | None = None
     counted: int = 0  # the highest op counter taken (kafila.net.registration.signed)
-    counters: set[int] = field(default_factory=set)  # those taken within the window below it
+    # those taken within the window below it, a bit each (bit i: counted - i): a set of them cost 4 kB a member
+    window: int = 0
+
+    def take(self, n: int, width: int) -> bool:
+        """Take op counter `n` once: False when it was taken, or is `width` or more below the highest taken."""
+        back = self.counted - n
+        if back >= width or (back >= 0 and self.window >> back & 1):
+            return False
+        if back < 0:  # a new highest: the window slides up
+            self.window = (self.window << -back | 1) & ((1 << width) - 1) if -back < width else 1
+            self.counted = n
+        else:
+            self.window |= 1 << back
+        return True
 
 
 @dataclass
@@ -37,9 +62,13 @@ class Session:
     created: float
     last_active: float
     owner: str = ""  # net_key of the creator, for the per-network session cap
-    # the first two addresses that joined (each showed its cookie): a second one means the session is in use
+    block: str = ""  # block_key of the creator, for the per-block caps
+    # the first two addresses that joined (each showed its cookie): until a second one, it expires soon
     join_addrs: set[Addr] = field(default_factory=set)
+    # the first two sites (site_key) that joined: a second one means the session is in use, never dropped for room
+    join_sites: set[str] = field(default_factory=set)
     members: dict[bytes, Member] = field(default_factory=dict)
+    size: int = SESSION_BYTES  # what it holds, as the table counts it (session_bytes)
 
 
 @dataclass

@@ -1,10 +1,14 @@
 """The rendezvous's sessions and their members' addresses, with the bounds that keep room for a new host.
 
-At most `max_sessions` sessions (a session is bytes: 100,000 is tens of MB) and `max_sessions_per_net`
-live ones per creator's network (an IPv4 /24, an IPv6 /48). A session counts as in use once a second
-address has joined it; until then it expires after `unjoined_session_ttl_s`, and when the table is full
-the idlest such session is dropped for a new one. So a flood of creates, even from many real addresses,
-cannot lock a new host out.
+At most `max_sessions` sessions and `max_table_bytes` of them (rendezvous.state's sizes, announcements
+counted); per creator's network (an IPv4 /24, an IPv6 /48) `max_sessions_per_net` live ones, and per block
+of networks (an IPv4 /16, an IPv6 /32) `max_sessions_per_block` and `max_block_bytes`. A session is in use
+once two sites (an IPv4 /24, an IPv6 /64) have joined it: two ports or two addresses of one network, which
+a single party has at hand, make none. When the table is full (sessions or bytes), a session not in use
+is dropped for a new one or a larger one: first one no second address joined, then one no second site
+joined, the idlest first. So a flood of creates and joins, even from many real addresses, cannot lock a
+new host out unless it holds addresses in many networks and blocks. A session no second address joined
+expires after `unjoined_session_ttl_s` (a group behind one NAT joins from two ports of it: it stays).
 
 Expiry looks only at what is due: every member and session has one entry in a heap of the times it
 could next expire, checked when that time comes and pushed again for later if it did not. A scan of a
@@ -20,8 +24,8 @@ from collections import Counter, OrderedDict
 
 from kafila.errors import RendezvousBusy
 from kafila.net.trust import SESSION_ID_LEN, random_b32
-from rendezvous.limits import Addr, Limits
-from rendezvous.state import Member, Session
+from rendezvous.limits import Addr, Limits, block_key, net_key, site_key
+from rendezvous.state import MEMBER_BYTES, SESSION_BYTES, Member, Session, announcement_bytes
 
 log = logging.getLogger("kafila.rendezvous")
 
@@ -33,43 +37,66 @@ class SessionTable:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
         self.by_addr: dict[Addr, tuple[str, bytes]] = {}
+        self.size = 0  # bytes the sessions hold, as counted (Session.size)
         self._per_net: Counter[str] = Counter()  # live sessions per creator's network
-        self._unjoined: OrderedDict[str, None] = OrderedDict()  # sessions no second address joined, idlest first
+        self._per_block: Counter[str] = Counter()  # and per creator's block
+        self._block_size: Counter[str] = Counter()  # bytes per creator's block
+        # sessions that may be dropped for room, idlest first: no second address joined (they go first), and
+        # no second site joined (the first's included)
+        self._unjoined: OrderedDict[str, None] = OrderedDict()
+        self._one_site: OrderedDict[str, None] = OrderedDict()
         # (when it could expire, entry number, session id, the member or None for the session itself); a
         # session's entry is the one numbered in _session_entry (an earlier one, replaced, is skipped)
         self._due: list[tuple[float, int, str, Member | None]] = []
         self._session_entry: dict[str, int] = {}
         self._seq = itertools.count()
 
-    def add(self, join_pub: bytes, owner: str, now: float, asked: str | None = None) -> Session:
-        """A new session (under `asked`, its id before a restart, when given) created from network `owner`;
-        RendezvousBusy when that network has its share, or the table is full of sessions in use."""
+    def add(self, join_pub: bytes, ip: str, now: float, asked: str | None = None) -> Session:
+        """A new session (under `asked`, its id before a restart, when given) created from address `ip`;
+        RendezvousBusy when its network or block has its share, or the table is full of sessions in use."""
+        owner, block = net_key(ip), block_key(ip)
         if self._per_net[owner] >= self.limits.max_sessions_per_net:
             raise RendezvousBusy("too many sessions from this network; end one or try later", "full")
-        if len(self.sessions) >= self.limits.max_sessions:
-            if not self._unjoined:
-                raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
-            idlest = next(iter(self._unjoined))  # made for nothing, or waiting longest for its members
-            self.drop(idlest)
-            log.info("session %s dropped for a new one (full; no second address had joined it)", idlest)
+        if self._per_block[block] >= self.limits.max_sessions_per_block or \
+                self._block_size[block] + SESSION_BYTES > self.limits.max_block_bytes:
+            raise RendezvousBusy("too many sessions from this block of networks; end one or try later", "full")
+        self._make_room(SESSION_BYTES, sessions=1)
         sid = asked or random_b32(SESSION_ID_LEN)
         while sid in self.sessions:
             sid = random_b32(SESSION_ID_LEN)
-        s = self.sessions[sid] = Session(sid, join_pub, now, now, owner)
+        s = self.sessions[sid] = Session(sid, join_pub, now, now, owner, block)
         self._per_net[owner] += 1
-        self._unjoined[sid] = None
+        self._per_block[block] += 1
+        self.size += s.size
+        self._block_size[block] += s.size
+        self._unjoined[sid] = self._one_site[sid] = None
         self._check_at(self._session_due(s)[0], s)
         return s
 
     def joined(self, s: Session, m: Member, src: Addr, local: Addr, now: float) -> None:
-        """`m` joined `s` from `src` (whose cookie it showed)."""
+        """`m` joined `s` from `src` (whose cookie it showed); RendezvousBusy when the table has no room for it."""
+        self._grow(s, MEMBER_BYTES + announcement_bytes(m.announcement))
+        self._resize(s, MEMBER_BYTES + announcement_bytes(m.announcement))
         s.members[m.member_id] = m
         self._check_at(now + self.limits.member_timeout_s, s, m)
-        if len(s.join_addrs) < 2:  # a second address makes it a session in use, never dropped for room
+        if len(s.join_addrs) < 2:  # a second address: it no longer expires unjoined
             s.join_addrs.add(src)
             if len(s.join_addrs) == 2:
                 self._unjoined.pop(s.session_id, None)
+        if len(s.join_sites) < 2:  # a second site makes it a session in use, never dropped for room
+            s.join_sites.add(site_key(src[0]))
+            if len(s.join_sites) == 2:
+                self._one_site.pop(s.session_id, None)
         self.place(s, m, src, local, now)
+
+    def announce(self, s: Session, m: Member, ann: str, now: float) -> None:
+        """`m`'s announcement is `ann` now; RendezvousBusy when the table has no room for it."""
+        self._grow(s, announcement_bytes(ann) - announcement_bytes(m.announcement))
+        if m.announcement is not None:
+            self._resize(s, -announcement_bytes(m.announcement))
+        m.announcement, m.last_seen = ann, now
+        self._resize(s, announcement_bytes(ann))
+        self.touch(s, now)
 
     def place(self, s: Session, m: Member, src: Addr, local: Addr, now: float) -> None:
         """Make src the member's relay address: one address, one membership, the newest wins."""
@@ -83,10 +110,11 @@ class SessionTable:
         self.touch(s, now)
 
     def touch(self, s: Session, now: float) -> None:
-        """Something happened in `s` (the idlest session waiting for a second address goes first)."""
+        """Something happened in `s` (the idlest session not in use goes first)."""
         s.last_active = now
-        if s.session_id in self._unjoined:
-            self._unjoined.move_to_end(s.session_id)
+        for idlest in (self._unjoined, self._one_site):
+            if s.session_id in idlest:
+                idlest.move_to_end(s.session_id)
 
     def remove(self, sid: str, mid: bytes) -> None:
         """Member `mid` leaves session `sid`."""
@@ -94,8 +122,10 @@ class SessionTable:
         if s is None:
             return
         m = s.members.pop(mid, None)
-        if m is not None and self.by_addr.get(m.addr) == (sid, mid):
-            del self.by_addr[m.addr]
+        if m is not None:
+            self._resize(s, -MEMBER_BYTES - announcement_bytes(m.announcement))
+            if self.by_addr.get(m.addr) == (sid, mid):
+                del self.by_addr[m.addr]
         if not s.members:  # it may be idle from now on
             self._check_at(self._session_due(s)[0], s)
 
@@ -107,10 +137,39 @@ class SessionTable:
             if self.by_addr.get(m.addr) == (sid, mid):
                 del self.by_addr[m.addr]
         self._unjoined.pop(sid, None)
+        self._one_site.pop(sid, None)
         self._session_entry.pop(sid, None)
-        self._per_net[s.owner] -= 1
-        if self._per_net[s.owner] <= 0:
-            del self._per_net[s.owner]
+        self.size -= s.size
+        for counter, key, n in ((self._per_net, s.owner, 1), (self._per_block, s.block, 1),
+                                (self._block_size, s.block, s.size)):
+            counter[key] -= n
+            if counter[key] <= 0:
+                del counter[key]
+
+    def _grow(self, s: Session, more: int) -> None:
+        """Room for `s` to hold `more` bytes (none needed when it holds less): RendezvousBusy when its block has
+        its share, or the table is full of sessions in use; sessions not in use may be dropped for it."""
+        if more <= 0:
+            return
+        if self._block_size[s.block] + more > self.limits.max_block_bytes:
+            raise RendezvousBusy("the sessions of this block of networks hold too much; try later", "full")
+        self._make_room(more, keep=s.session_id)
+
+    def _make_room(self, more: int, sessions: int = 0, keep: str | None = None) -> None:
+        """Drop sessions not in use (never `keep`), idlest first, until `sessions` more sessions and `more` bytes
+        fit; RendezvousBusy when they cannot."""
+        lim = self.limits
+        while len(self.sessions) + sessions > lim.max_sessions or self.size + more > lim.max_table_bytes:
+            victim = next((sid for idlest in (self._unjoined, self._one_site) for sid in idlest if sid != keep), None)
+            if victim is None:
+                raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
+            self.drop(victim)
+            log.info("session %s dropped for room (full; no second site had joined it)", victim)
+
+    def _resize(self, s: Session, by: int) -> None:
+        s.size += by
+        self.size += by
+        self._block_size[s.block] += by
 
     def _check_at(self, when: float, s: Session, m: Member | None = None) -> None:
         n = next(self._seq)

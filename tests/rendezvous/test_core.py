@@ -102,16 +102,16 @@ def test_bounds_sessions_members_and_rate() -> None:
         assert r["ok"]
         sids.append(r["session"])
     assert join(c, sids[0], b"1" * 8, ("10.0.0.1", 1))["ok"]
-    assert join(c, sids[0], b"2" * 8, ("10.0.0.1", 2))["ok"]  # a second address: sids[0] is in use
+    assert join(c, sids[0], b"2" * 8, ("10.0.9.1", 2))["ok"]  # a second site (another /24): sids[0] is in use
     r = join(c, sids[0], b"3" * 8, ("10.0.0.1", 3))
     assert r["ok"] is False and r["code"] == "full" and "session is full" in r["error"]
     assert join(c, sids[2], b"1" * 8, ("10.0.0.2", 1), now=1.0)["ok"]  # sids[2] waits, but was active later
     # full: the idlest session no second address joined (sids[1]) makes room for a new one
     r = ask(c, create_body(), now=2.0, rid=20)
     assert r["ok"] and sorted(c.sessions) == sorted([sids[0], sids[2], r["session"]])
-    # every session in use (joined from two addresses): then a create is refused
+    # every session in use (joined from two sites): then a create is refused
     for i, (sid, mid) in enumerate([(sids[2], b"2"), (r["session"], b"1"), (r["session"], b"2")]):
-        assert join(c, sid, mid * 8, ("10.0.1.1", 10 + i), now=3.0, rid=30 + i)["ok"]
+        assert join(c, sid, mid * 8, (f"10.0.{1 + i}.1", 10 + i), now=3.0, rid=30 + i)["ok"]
     r = ask(c, create_body(OTHER_SECRET), now=4.0, rid=40)
     assert r["ok"] is False and r["code"] == "full" and len(c.sessions) == 3
     # join rate per source address
