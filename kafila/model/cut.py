@@ -13,7 +13,7 @@ metadata is sliced, leading-block counts shifted, the sliding-window pattern wri
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -30,6 +30,7 @@ from kafila.model.arch import (
     require_supported,
 )
 from kafila.model.describe import BLOCK_TENSOR, ModelInfo, describe_file
+from kafila.model.gguf_file import TensorInfo
 from kafila.model.gguf_set import GGUFSet
 
 Progress = Callable[[int, int], None]  # (bytes written, total bytes)
@@ -124,6 +125,21 @@ def _copy_metadata(gf: GGUFSet, writer: gguf.GGUFWriter, info: ModelInfo, spec: 
         writer.add_uint32(f"{arch}.vocab_size", STUB_VOCAB)
 
 
+def reads_source(name: str, spec: StageSpec) -> bool:
+    """Whether cutting `spec` reads this source tensor's bytes: its own blocks', and every global tensor's but
+    token_embd's and output's on a body stage (stubbed or left out). A model arriving chunk by chunk needs only
+    these (and the header) before its stage can be cut."""
+    m = BLOCK_TENSOR.match(name)
+    if m:
+        return spec.start <= int(m.group(1)) < spec.end
+    return spec.head or name not in ("token_embd.weight", "output.weight")
+
+
+def source_ranges(tensors: Iterable[TensorInfo], spec: StageSpec) -> list[tuple[int, int]]:
+    """[start, end) byte ranges of the source file that cutting `spec` reads besides its header."""
+    return [(t.offset, t.offset + t.n_bytes) for t in tensors if reads_source(t.name, spec)]
+
+
 def _stage_tensors(
     gf: GGUFSet, spec: StageSpec, info: ModelInfo
 ) -> list[tuple[str, np.ndarray, gguf.GGMLQuantizationType]]:
@@ -132,18 +148,14 @@ def _stage_tensors(
     stub_output = require_supported(info.arch).body_needs_output and not spec.head
     out = []
     for t in gf.tensors.values():
+        if not reads_source(t.name, spec):  # only what reads_source names is read: see source_ranges
+            if t.name == "token_embd.weight" or (t.name == "output.weight" and stub_output):
+                stub = np.zeros((STUB_VOCAB, n_embd), np.float32).view(np.uint8)
+                out.append((t.name, stub, gguf.GGMLQuantizationType.F32))
+            continue  # another stage's block; a body stage's output head
         m = BLOCK_TENSOR.match(t.name)
-        if m:
-            i = int(m.group(1))
-            if spec.start <= i < spec.end:
-                out.append((f"blk.{i - spec.start}.{m.group(2)}", gf.tensor_bytes(t), t.type))
-        elif (t.name == "token_embd.weight" and not spec.head) or (t.name == "output.weight" and stub_output):
-            stub = np.zeros((STUB_VOCAB, n_embd), np.float32).view(np.uint8)
-            out.append((t.name, stub, gguf.GGMLQuantizationType.F32))
-        elif t.name == "output.weight" and not spec.head:
-            continue  # a body stage has no output head
-        else:  # output_norm and global tensors such as rope_freqs
-            out.append((t.name, gf.tensor_bytes(t), t.type))
+        name = f"blk.{int(m.group(1)) - spec.start}.{m.group(2)}" if m else t.name  # output_norm, rope_freqs, ...
+        out.append((name, gf.tensor_bytes(t), t.type))
     return out
 
 

@@ -73,14 +73,25 @@ class TensorInfo:
         return (*reversed(self.ne[1:]), self.ne[0] // block * size)
 
 
+class HeaderIncomplete(ModelError):
+    """The bytes given are the start of a longer file and end inside its GGUF header: more of them are needed."""
+
+
 class _Cursor:
-    def __init__(self, buf: mmap.mmap, name: str) -> None:
+    def __init__(self, buf: mmap.mmap | bytes, name: str, size: int) -> None:
         self.buf, self.pos, self.name = buf, 0, name
+        self.partial = len(buf) < size  # `buf` is only the file's first bytes (GGUFFile.from_prefix)
+
+    def past_end(self, message: str) -> ModelError:
+        """The error for a read past `buf`: the file's own damage, or (a prefix) a need for more of its start."""
+        if self.partial:
+            return HeaderIncomplete(f"{self.name}: its first {len(self.buf)} bytes end inside the GGUF header")
+        return ModelError(message)
 
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise ModelError(f"{self.name} is truncated: the GGUF header ends early at byte {self.pos}")
+            raise self.past_end(f"{self.name} is truncated: the GGUF header ends early at byte {self.pos}")
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
@@ -88,7 +99,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.unpack("<Q")
         if self.pos + n > len(self.buf):
-            raise ModelError(f"{self.name} is truncated: a string at byte {self.pos} runs past the end")
+            raise self.past_end(f"{self.name} is truncated: a string at byte {self.pos} runs past the end")
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
         return raw.decode("utf-8", "replace")
@@ -106,14 +117,14 @@ class _Cursor:
         left = len(self.buf) - self.pos
         if sub == GGUFValueType.STRING:
             if n * 8 > left:  # every string takes at least its 8-byte length
-                raise ModelError(f"{self.name} is corrupt: an array at byte {self.pos} claims {n} strings")
+                raise self.past_end(f"{self.name} is corrupt: an array at byte {self.pos} claims {n} strings")
             return GGUFValueType.STRING, [self.string() for _ in range(n)]
         if sub not in _SCALARS:
             what = "arrays of arrays are not supported" if sub == GGUFValueType.ARRAY else f"unknown element type {sub}"
             raise ModelError(f"{self.name} is corrupt: an array at byte {self.pos} has {what}")
         dtype = np.dtype(_SCALARS[sub].replace("?", "B"))  # bools as bytes: numpy's bool must be exactly 0 or 1
         if n * dtype.itemsize > left:
-            raise ModelError(f"{self.name} is truncated: an array at byte {self.pos} runs past the end")
+            raise self.past_end(f"{self.name} is truncated: an array at byte {self.pos} runs past the end")
         items = np.frombuffer(self.buf, dtype, n, self.pos)
         items = items != 0 if sub == GGUFValueType.BOOL else items.copy()  # a copy: the map may be closed
         items.flags.writeable = False
@@ -174,15 +185,28 @@ class GGUFFile(Metadata):
             with self.path.open("rb") as f:
                 if f.read(4) != GGUF_MAGIC:
                     raise ModelError(f"{self.path.name} is not a GGUF file (it does not start with 'GGUF')")
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self._map: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
             raise ModelError(f"cannot read the model file {self.path}: {exc.strerror or exc}") from None
+        self._size = len(self._map)
         self.fields: dict[str, Field] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._parse()
 
+    @classmethod
+    def from_prefix(cls, name: str, prefix: bytes, size: int) -> GGUFFile:
+        """The header of a `size`-byte GGUF parsed from its first bytes alone (a model arriving chunk by chunk);
+        HeaderIncomplete when they end inside the header. Its tensor bytes are not readable."""
+        if not prefix.startswith(GGUF_MAGIC):
+            raise ModelError(f"{name} is not a GGUF file (it does not start with 'GGUF')")
+        self = cls.__new__(cls)
+        self.path, self._map, self._size = Path(name), prefix, size
+        self.fields, self.tensors = {}, {}
+        self._parse()
+        return self
+
     def _parse(self) -> None:
-        cur = _Cursor(self._map, self.path.name)
+        cur = _Cursor(self._map, self.path.name, self._size)
         cur.pos = 4
         self.version = cur.unpack("<I")
         if self.version not in (2, 3):
@@ -236,10 +260,10 @@ class GGUFFile(Metadata):
             raise ModelError(f"{self.path.name} is corrupt: tensor {name}'s offset {rel} is not a multiple of {align}")
         n_bytes = math.prod(ne) // block * type_size  # Python integers: a huge shape cannot wrap to a small size
         start = self.data_start + rel
-        if start + n_bytes > len(self._map):
+        if start + n_bytes > self._size:
             raise ModelError(
                 f"{self.path.name} is truncated: tensor {name} ends at byte {start + n_bytes} "
-                f"but the file has {len(self._map)} bytes"
+                f"but the file has {self._size} bytes"
             )
         return TensorInfo(name, ne, qtype, start, n_bytes)
 

@@ -242,3 +242,22 @@ def test_kafila_inspect_reports_a_zero_head_count_in_one_line(tmp_path: Path) ->
     out = run_kafila("inspect", str(crafted(tmp_path / "bad.gguf", kvs, LAYERS)), timeout=120)
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out  # was a ZeroDivisionError's traceback
     assert out.stderr.startswith("kafila: error: bad.gguf: GGUF metadata key 'llama.attention.head_count'")
+
+
+def test_a_header_parses_from_the_files_start_alone(smollm: Path) -> None:
+    """A model arriving chunk by chunk: its header is read from its first bytes; too few ask for more."""
+    from kafila.model.gguf_file import HeaderIncomplete
+
+    whole = GGUFFile(smollm)
+    size = smollm.stat().st_size
+    with smollm.open("rb") as f:
+        start = f.read(whole.data_start)
+    header = GGUFFile.from_prefix("m", start, size)
+    assert header.tensors == whole.tensors and header.data_start == whole.data_start
+    assert header.get("tokenizer.ggml.tokens") == whole.get("tokenizer.ggml.tokens")
+    with pytest.raises(HeaderIncomplete, match="its first 1048576 bytes end inside the GGUF header"):
+        GGUFFile.from_prefix("m", start[: 1 << 20], size)
+    # the whole file, cut short: damage, not a need for more
+    with pytest.raises(ModelError, match=r"truncated|corrupt") as damaged:
+        GGUFFile.from_prefix("m", start[: 1 << 20], 1 << 20)
+    assert not isinstance(damaged.value, HeaderIncomplete)

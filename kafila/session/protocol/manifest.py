@@ -36,20 +36,26 @@ class StageManifest:
     @classmethod
     def from_dict(cls, d: Any) -> StageManifest:
         """A manifest from its wire form; ProtocolError naming the field for anything a member must not trust."""
-        if not isinstance(d, dict):
-            raise ProtocolError("stage manifest is malformed: not an object")
-        sha256, size, chunk_size, chunks = (d.get(k) for k in ("sha256", "size", "chunk_size", "chunks"))
-        # The hash becomes a file name in the cache: only 64 lowercase hex digits can never name a path elsewhere.
-        if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
-            raise ProtocolError("stage manifest is malformed: sha256 must be 64 lowercase hex digits")
-        if not _is_int(chunk_size) or chunk_size != CHUNK_SIZE:
-            raise ProtocolError(f"stage manifest is malformed: chunk_size must be {CHUNK_SIZE}, got {chunk_size!r}")
-        # The receiver reserves `size` bytes on disk before the first chunk arrives: bound it.
-        if not _is_int(size) or not 0 < size <= MAX_STAGE_BYTES:
-            raise ProtocolError(f"stage manifest is malformed: size must be 1..{MAX_STAGE_BYTES} bytes")
-        expected = -(-size // CHUNK_SIZE)
-        if not isinstance(chunks, list) or len(chunks) != expected:
-            raise ProtocolError(f"stage manifest is inconsistent: {size} bytes need {expected} chunk hashes")
-        if not all(isinstance(c, str) and _SHA256_HEX.fullmatch(c) for c in chunks):
-            raise ProtocolError("stage manifest is malformed: every chunk hash must be 64 lowercase hex digits")
-        return cls(sha256, size, chunk_size, tuple(chunks))
+        return cls(*hashed_file_fields(d, "stage manifest", MAX_STAGE_BYTES))
+
+
+def hashed_file_fields(d: Any, what: str, max_bytes: int) -> tuple[str, int, int, tuple[str, ...]]:
+    """(sha256, size, chunk_size, chunk hashes) of a file's manifest in wire form, each checked; ProtocolError
+    naming `what` and the field otherwise (a stage's manifest and the whole model's share this form)."""
+    if not isinstance(d, dict):
+        raise ProtocolError(f"{what} is malformed: not an object")
+    sha256, size, chunk_size, chunks = (d.get(k) for k in ("sha256", "size", "chunk_size", "chunks"))
+    # The hash becomes a file name in the cache: only 64 lowercase hex digits can never name a path elsewhere.
+    if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
+        raise ProtocolError(f"{what} is malformed: sha256 must be 64 lowercase hex digits")
+    if not _is_int(chunk_size) or chunk_size != CHUNK_SIZE:
+        raise ProtocolError(f"{what} is malformed: chunk_size must be {CHUNK_SIZE}, got {chunk_size!r}")
+    # The receiver reserves `size` bytes on disk before the first chunk arrives: bound it.
+    if not _is_int(size) or not 0 < size <= max_bytes:
+        raise ProtocolError(f"{what} is malformed: size must be 1..{max_bytes} bytes")
+    expected = -(-size // CHUNK_SIZE)
+    if not isinstance(chunks, list) or len(chunks) != expected:
+        raise ProtocolError(f"{what} is inconsistent: {size} bytes need {expected} chunk hashes")
+    if not all(isinstance(c, str) and _SHA256_HEX.fullmatch(c) for c in chunks):
+        raise ProtocolError(f"{what} is malformed: every chunk hash must be 64 lowercase hex digits")
+    return sha256, size, chunk_size, tuple(chunks)
