@@ -25,6 +25,7 @@ from kafila.net.late_acks import LateAcks
 from kafila.net.members import MemberList, fetch_members, merge_peers
 from kafila.net.punch import PunchConfig
 from kafila.net.quic import Identity, Link, LinkOwner, PinnedQuicConnection
+from kafila.net.rate import LinkRate
 from kafila.net.rdvclient import RendezvousClient
 from kafila.net.ring import EdgeReport, RingEdges, open_ring, verify_edge
 from kafila.net.trust import Announcement, JoinCode, VerifiedMember, now_wall, open_announcement
@@ -54,11 +55,13 @@ class PeerEndpoint(LinkOwner):
         clock: Callable[[], float] | None = None,
         on_rendezvous: Callable[[str | None], None] | None = None,
         link_delay_s: float = 0.0,
+        link_rate: LinkRate | None = None,
     ) -> None:
         """`on_rendezvous` hears why the rendezvous is unreachable when it is lost, and None when it is back;
-        `link_delay_s` (EMULATION) holds every datagram sent that long, as a link to a far member would."""
+        `link_delay_s` (EMULATION) holds every datagram sent that long, as a link to a far member would;
+        `link_rate` (EMULATION) caps what this endpoint sends and receives, as a home connection would."""
         self.bind, self.name = bind, name
-        self.link_delay_s = link_delay_s
+        self.link_delay_s, self.link_rate = link_delay_s, link_rate
         self.identity = identity or Identity(name)
         self.member_id = secrets.token_bytes(wire.ID_LEN)
         self.allow_direct = allow_direct
@@ -115,7 +118,9 @@ class PeerEndpoint(LinkOwner):
     async def __aenter__(self) -> PeerEndpoint:
         loop = asyncio.get_running_loop()
         try:
-            self._socket = UdpSocket(loop, self.bind, self._on_batch, self.link_delay_s)
+            rate = self.link_rate
+            self._socket = UdpSocket(loop, self.bind, self._on_batch, self.link_delay_s,
+                                     rate.uplink() if rate else None, rate.downlink() if rate else None)
         except OSError as exc:
             raise NetworkError(f"cannot bind UDP {self.bind[0]}:{self.bind[1]}: {exc}") from None
         self.local_addr = self._socket.local_addr

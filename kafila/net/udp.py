@@ -16,6 +16,8 @@ import sys
 from collections import deque
 from collections.abc import Callable
 
+from kafila.net.rate import RateQueue
+
 log = logging.getLogger("kafila.net")
 
 Addr = tuple[str, int]
@@ -72,15 +74,22 @@ class UdpSocket:
 
     `delay_s` (EMULATION): every datagram leaves that much later, in the order it was sent, as over a link to a
     far member (this kernel has no netem); the peers' QUIC then measures the round trip a WAN would have.
+    `send_rate` and `receive_rate` (EMULATION, `--link-rate`): the uplink and downlink of a home connection,
+    each a net.rate.RateQueue that datagrams wait in (or are dropped by, when it is full) before they leave
+    or are handed over.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, bind: Addr,
-                 on_batch: Callable[[list[tuple[bytes, Addr]]], None], delay_s: float = 0.0) -> None:
+                 on_batch: Callable[[list[tuple[bytes, Addr]]], None], delay_s: float = 0.0,
+                 send_rate: RateQueue | None = None, receive_rate: RateQueue | None = None) -> None:
         self._loop = loop
         self._on_batch = on_batch
         self.delay_s = delay_s
+        self.send_rate, self.receive_rate = send_rate, receive_rate
         self._held: deque[tuple[float, bytes, Addr]] = deque()  # (when it leaves, datagram, to)
         self._release: asyncio.TimerHandle | None = None
+        self._inbox: deque[tuple[float, bytes, Addr]] = deque()  # (when it is handed over, datagram, from)
+        self._deliver: asyncio.TimerHandle | None = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setblocking(False)
@@ -106,7 +115,37 @@ class UdpSocket:
                 log.debug("socket error: %s", exc)
                 continue
             batch.append((data, (addr[0], addr[1])))
+        if self.receive_rate is not None:
+            batch = self._through_downlink(batch)
         if batch:
+            self._on_batch(batch)
+
+    def _through_downlink(self, batch: list[tuple[bytes, Addr]]) -> list[tuple[bytes, Addr]]:
+        """EMULATION: the datagrams the emulated downlink hands over now; the rest wait in `_inbox` or drop."""
+        assert self.receive_rate is not None
+        now, ready = self._loop.time(), []
+        for data, addr in batch:
+            at = self.receive_rate.depart(len(data), now)
+            if at is None:
+                continue  # the downlink's queue is full: dropped, as a router drops
+            if at <= now and not self._inbox:
+                ready.append((data, addr))
+            else:
+                self._inbox.append((at, data, addr))
+        if self._inbox and self._deliver is None:
+            self._deliver = self._loop.call_at(self._inbox[0][0], self._hand_over)
+        return ready
+
+    def _hand_over(self) -> None:
+        self._deliver = None
+        until = max(self._inbox[0][0], self._loop.time())
+        batch = []
+        while self._inbox and self._inbox[0][0] <= until:
+            _, data, addr = self._inbox.popleft()
+            batch.append((data, addr))
+        if self._inbox:
+            self._deliver = self._loop.call_at(self._inbox[0][0], self._hand_over)
+        if batch and not self.closed:
             self._on_batch(batch)
 
     def sendto(self, data: bytes, addr: Addr) -> None:
@@ -114,8 +153,16 @@ class UdpSocket:
         retransmits)."""
         if self.closed:
             return
-        if self.delay_s > 0:
-            self._held.append((self._loop.time() + self.delay_s, data, addr))
+        now = self._loop.time()
+        leave = now
+        if self.send_rate is not None:  # EMULATION: the uplink
+            at = self.send_rate.depart(len(data), now)
+            if at is None:
+                return  # its queue is full: dropped, as a router drops
+            leave = at
+        leave += self.delay_s
+        if leave > now or self._held:  # in the order sent: departures only grow (RateQueue), the delay is fixed
+            self._held.append((leave, data, addr))
             if self._release is None:
                 self._release = self._loop.call_at(self._held[0][0], self._send_held)
             return
@@ -142,8 +189,10 @@ class UdpSocket:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self._release is not None:
-                self._release.cancel()
+            for timer in (self._release, self._deliver):
+                if timer is not None:
+                    timer.cancel()
             self._held.clear()
+            self._inbox.clear()
             self._loop.remove_reader(self.sock.fileno())
             self.sock.close()
