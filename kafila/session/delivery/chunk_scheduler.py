@@ -130,10 +130,13 @@ class ChunkScheduler:
         for other in self.sources.values():  # a copy asked elsewhere after a stall is no longer needed
             other.outstanding.pop(chunk, None)
 
-    def refused(self, name: str, chunk: int) -> None:
-        """`name` sent a chunk that failed its hash: it is dropped, its outstanding chunks asked elsewhere."""
+    def refused(self, name: str, chunk: int, why: str = "") -> None:
+        """`name` sent a chunk that failed its hash (or serves another file, `why`): it is dropped, its outstanding
+        chunks asked elsewhere."""
         source = self.sources[name]
-        source.dropped = f"chunk {chunk} from {name} failed its sha256"
+        if source.dropped is not None:
+            return  # a request still in flight when it was dropped
+        source.dropped = why or f"chunk {chunk} from {name} failed its sha256"
         source.outstanding.clear()
         self.log.append(f"dropped {name} for the rest of the session: {source.dropped}")
 

@@ -27,6 +27,7 @@ class Behaviour:
     stalls: int = 0  # the next `stalls` responses send `stall_after` bytes, then nothing
     stall_after: int = 0
     no_range: bool = False  # answer every request 200 with the whole file
+    pace_s: float = 0.0  # each response waits this long before its first byte
     asked: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of every Range asked
 
 
@@ -52,6 +53,7 @@ async def range_server(behaviour: Behaviour) -> AsyncIterator[RangeServer]:
             return web.FileResponse(b.serve) if not b.no_range else web.Response(body=b.serve.read_bytes())
         start, end = int(m.group(1)), min(int(m.group(2)) + 1, size)
         b.asked.append((start, end))
+        await asyncio.sleep(b.pace_s)
         with b.serve.open("rb") as f:
             f.seek(start)
             data = f.read(end - start)
