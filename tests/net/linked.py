@@ -9,16 +9,19 @@ from typing import Any
 
 from kafila.net.endpoint import PeerEndpoint
 from kafila.net.quic import Link
+from kafila.net.rate import LinkRate
 from tests.rendezvous.inprocess import loopback_rendezvous
 
 
 @asynccontextmanager
-async def linked(allow_direct: bool = True, announce: dict[str, Any] | None = None
+async def linked(allow_direct: bool = True, announce: dict[str, Any] | None = None,
+                 host_rate: LinkRate | None = None, member_rate: LinkRate | None = None
                  ) -> AsyncIterator[tuple[PeerEndpoint, PeerEndpoint, Link, Link]]:
-    """(host endpoint, member endpoint, the host's link to the member, the member's end of it)."""
+    """(host endpoint, member endpoint, the host's link to the member, the member's end of it); `*_rate`:
+    EMULATION of each side's uplink and downlink (`--link-rate`)."""
     async with loopback_rendezvous() as rdv, \
-            PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct) as a, \
-            PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct) as b:
+            PeerEndpoint(bind=("127.0.0.1", 0), name="host", allow_direct=allow_direct, link_rate=host_rate) as a, \
+            PeerEndpoint(bind=("127.0.0.1", 0), name="member", allow_direct=allow_direct, link_rate=member_rate) as b:
         await asyncio.gather(a.probe_nat(rdv), b.probe_nat(rdv))
         code = await a.create_session(rdv)
         await b.join_session(rdv, str(code))
