@@ -130,12 +130,16 @@ class ChunkStore:
             f.seek(start)
             return f.read(end - start)
 
-    def prefix(self) -> bytes:
-        """The file's verified start: every byte up to its first chunk not held."""
+    def prefix_chunks(self) -> int:
+        """How many chunks from the file's start are all held."""
         n = 0
         while n < self.manifest.n_chunks and self.holds(n):
             n += 1
-        return self.read_range(0, min(n * self.manifest.chunk_size, self.manifest.size))
+        return n
+
+    def prefix(self, limit: int) -> bytes:
+        """The file's verified start, at most `limit` bytes: every byte up to its first chunk not held."""
+        return self.read_range(0, min(self.prefix_chunks() * self.manifest.chunk_size, self.manifest.size, limit))
 
     def finish(self) -> Path:
         """Check the whole file against the manifest's sha256 and move it into place as `<sha256>.gguf`."""

@@ -21,14 +21,21 @@ from kafila.session.protocol.model_manifest import ModelManifest
 
 
 def read_header(store: ChunkStore) -> GGUFFile | None:
-    """The model's GGUF header from the store's verified start; None while it ends inside the header."""
-    prefix = store.prefix()
-    if not prefix:
-        return None
-    try:
-        return GGUFFile.from_prefix(f"model {store.manifest.sha256[:12]}", prefix, store.manifest.size)
-    except HeaderIncomplete:
-        return None
+    """The model's GGUF header from the store's verified start; None while it ends inside the header.
+
+    It is parsed from a chunk of the start, then twice as much each time that ends inside it, so memory holds
+    about the header, never the whole verified file."""
+    size = store.manifest.chunk_size
+    while True:
+        prefix = store.prefix(size)
+        if not prefix:
+            return None
+        try:
+            return GGUFFile.from_prefix(f"model {store.manifest.sha256[:12]}", prefix, store.manifest.size)
+        except HeaderIncomplete:
+            if len(prefix) < size:
+                return None  # the verified start ends inside the header: more chunks are needed
+            size *= 2
 
 
 def header_wanted(store: ChunkStore) -> list[int]:
@@ -36,7 +43,7 @@ def header_wanted(store: ChunkStore) -> list[int]:
     alone at first); empty once the header parses."""
     if read_header(store) is not None:
         return []
-    n = len(store.prefix()) // store.manifest.chunk_size if store.holds(0) else 0
+    n = store.prefix_chunks()
     return store.missing(range(n, min(max(2 * n, 1), store.manifest.n_chunks)))
 
 

@@ -63,7 +63,8 @@ def test_an_unverified_read_is_an_error_never_zeros(model: Path, tmp_path: Path)
         store.read_range(manifest.chunk_size - 5, manifest.chunk_size + 5)
     with pytest.raises(UnverifiedRead):
         store.read(2)
-    assert store.prefix() == chunk_of(model, manifest, 0)
+    assert store.prefix(10**9) == chunk_of(model, manifest, 0) and store.prefix(7) == chunk_of(model, manifest, 0)[:7]
+    assert store.prefix_chunks() == 1
 
 
 def test_resume_after_a_restart_keeps_only_chunks_that_still_verify(model: Path, tmp_path: Path) -> None:
