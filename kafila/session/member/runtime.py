@@ -129,6 +129,8 @@ class MemberRuntime:
         """Receive (or cut) and load this member's stage of `assign`: the worker the ring will serve with."""
         self.follower.assignment = self.ring.assigned = assign
         self.ring.worker = await self.stages.setup(assign, self.control, self._pending)
+        if self.ring.worker is not None:
+            await self.ring.prepare()
 
     # -- the coordinator gone (takeover.py) ------------------------------------------------------------
     async def _without_coordinator(self, reason: str) -> int | None:

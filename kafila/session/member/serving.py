@@ -65,10 +65,28 @@ class RingService:
         self.ended: str | None = None  # why the session cannot go on, as a ring neighbour said it
         self.task: asyncio.Task[None] | None = None
         self.up = asyncio.Event()  # serve() has made this epoch's head or forwarder
+        # read from the loaded stage file by prepare(): the context /v1/models reports; as the head, the chat
+        # template and the embeddings
+        self.context: ModelContext | None = None
+        self.template: str | None = None
+        self.embedder: Embedder | None = None
 
     @property
     def serving(self) -> bool:
         return self.task is not None and not self.task.done()
+
+    async def prepare(self) -> None:
+        """Read what serving needs from the loaded stage file, on worker threads, before the ring is admitted: a
+        parse takes ~0.4 s of a loaded machine, which on the loop would hold the links' packets (past their idle
+        timeout a neighbour is lost), and after the admission would leave a first request finding no ring."""
+        assert self.worker is not None
+        path, settings = self.worker.engine.path, self._assigned.settings
+        config = stage_config(self._assigned, self.opts.threads)
+        self.context = await asyncio.to_thread(ModelContext.of, config, path)
+        if self._assigned.head == self.opts.name:
+            self.template = settings.chat_template or await asyncio.to_thread(  # the host's --chat-template first
+                lambda: GGUFFile(path).get("tokenizer.chat_template"))
+            self.embedder = await asyncio.to_thread(Embedder, path)
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
         self.up.clear()
@@ -116,23 +134,17 @@ class RingService:
                 if self.edges.prev is not None:
                     self.edges.prev.ack_every_second()
                     tg.create_task(pump(self.edges.prev, inbox, RingView(tuple(order), me=self.opts.name)))
-                # a stage file's metadata is read on worker threads: a parse takes ~0.4 s of a loaded machine, and
-                # the links' packets wait on this loop meanwhile (past their idle timeout, a neighbour is lost)
-                path = self.worker.engine.path
-                context = await asyncio.to_thread(ModelContext.of, config, path)
                 if is_head:
-                    template = self._assigned.settings.chat_template or await asyncio.to_thread(
-                        lambda: GGUFFile(path).get("tokenizer.chat_template"))
-                    vocab = Vocab(self.worker.engine.vocab, template)  # the host's --chat-template first
+                    assert self.embedder is not None
+                    vocab = Vocab(self.worker.engine.vocab, self.template)
                     nxt = self.edges.next
                     draft, note = await self._draft_model(vocab, config)
-                    embedder = await asyncio.to_thread(Embedder, path)
-                    self.head = Head(self.worker, embedder, vocab, config, order, self._assigned.stage_seconds,
+                    self.head = Head(self.worker, self.embedder, vocab, config, order, self._assigned.stage_seconds,
                                      nxt.send if nxt is not None else None, inbox, self._trace_writer(),
                                      self._ttft_model(), self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
-                        self.api.context = context
+                        self.api.context = self.context
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
                     tg.create_task(self._report_stats())
@@ -140,7 +152,7 @@ class RingService:
                     assert self.edges.next is not None
                     self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
                     if self.api:
-                        self.api.context = context
+                        self.api.context = self.context
                         self.api.chat = self.forwarder.chat
                     limits = FrameLimits.of(config, self.worker.engine.n_embd)
                     tg.create_task(relay(self.worker, inbox, self.edges.next, limits, self.forwarder.deliver))
@@ -254,4 +266,5 @@ class RingService:
             self.draft.close()
             self.draft = None
         self.head = self.forwarder = None
+        self.context = self.template = self.embedder = None
 
