@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -35,7 +34,7 @@ from kafila.session.options import MemberOptions
 from kafila.session.protocol import messages
 from kafila.session.protocol.authority import RingView, Sender, Via, chat_owner
 from kafila.session.ring.frame_check import FrameLimits
-from kafila.session.ring.head import Head
+from kafila.session.ring.head import Head, trace_writer
 from kafila.session.ring.ring_stats import show_stats
 from kafila.session.ring.speculation import load_draft
 from kafila.session.ring.stage_runtime import StageWorker, pump, relay
@@ -139,9 +138,10 @@ class RingService:
                     vocab = Vocab(self.worker.engine.vocab, self.template)
                     nxt = self.edges.next
                     draft, note = await self._draft_model(vocab, config)
+                    trace = trace_writer(self.opts.trace_path, order)
                     self.head = Head(self.worker, self.embedder, vocab, config, order, self._assigned.stage_seconds,
-                                     nxt.send if nxt is not None else None, inbox, self._trace_writer(),
-                                     self._ttft_model(), self._assigned.settings.speculate, draft)
+                                     nxt.send if nxt is not None else None, inbox, trace, self._ttft_model(),
+                                     self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
                         self.api.context = self.context
@@ -203,19 +203,6 @@ class RingService:
             self.forwarder.fail_all(reason, lost=lost, resumable=resumable)
         if self.api:
             self.api.chat = None
-
-    def _trace_writer(self) -> Callable[[dict[str, Any]], None] | None:
-        """Appends the head's batches as JSON lines to opts.trace_path (tests replay them on one context)."""
-        path = self.opts.trace_path
-        if path is None:
-            return None
-
-        def write(entry: dict[str, Any]) -> None:
-            with open(path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-
-        write({"ring": list(self._assigned.order)})  # a new ring (a re-plan's too): every stage's cache is empty
-        return write
 
     async def _draft_model(self, vocab: Vocab, config: ContextConfig) -> tuple[DraftModel | None, str | None]:
         """This machine's draft model for the head, and a note when it was asked for and cannot be used."""

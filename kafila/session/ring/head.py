@@ -23,10 +23,12 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -427,3 +429,16 @@ class Head:
         except Exception as exc:
             log.exception("the head failed on one request")
             yield {"error": f"the head failed on this request: {exc}", "status": 500}
+
+
+def trace_writer(path: Path | None, order: list[str]) -> Callable[[dict[str, Any]], None] | None:
+    """Appends the head's batches as JSON lines to `path` (tests replay them on one context); None: no trace."""
+    if path is None:
+        return None
+
+    def write(entry: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    write({"ring": order})  # a new ring (a re-plan's too): every stage's cache is empty
+    return write
