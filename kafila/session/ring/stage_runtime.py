@@ -39,6 +39,9 @@ from kafila.session.ring.frame_check import Cursors, FrameLimits, from_neighbour
 # neither reads nor acknowledges for that long: far below a link's idle timeout (5 s); past ~25 ms a sender
 # may send a probe packet meanwhile, which costs a datagram, not the link.
 BLOCKING_NS = 50_000_000
+# ... but at most this long: a step that overruns it is waited for through the loop. On a machine whose cores
+# were shared eight ways one step took 7 s, and every link of its process timed out while the loop was blocked.
+BLOCK_AT_MOST_S = 0.5
 
 T = TypeVar("T")
 log = logging.getLogger("kafila.member")
@@ -67,7 +70,7 @@ class StageWorker:
         rows = Rows(np.asarray(h.seqs, np.int32), np.asarray(h.positions, np.int32),
                     want if want is not None else np.zeros(h.rows, bool), np.asarray(h.steps) if h.steps else None)
         short = h.phase == Phase.DECODE and self._decode_ns is not None and self._decode_ns < BLOCKING_NS
-        done = self._blocking(frame.rows, rows) if short else None
+        done = await self._blocking(frame.rows, rows) if short else None
         out, spent = done if done is not None else await self._through_loop(self._timed, frame.rows, rows)
         if h.phase == Phase.DECODE:
             self._decode_ns = spent
@@ -93,16 +96,24 @@ class StageWorker:
         self._overslept_s = max(waited / 1e9 - want, 0.0)
         return waited
 
-    def _blocking(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int] | None:
-        """The call on the worker thread, waited for with the loop blocked; None when the worker has calls
-        queued or another stage on this machine holds the cores (the loop must not wait behind them)."""
-        if self._queued or (self.turn is not None and not self.turn.try_take()):
+    async def _blocking(self, embd: np.ndarray, rows: Rows) -> tuple[np.ndarray, int] | None:
+        """The call on the worker thread, waited for with the loop blocked for BLOCK_AT_MOST_S at most, then through
+        the loop; None when the worker has calls queued or another stage on this machine holds the cores (the loop
+        must not wait behind them)."""
+        turn = self.turn
+        if self._queued or (turn is not None and not turn.try_take()):
             return None
+        call = self._executor.submit(self._timed, embd, rows, False)
+        if turn is not None:  # released when the call ends, on whichever thread sees it end
+            call.add_done_callback(lambda _: turn.release())
         try:
-            return self._executor.submit(self._timed, embd, rows, False).result()
-        finally:
-            if self.turn is not None:
-                self.turn.release()
+            return call.result(timeout=BLOCK_AT_MOST_S)
+        except TimeoutError:
+            self._queued += 1
+            try:
+                return await asyncio.wrap_future(call)
+            finally:
+                self._queued -= 1
 
     async def _through_loop(self, fn: Callable[..., T], *args: object) -> T:
         self._queued += 1

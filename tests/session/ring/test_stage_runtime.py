@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
@@ -89,6 +90,42 @@ def test_a_slow_decode_step_and_a_pending_free_go_through_the_loop(
         return out
 
     assert asyncio.run(go()) == [True, False, True, False]
+
+
+def test_a_short_step_that_overruns_is_waited_for_through_the_loop(body: Recording,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine whose cores are shared many ways can stall a step that was short: the loop, blocked on it, would
+    read no link meanwhile (one stalled 7 s, and every link of its process timed out)."""
+    run = body.run
+
+    def stalling(embd: np.ndarray, rows: Rows) -> np.ndarray:
+        time.sleep(0.6)  # as a llama.cpp call whose threads are descheduled would
+        return run(embd, rows)
+
+    async def go() -> list[bool]:
+        worker = StageWorker(body)
+        await worker.run(frame(body, Phase.PREFILL, 0, 8))
+        await worker.run(frame(body, Phase.DECODE, 8))
+        out = [await yielded(worker.run(frame(body, Phase.DECODE, 9)))]  # short: blocking
+        monkeypatch.setattr(body, "run", stalling)
+        monkeypatch.setattr(stage_runtime, "BLOCK_AT_MOST_S", 0.1)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        out.append(await yielded(worker.run(frame(body, Phase.DECODE, 10))))  # overran: through the loop
+        ticking.cancel()
+        out.append(ticks > 10)  # the loop ran all along (0.5 s past the bound)
+        worker.close()
+        return out
+
+    assert asyncio.run(go()) == [False, True, True]
 
 
 def test_a_decode_step_never_blocks_the_loop_behind_another_stages_turn(body: Recording, tmp_path: Path) -> None:
