@@ -368,6 +368,7 @@ class BackToBack:
     def __init__(self, cluster: Cluster, content: str, max_tokens: int, streaming_after: int = 1) -> None:
         self.replies: list[list[tuple[float, Any]]] = []
         self.streaming = threading.Event()
+        self._cluster = cluster
         self._stop = threading.Event()
 
         def decode() -> None:
@@ -389,7 +390,9 @@ class BackToBack:
         """Until `n` more replies have ended than now."""
         target, deadline = len(self.replies) + n, time.monotonic() + timeout
         while len(self.replies) < target and self._worker.is_alive():
-            assert time.monotonic() < deadline, f"fewer than {n} more replies within {timeout:.0f} s"
+            if time.monotonic() >= deadline:  # what each process last said: a ring stuck, or only slow?
+                said = [f"--- {p.name}:\n{p.output[-1500:]}" for p in self._cluster.procs]
+                raise AssertionError("\n".join([f"fewer than {n} more replies within {timeout:.0f} s", *said]))
             time.sleep(0.2)
 
 
