@@ -7,8 +7,9 @@ nothing else until it has. The squatter here is a real HTTP server on loopback t
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +33,20 @@ def own_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert token_dir() == tmp_path / "run" / "kafila"
 
 
+@contextlib.asynccontextmanager
+async def catch_all(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """An HTTP server on a free loopback port whose `handler` answers every request; its URL."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def squatter() -> AsyncIterator[tuple[str, list[str]]]:
     """A server answering every request with 200 and a made-up proof; what it received, as text."""
@@ -41,16 +56,8 @@ async def squatter() -> AsyncIterator[tuple[str, list[str]]]:
         seen.append(f"{request.method} {request.path_qs} {dict(request.headers)} {await request.text()}")
         return web.json_response({"proof": "00" * 32, "data": [{"id": "m"}]})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", anything)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}", seen
-    finally:
-        await runner.cleanup()
+    async with catch_all(anything) as url:
+        yield url, seen
 
 
 def port_of(url: str) -> int:
@@ -126,16 +133,10 @@ async def relay() -> AsyncIterator[tuple[ApiServer, str, list[str]]]:
                 http.request(request.method, real + request.path_qs, headers=headers, data=body) as resp:
             return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        yield server, f"http://127.0.0.1:{runner.addresses[0][1]}", seen
+        async with catch_all(forward) as url:
+            yield server, url, seen
     finally:
-        await runner.cleanup()
         await server.stop()
 
 
