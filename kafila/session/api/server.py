@@ -69,9 +69,8 @@ class ModelContext:
     n_ctx_train: int | None = None
 
     @classmethod
-    def of(cls, config: ContextConfig, stage: Path) -> ModelContext:
-        """The session's context, and the trained one a stage file's metadata keeps."""
-        meta = GGUFFile(stage)
+    def of(cls, config: ContextConfig, meta: GGUFFile) -> ModelContext:
+        """The session's context, and the trained one a stage file's metadata (`meta`) keeps."""
         arch = meta.get("general.architecture")
         trained = meta.get(f"{arch}.context_length") if isinstance(arch, str) else None
         return cls(config.n_ctx_per_seq, config.n_seq_max, trained if isinstance(trained, int) else None)

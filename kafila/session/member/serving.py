@@ -81,10 +81,10 @@ class RingService:
         assert self.worker is not None
         path, settings = self.worker.engine.path, self._assigned.settings
         config = stage_config(self._assigned, self.opts.threads)
-        self.context = await asyncio.to_thread(ModelContext.of, config, path)
+        meta = await asyncio.to_thread(GGUFFile, path)
+        self.context = ModelContext.of(config, meta)
         if self._assigned.head == self.opts.name:
-            self.template = settings.chat_template or await asyncio.to_thread(  # the host's --chat-template first
-                lambda: GGUFFile(path).get("tokenizer.chat_template"))
+            self.template = settings.chat_template or meta.get("tokenizer.chat_template")  # the host's option first
             self.embedder = await asyncio.to_thread(Embedder, path)
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
@@ -133,6 +133,8 @@ class RingService:
                 if self.edges.prev is not None:
                     self.edges.prev.ack_every_second()
                     tg.create_task(pump(self.edges.prev, inbox, RingView(tuple(order), me=self.opts.name)))
+                if self.api:
+                    self.api.context = self.context
                 if is_head:
                     assert self.embedder is not None
                     vocab = Vocab(self.worker.engine.vocab, self.template)
@@ -144,7 +146,6 @@ class RingService:
                                      self._assigned.settings.speculate, draft)
                     self.head.speculator.model_note = note
                     if self.api:
-                        self.api.context = self.context
                         self.api.chat = self.head.chat
                     tg.create_task(self.head.run())
                     tg.create_task(self._report_stats())
@@ -152,7 +153,6 @@ class RingService:
                     assert self.edges.next is not None
                     self.forwarder = Forwarder(self.opts.name, self.edges.next.send)
                     if self.api:
-                        self.api.context = self.context
                         self.api.chat = self.forwarder.chat
                     limits = FrameLimits.of(config, self.worker.engine.n_embd)
                     tg.create_task(relay(self.worker, inbox, self.edges.next, limits, self.forwarder.deliver))
