@@ -139,7 +139,9 @@ def test_streaming_api(ring: Cluster, llama_cpp_replies: dict[str, str]) -> None
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
     assert all("choices" in c for c in chunks), chunks
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    # a chunk without choices is a prompt's prefill progress (a chunked prefill), never a cut reply's notice
+    assert all("progress" in c["kafila"] for c in chunks if not c["choices"]), chunks
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text and chunks[-1]["kafila"]["completion_tokens"] == 8
     assert llama_cpp_replies[PROMPTS[2]].startswith(text)  # greedy: the first 8 tokens of llama.cpp's reply
 

@@ -128,7 +128,8 @@ class HostRuntime:
         """Each input in turn, and its effects in order; an error in either ends the session with it."""
         assert self._done is not None
         try:
-            while True:
+            # once the session's end is decided, later inputs (a rejected member's link closing) must not rewrite it
+            while not self._done.done():
                 call = await self._inputs.get()
                 for effect in call():
                     await self._apply(effect)
