@@ -48,6 +48,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     draft_arg(p)
     speculate_arg(p)
     chat_template_arg(p)
+    p.add_argument("--source", action="append", default=[], metavar="URL",
+                   help="a public URL of the same model file (a Hugging Face or mirror 'resolve' URL; repeatable): "
+                        "members fetch their stages there, every chunk checked against this host's sha256s, and this "
+                        "host sends only what it cannot (a model from the Hugging Face cache offers its URL itself)")
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
     p.add_argument("--no-copy", action="store_true",
                    help="give no member a copy of the model (by default, when no other member holds it, one gets a "
@@ -57,6 +61,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kafila.session.delivery.model_source import offered_urls
     from kafila.session.launch.host import run_host
     from kafila.session.options import HostOptions, parse_addr
     from kafila.session.settings import SessionSettings
@@ -66,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         context=args.context, concurrency=args.concurrency, batch=args.batch, speculate=args.speculate,
         replan=not args.no_replan, copy=not args.no_copy, stall_s=args.stall_limit, measure_wait_s=args.measure_wait,
         mixed_builds=args.mixed_builds, chat_template=read_chat_template(args.chat_template),
+        sources=offered_urls(Path(args.model), args.source) if args.model else tuple(args.source),
     )
     opts = HostOptions(
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),

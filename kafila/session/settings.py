@@ -30,6 +30,9 @@ class SessionSettings:
     mixed_builds: bool = False  # --mixed-builds: admit members whose llama.cpp build differs (not bit-exact then)
     strategy: str = "kafila"  # which split to serve: "kafila", or a baseline ("uniform", "memory") for benchmarks
     chat_template: str | None = None  # --chat-template: a Jinja chat template (its text) in place of the model's
+    # --source: public URLs of the model file (and the Hugging Face URL it came from): members fetch their stages'
+    # chunks there, each checked against the coordinator's manifest, and the coordinator sends only the rest
+    sources: tuple[str, ...] = ()
 
     @property
     def config(self) -> dict[str, int]:

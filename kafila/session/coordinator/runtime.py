@@ -39,11 +39,13 @@ from kafila.session.coordinator.planning import Planner, model_label, planner_me
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import claimed_hash
 from kafila.session.delivery.model_copy_sender import ModelCopies
+from kafila.session.delivery.model_source import offer_source
 from kafila.session.delivery.stage_files import manifest_for
 from kafila.session.delivery.transfer import send_stage
 from kafila.session.options import HostOptions
 from kafila.session.protocol import messages
 from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
+from kafila.session.protocol.model_manifest import ModelSource
 from kafila.session.state import SessionState
 from kafila.session.stoppable import run_stoppable
 
@@ -84,6 +86,8 @@ class HostRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sending: set[asyncio.Task[None]] = set()  # stage chunks of this epoch
         self._cutting: asyncio.Task[None] | None = None
+        self._source: ModelSource | None = None  # the public URLs members fetch stages from (--source)
+        self._source_offered = False
         self._done: asyncio.Future[int] | None = None
 
     async def run(self) -> int:
@@ -258,6 +262,10 @@ class HostRuntime:
             task.cancel()  # a stage of an earlier epoch is no longer wanted
         try:
             await run_stoppable(partial(self.cache.source_hash, self.model))  # once, before the cuts read it at once
+            if self.machine.settings.sources and not self._source_offered:  # hashed and checked once a session
+                self._source_offered = True
+                self._source = await offer_source(self.cache.root, self.model, self.machine.settings.sources,
+                                                  self.state.log)
             async with asyncio.TaskGroup() as tg:
                 for name in cut.placement.order:
                     tg.create_task(self._cut_one(cut, name))
@@ -288,7 +296,7 @@ class HostRuntime:
         assign = messages.Assign(
             epoch=cut.epoch, order=tuple(order), head=order[0], ranges=ranges, settings=self.machine.settings,
             plan=self.state.plan or {}, model=self._label(), stage=manifest, cut_local=cut_local,
-            fingerprints=fingerprints)
+            fingerprints=fingerprints, source=None if cut_local else self._source)
         self._feed(lambda: [fx.Send(name, assign)])
 
     def _send_chunks(self, who: str, need: messages.Need) -> None:

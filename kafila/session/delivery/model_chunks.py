@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kafila.errors import ProtocolError, SessionError
 from kafila.session.delivery.stage_files import manifest_for, no_space
-from kafila.session.protocol.model_manifest import ModelManifest
+from kafila.session.protocol.model_manifest import ModelManifest, chunk_size_for
 
 
 class ChunkRefused(ProtocolError):
@@ -172,7 +172,7 @@ def model_manifest(root: Path, model: Path, progress: Callable[[int, int], None]
         return ModelManifest.from_dict(json.loads(saved.read_text()))
     except (OSError, ValueError, ProtocolError):
         pass  # not hashed yet, or a damaged record: hash again
-    m = manifest_for(resolved, progress=progress)
+    m = manifest_for(resolved, chunk_size_for(st.st_size), progress=progress)
     manifest = ModelManifest(m.sha256, m.size, m.chunk_size, m.chunks)
     saved.parent.mkdir(parents=True, exist_ok=True)
     tmp = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")

@@ -11,16 +11,22 @@ brings late is still stored. fetch_stage reads the header first, then the chunks
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
 from typing import Protocol
 
 from kafila.errors import NetworkError, SessionError
 from kafila.model.cut import StageSpec
-from kafila.session.delivery.chunk_scheduler import ChunkScheduler, Request
+from kafila.session.delivery.chunk_scheduler import ChunkScheduler, Kind, Request
 from kafila.session.delivery.model_chunks import ChunkRefused, ChunkStore
-from kafila.session.delivery.stage_chunks import header_wanted, read_header, stage_chunks
-from kafila.session.delivery.url_source import UrlRefused
+from kafila.session.delivery.stage_chunks import cut_and_check, header_wanted, read_header, stage_chunks
+from kafila.session.delivery.url_source import UrlRefused, UrlSource
+from kafila.session.protocol.manifest import StageManifest
+from kafila.session.stoppable import run_stoppable
 
 log = logging.getLogger("kafila.delivery")
 _IDLE_S = 1.0  # the longest wait between two looks at the scheduler when it names no wake-up
@@ -35,9 +41,11 @@ class ChunkSource(Protocol):
 
 
 async def fetch_chunks(store: ChunkStore, scheduler: ChunkScheduler, sources: Mapping[str, ChunkSource],
-                       clock: Callable[[], float] | None = None, tell: Callable[[str], None] = log.warning) -> None:
+                       clock: Callable[[], float] | None = None, tell: Callable[[str], None] = log.warning,
+                       patient: bool = True) -> None:
     """Run `scheduler`'s requests over `sources` until every chunk it wants is in `store`; SessionError when no
-    source can bring what is left. `tell` hears each source dropped or rested, once."""
+    source can bring what is left (`patient`: after waiting for resting sources; else at once, as when the host
+    can send the rest). `tell` hears each source dropped or rested, once."""
     now = clock or asyncio.get_running_loop().time
     running: dict[asyncio.Task[bytes], Request] = {}
     told = len(scheduler.log)
@@ -50,7 +58,7 @@ async def fetch_chunks(store: ChunkStore, scheduler: ChunkScheduler, sources: Ma
                 tell(line)
             told = len(scheduler.log)
             if not running:
-                if scheduler.unreachable(now()) and scheduler.next_wakeup(now()) is None:
+                if scheduler.unreachable(now()) and (not patient or scheduler.next_wakeup(now()) is None):
                     raise SessionError(f"no source can send {len(scheduler.unreachable(now()))} chunks of the model "
                                        f"(every source holding them was dropped)")
             wake = scheduler.next_wakeup(now())
@@ -88,15 +96,38 @@ def _settle(store: ChunkStore, scheduler: ChunkScheduler, r: Request, task: asyn
 
 
 async def fetch_stage(store: ChunkStore, spec: StageSpec, scheduler: ChunkScheduler,
-                      sources: Mapping[str, ChunkSource], tell: Callable[[str], None] = log.warning) -> list[int]:
+                      sources: Mapping[str, ChunkSource], tell: Callable[[str], None] = log.warning,
+                      patient: bool = True) -> list[int]:
     """Every chunk `spec`'s cut reads into `store`: the header first (its length is learnt from it), then the
     stage's tensors'. Returns the stage's chunks."""
     while want := header_wanted(store):
         scheduler.want(want)
-        await fetch_chunks(store, scheduler, sources, tell=tell)
+        await fetch_chunks(store, scheduler, sources, tell=tell, patient=patient)
     header = read_header(store)
     assert header is not None  # header_wanted is empty only once it parses
     needed = stage_chunks(header, store.manifest, spec)
     scheduler.want(store.missing(needed))
-    await fetch_chunks(store, scheduler, sources, tell=tell)
+    await fetch_chunks(store, scheduler, sources, tell=tell, patient=patient)
     return needed
+
+
+async def stage_from_urls(store: ChunkStore, spec: StageSpec, urls: Sequence[str], dest: Path,
+                          expected: StageManifest, tell: Callable[[str], None] = log.warning) -> Path:
+    """`spec`'s stage at `dest`, cut from the chunks it needs fetched from `urls` into `store` and checked against
+    the host's stage manifest; SessionError as soon as the URLs cannot bring a chunk (the host sends the stage
+    then). The cut is written beside `dest` and moved into place whole, so a `dest` present is a checked stage."""
+    scheduler = ChunkScheduler()
+    async with contextlib.AsyncExitStack() as stack:
+        sources: dict[str, ChunkSource] = {}
+        for url in urls:
+            source = await stack.enter_async_context(UrlSource(url, store.manifest))
+            sources[source.name] = source
+            scheduler.add_source(source.name, Kind.URL)
+        await fetch_stage(store, spec, scheduler, sources, tell=tell, patient=False)
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.cut")
+    try:
+        await run_stoppable(partial(cut_and_check, store, spec, part, expected))
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
+    return dest

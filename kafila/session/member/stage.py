@@ -22,6 +22,8 @@ from kafila.net.quic import Link
 from kafila.net.trust import VerifiedMember
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.local_model import cut_locally
+from kafila.session.delivery.model_chunks import ChunkStore
+from kafila.session.delivery.stage_fetch import stage_from_urls
 from kafila.session.delivery.stage_files import StageReceiver
 from kafila.session.delivery.transfer import Superseded, receive_stage
 from kafila.session.emulation import Throttle
@@ -65,7 +67,9 @@ class Stages:
         is_head = msg.head == me
         self.state.set_phase("delivering", f"assigned blocks [{start}, {end}){' as the head' if is_head else ''}")
         try:
-            path = await (self.cut_stage(msg, StageSpec(start, end, head=is_head)) if msg.cut_local
+            spec = StageSpec(start, end, head=is_head)
+            path = await (self.cut_stage(msg, spec) if msg.cut_local
+                          else self.fetch_stage(msg, spec, control, pending) if msg.source is not None
                           else self.receive_stage(msg, control, pending))
         except Superseded:  # the host gave this epoch up (a member lost, a newer plan) before the stage came
             self.state.log(f"epoch {msg.epoch}'s stage is no longer wanted: the host planned again")
@@ -138,6 +142,40 @@ class Stages:
         self.state.delivery[self.opts.name] = (msg.stage.size, msg.stage.size)
         self.state.log(f"stage {msg.stage.sha256[:12]} cut locally and verified ({msg.stage.size / 1e6:.1f} MB)")
         return path
+
+    async def fetch_stage(self, msg: messages.Assign, spec: StageSpec, control: Link,
+                          pending: list[messages.Control]) -> Path:
+        """The stage cut from the model's chunks fetched from the assignment's public URLs, each chunk checked
+        against the host's manifest; received from the host instead when the URLs cannot bring them all."""
+        assert msg.source is not None
+        me, source = self.opts.name, msg.source
+        dest = self.cache.root / "delivered" / f"{msg.stage.sha256}.gguf"
+        if not dest.is_file():
+            store = ChunkStore(self.cache.root / "models", source.manifest)
+            if self.use is not None:
+                for path in (store.part, store.sidecar, store.final):
+                    self.use.add(path)
+            held = store.bytes_held()
+
+            def step() -> str | None:  # the host sees none of these bytes: say when they move
+                nonlocal held
+                moved, held = store.bytes_held() != held, store.bytes_held()
+                self.state.delivery[me] = (min(held, msg.stage.size), msg.stage.size)
+                return "fetching its stage from a public URL" if moved else None
+
+            self.state.log(f"fetching the model's chunks for blocks [{spec.start}, {spec.end}) from "
+                           f"{', '.join(source.urls)}")
+            try:
+                async with working(self.send_host, msg.epoch, step):
+                    await stage_from_urls(store, spec, source.urls, dest, msg.stage, tell=self.state.log)
+            except SessionError as exc:  # the URLs cannot bring it all: the host sends what is still missing
+                self.state.log(f"{exc}; the stage comes from the host instead")
+                return await self.receive_stage(msg, control, pending)
+        await self.send_host(messages.Need(msg.epoch, ()))  # nothing to send: the host counts 0 bytes
+        self.state.delivery[me] = (msg.stage.size, msg.stage.size)
+        self.state.log(f"stage {msg.stage.sha256[:12]} cut from the model's verified chunks "
+                       f"({msg.stage.size / 1e6:.1f} MB)")
+        return dest
 
     async def _report_edge_failure(self, assign: messages.Assign, edges: RingEdges | None, peer: str,
                                    reason: str) -> None:

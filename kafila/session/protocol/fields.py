@@ -13,6 +13,7 @@ from typing import Any
 from kafila.engine.chat.formats import FORMATS
 from kafila.errors import ProtocolError
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.protocol.model_manifest import MAX_URL, MAX_URLS, check_url
 from kafila.session.settings import SessionSettings
 
 MAX_CONTROL = 4 * 1024 * 1024
@@ -139,7 +140,11 @@ def session_settings(v: Any, where: str) -> SessionSettings:
     return record(SessionSettings, {
         "context": size, "concurrency": size, "batch": size, "speculate": one_of(*SPECULATION_MODES),
         "replan": boolean, "copy": boolean, "stall_s": SECONDS, "measure_wait_s": SECONDS, "mixed_builds": boolean,
-        "strategy": NAME, "chat_template": null_or(string(MAX_CHAT_TEMPLATE))})(v, where)
+        "strategy": NAME, "chat_template": null_or(string(MAX_CHAT_TEMPLATE)), "sources": _urls})(v, where)
+
+
+def _urls(v: Any, where: str) -> tuple[str, ...]:
+    return tuple(check_url(u) for u in list_of(string(MAX_URL, 1), MAX_URLS)(v, where))
 
 
 def plan(v: Any, where: str) -> dict[str, Any]:

@@ -39,21 +39,23 @@ class StageManifest:
         return cls(*hashed_file_fields(d, "stage manifest", MAX_STAGE_BYTES))
 
 
-def hashed_file_fields(d: Any, what: str, max_bytes: int) -> tuple[str, int, int, tuple[str, ...]]:
+def hashed_file_fields(d: Any, what: str, max_bytes: int,
+                       chunk: int = CHUNK_SIZE) -> tuple[str, int, int, tuple[str, ...]]:
     """(sha256, size, chunk_size, chunk hashes) of a file's manifest in wire form, each checked; ProtocolError
-    naming `what` and the field otherwise (a stage's manifest and the whole model's share this form)."""
+    naming `what` and the field otherwise (a stage's manifest and the whole model's share this form; `chunk`
+    is the chunk size it must have)."""
     if not isinstance(d, dict):
         raise ProtocolError(f"{what} is malformed: not an object")
     sha256, size, chunk_size, chunks = (d.get(k) for k in ("sha256", "size", "chunk_size", "chunks"))
     # The hash becomes a file name in the cache: only 64 lowercase hex digits can never name a path elsewhere.
     if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
         raise ProtocolError(f"{what} is malformed: sha256 must be 64 lowercase hex digits")
-    if not _is_int(chunk_size) or chunk_size != CHUNK_SIZE:
-        raise ProtocolError(f"{what} is malformed: chunk_size must be {CHUNK_SIZE}, got {chunk_size!r}")
+    if not _is_int(chunk_size) or chunk_size != chunk:
+        raise ProtocolError(f"{what} is malformed: chunk_size must be {chunk}, got {chunk_size!r}")
     # The receiver reserves `size` bytes on disk before the first chunk arrives: bound it.
     if not _is_int(size) or not 0 < size <= max_bytes:
         raise ProtocolError(f"{what} is malformed: size must be 1..{max_bytes} bytes")
-    expected = -(-size // CHUNK_SIZE)
+    expected = -(-size // chunk)
     if not isinstance(chunks, list) or len(chunks) != expected:
         raise ProtocolError(f"{what} is inconsistent: {size} bytes need {expected} chunk hashes")
     if not all(isinstance(c, str) and _SHA256_HEX.fullmatch(c) for c in chunks):

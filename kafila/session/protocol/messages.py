@@ -12,14 +12,15 @@ that may be null; fields this build does not know are ignored):
 
     assign    host → member   epoch, order [names, head first], head (= order[0]),
                               ranges {name: [start, end)} for every name in order,
-                              settings {context, concurrency, batch, speculate, replan, copy, stall_s,
-                              measure_wait_s, mixed_builds, strategy, chat_template|null} (kafila.session.settings: the
-                              session's, which a member taking coordination over runs with unchanged),
-                              plan (the planner's JSON; its "stage_seconds" {name: s} are read),
-                              model (the name to show), stage {sha256, size, chunk_size, chunks
-                              [sha256 per chunk]}, cut_local (true: the member holds the host's model
-                              file, announced by its sha256, and cuts the stage itself; no chunks are
-                              sent), fingerprints {name: sha256 of its certificate}
+                              settings {every field of kafila.session.settings.SessionSettings} (which a
+                              member taking coordination over runs with unchanged), plan (the planner's
+                              JSON; its "stage_seconds" {name: s} are read), model (the name to show),
+                              stage {sha256, size, chunk_size, chunks [sha256 per chunk]}, cut_local (true:
+                              the member holds the host's model, announced by its sha256, and cuts the stage
+                              itself), fingerprints {name: sha256 of its certificate}, source {manifest
+                              {sha256, size, chunk_size, digests}, urls}|null (public URLs of the model: the
+                              member fetches its stage's chunks there, checked, and cuts it; the host sends
+                              what they cannot bring)
     need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
     working   member → host   epoch, step (e.g. "receiving its stage", "loading its stage"): still busy
                               with a step the host cannot watch (each second; kafila.session.member.heartbeat)
@@ -30,18 +31,14 @@ that may be null; fields this build does not know are ignored):
     admit     host → member   epoch
     reject    host → member   reason (the planner's text)
     refused   host → member   reason (this member cannot take part, e.g. a different llama.cpp build)
-    measuring member → host   step, attempt, waiting, elapsed_s (how its measurement of its own machine goes:
-                              it connects before measuring; attempt: of the probe's decode timing, 0 before it;
-                              waiting: for another Kafila process's measurement on its machine; at most 1/s)
+    measuring member → host   step, attempt, waiting, elapsed_s (how measuring its machine goes, at most 1/s;
+                              waiting: for another Kafila process's measurement on the same machine)
     measured  member → host   measurements {...} (what an announcement carries, sent after "measuring")
     lost      any → host/all  who, reason, epoch
-    replan    host → all      reason, epoch (this epoch ends though nobody was lost: a member slowed or
-                              joined; stop serving, fail requests in flight as resumable, await `assign`)
+    replan    host → all      reason, epoch (the epoch ends, nobody lost: stop serving, await `assign`)
     stats     head → host     stages {name: {predicted_s, measured_s|null}}, network_share|null,
-                              tokens_per_s|null, ttft {prompt_tokens, measured_s, predicted_s|null}|null
-                              (the latest request's time to first token, and the plan's for as many
-                              prompt tokens), circuit_gap_s|null (a decode circuit's median time outside
-                              compute: the links, each hop's software, the head's turnaround)
+                              tokens_per_s|null, ttft {prompt_tokens, measured_s, predicted_s|null}|null (the
+                              latest request's), circuit_gap_s|null (a decode circuit's time outside compute)
     free      ring            seq (drop that KV-cache sequence; travels the whole ring back to the head)
     trim      ring            seq, keep (drop its positions from keep on, so a new request reuses the rest;
                               travels the ring back to the head, ahead of the frames that rely on it)
@@ -63,8 +60,7 @@ that may be null; fields this build does not know are ignored):
                               all a member needs to take coordination over (kafila.session.member.takeover)
     bye       any             reason (closing on purpose; on a ring edge: the session cannot go on)
     copy      host → member   manifest {sha256, size, chunk_size, chunks} of the model file: a copy to keep
-    copy_need member → host   chunks [at most COPY_BATCH indices it still lacks] (one batch at a time: a
-                              background transfer, never more than a batch ahead of the control messages)
+    copy_need member → host   chunks [at most COPY_BATCH indices it still lacks] (a batch at a time)
     copied    member → host   sha256|null (the verified copy), error|null (why it holds none)
 
 decode() checks every field's type and range from one table (SCHEMA, its checks in fields.py); anything
@@ -108,6 +104,7 @@ from kafila.session.protocol.fields import MAX_NAME as MAX_NAME
 from kafila.session.protocol.fields import MAX_TEXT as MAX_TEXT
 from kafila.session.protocol.frames import MAGIC as FRAME_MAGIC
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.protocol.model_manifest import ModelSource
 from kafila.session.protocol.records import EdgeOutcome as EdgeOutcome  # the records messages carry, read from here
 from kafila.session.protocol.records import Measured as Measured
 from kafila.session.protocol.records import StageTime as StageTime
@@ -116,8 +113,9 @@ from kafila.session.settings import SessionSettings
 
 # 2: fingerprints in assign and roster; prove/proof. 3: stats' circuit_gap_s; copy, copy_need, copied. 4: measuring,
 # measured. 5: assign's settings (kafila.session.settings). 6: roster's mandates; stats and chat_evt from the head
-# only. 7: settings' chat_template; chat_evt {"tool_format"}. 8: fork (a request's n choices)
-CONTROL_VERSION = 8
+# only. 7: settings' chat_template; chat_evt {"tool_format"}. 8: fork (a request's n choices). 9: assign's source,
+# settings' sources (public URLs of the model)
+CONTROL_VERSION = 9
 
 MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
 DEFAULT_MAX_TOKENS = 256  # a chat request's max_tokens when it names none
@@ -158,6 +156,7 @@ class Assign(Control):
     # each ring member's certificate fingerprint (hex), as the coordinator admitted it: edges open to that
     # member, not to whoever announced the same name later
     fingerprints: dict[str, str] = field(default_factory=dict)
+    source: ModelSource | None = None  # public URLs of the model for the stage's chunks (None: from the host)
 
     @property
     def config(self) -> dict[str, int]:
@@ -365,7 +364,8 @@ _TTFT = record(TtftTime, {"prompt_tokens": integer(0, MAX_INDEX), "measured_s": 
 SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
     "assign": (Assign, {"epoch": EPOCH, "order": NAMES, "head": NAME, "ranges": map_of(block_range),
                         "settings": session_settings, "plan": plan, "model": TEXT, "stage": manifest,
-                        "cut_local": boolean, "fingerprints": map_of(SHA256)}),
+                        "cut_local": boolean, "fingerprints": map_of(SHA256),
+                        "source": null_or(lambda v, where: ModelSource.from_dict(v))}),
     "need": (Need, {"epoch": EPOCH, "chunks": list_of(integer(0, MAX_INDEX))}),
     "working": (Working, {"epoch": EPOCH, "step": NAME}),
     "loaded": (Loaded, {"epoch": EPOCH}),
@@ -431,7 +431,7 @@ def decode(raw: bytes) -> Control:
 
 def _plain(v: Any) -> Any:
     """A message field as JSON data."""
-    if isinstance(v, StageManifest | SessionSettings):
+    if isinstance(v, StageManifest | SessionSettings | ModelSource):
         return v.as_dict()
     if isinstance(v, EdgeOutcome | StageTime | TtftTime | Measured):
         return {f.name: getattr(v, f.name) for f in fields(v)}

@@ -7,8 +7,10 @@ Routes: `/model.gguf` serves `Behaviour.serve`; `/redirect` answers 302 to `/hop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ class Behaviour:
 
     serve: Path
     fail: int = 0  # the next `fail` requests are answered 503
+    fail_after: int | None = None  # every request after this many ranges were served is answered 503
     stalls: int = 0  # the next `stalls` responses send `stall_after` bytes, then nothing
     stall_after: int = 0
     no_range: bool = False  # answer every request 200 with the whole file
@@ -45,8 +48,8 @@ async def range_server(behaviour: Behaviour) -> AsyncIterator[RangeServer]:
     async def model(request: web.Request) -> web.StreamResponse:
         b = behaviour
         size = b.serve.stat().st_size
-        if b.fail > 0:
-            b.fail -= 1
+        if b.fail > 0 or (b.fail_after is not None and len(b.asked) >= b.fail_after):
+            b.fail = max(b.fail - 1, 0)
             return web.Response(status=503, text="busy")
         m = _RANGE.fullmatch(request.headers.get("Range", ""))
         if b.no_range or m is None:
@@ -88,3 +91,23 @@ async def range_server(behaviour: Behaviour) -> AsyncIterator[RangeServer]:
     finally:
         closing.set()
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def served(*behaviours: Behaviour) -> Iterator[list[RangeServer]]:
+    """range_server for each behaviour, on an event loop of their own in a thread (for tests that are not async)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="range-servers", daemon=True)
+    thread.start()
+    stack = contextlib.AsyncExitStack()
+
+    async def start() -> list[RangeServer]:
+        return [await stack.enter_async_context(range_server(b)) for b in behaviours]
+
+    try:
+        yield asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    finally:
+        asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

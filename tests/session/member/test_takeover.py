@@ -76,7 +76,8 @@ def test_the_successor_coordinates_with_the_sessions_settings_unchanged() -> Non
     left out speculate, replan, copy and stall_s: the ring ran with the defaults)."""
     given = SessionSettings(context=96, concurrency=3, batch=48, speculate="off", replan=False, copy=False,
                             stall_s=7.5, measure_wait_s=33.0, mixed_builds=True, strategy="uniform",
-                            chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+                            chat_template="{% for m in messages %}{{ m.content }}{% endfor %}",
+                            sources=("https://huggingface.co/o/m/resolve/main/m.gguf",))
     assert given != SessionSettings()  # every field away from its default
     assert all(getattr(given, f) != getattr(SessionSettings(), f) for f in given.as_dict())
     order = ("hal", "ada", "bo")

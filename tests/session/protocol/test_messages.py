@@ -14,6 +14,7 @@ from kafila.errors import ProtocolError
 from kafila.session.protocol import messages as m
 from kafila.session.protocol.chunks import COPY_BATCH
 from kafila.session.protocol.manifest import CHUNK_SIZE, StageManifest
+from kafila.session.protocol.model_manifest import ModelManifest, ModelSource
 from kafila.session.settings import SessionSettings
 
 pytestmark = pytest.mark.fast
@@ -40,6 +41,15 @@ def manifests(draw: st.DrawFn) -> StageManifest:
 
 
 @st.composite
+def sources(draw: st.DrawFn) -> ModelSource:
+    stage = draw(manifests())  # a model this small has the stage manifest's chunk size
+    model = ModelManifest(stage.sha256, stage.size, stage.chunk_size, stage.chunks)
+    urls = draw(st.lists(st.sampled_from(["https://huggingface.co/o/m/resolve/main/m.gguf", "http://127.0.0.1:9/m"]),
+                         min_size=1, max_size=3))
+    return ModelSource(model, tuple(urls))
+
+
+@st.composite
 def assigns(draw: st.DrawFn) -> m.Assign:
     order = tuple(draw(st.lists(names, min_size=1, max_size=5, unique=True)))
     ranges = {n: (i * 3, i * 3 + draw(st.integers(1, 3))) for i, n in enumerate(order)}
@@ -51,7 +61,7 @@ def assigns(draw: st.DrawFn) -> m.Assign:
     fingerprints = {n: draw(st.text("0123456789abcdef", min_size=64, max_size=64)) for n in order}
     return m.Assign(epoch=draw(epochs), order=order, head=order[0], ranges=ranges, settings=settings, plan=plan,
                     model=draw(texts), stage=draw(manifests()), cut_local=draw(st.booleans()),
-                    fingerprints=fingerprints)
+                    fingerprints=fingerprints, source=draw(st.none() | sources()))
 
 
 events = st.one_of(
