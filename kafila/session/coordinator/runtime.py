@@ -296,7 +296,7 @@ class HostRuntime:
         assign = messages.Assign(
             epoch=cut.epoch, order=tuple(order), head=order[0], ranges=ranges, settings=self.machine.settings,
             plan=self.state.plan or {}, model=self._label(), stage=manifest, cut_local=cut_local,
-            fingerprints=fingerprints, source=None if cut_local else self._source)
+            fingerprints=fingerprints, source=None if cut_local or name == self.beside else self._source)
         self._feed(lambda: [fx.Send(name, assign)])
 
     def _send_chunks(self, who: str, need: messages.Need) -> None:

@@ -7,15 +7,19 @@ chunk, and on a restart every chunk it lists is hashed again, so a crash between
 its bit costs that chunk, never a wrong byte. Reading a chunk the bitmap does not hold is an error
 (UnverifiedRead): a sparse file's holes read as zeros, which must never reach a stage. Once every
 chunk is held the whole file is checked against the manifest's sha256 and becomes `<sha256>.gguf`.
+Members on one machine (a demo, a lab's shared cache) share the store: its files change only under a lock
+file, and each process takes the chunks the others verified from the bitmap when it writes its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from kafila.errors import ProtocolError, SessionError
@@ -43,16 +47,28 @@ class ChunkStore:
         self.part = folder / f"{manifest.sha256}.part"
         self.sidecar = folder / f"{manifest.sha256}.have"
         self.final = folder / f"{manifest.sha256}.gguf"
+        self._lock = folder / f".{manifest.sha256}.lock"
         folder.mkdir(parents=True, exist_ok=True)
         self._bits = bytearray(-(-manifest.n_chunks // 8))
-        if self.final.is_file():
-            self._bits = bytearray(b"\xff" * len(self._bits))
-        elif self.part.is_file() and self.sidecar.is_file():
-            self._resume()
-        else:
-            with self.part.open("wb") as f:
-                f.truncate(manifest.size)  # sparse until chunks land
-            self._save()
+        with self._locked():
+            if self.final.is_file():
+                self._all()
+            elif self.part.is_file() and self.sidecar.is_file():
+                self._resume()
+            else:
+                with self.part.open("wb") as f:
+                    f.truncate(manifest.size)  # sparse until chunks land
+                self._save()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Held while the files change: members on one machine share the store (a demo's, a lab's cache)."""
+        with self._lock.open("a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def _all(self) -> None:
+        self._bits = bytearray(b"\xff" * len(self._bits))
 
     def _resume(self) -> None:
         """Keep the chunks the bitmap lists that still verify (a crash may have lost a chunk's bytes)."""
@@ -68,6 +84,12 @@ class ChunkStore:
                     if hashlib.sha256(f.read(self.manifest.chunk_size)).hexdigest() == self.manifest.chunks[i]:
                         self._bits[i // 8] |= 1 << (i % 8)
         self._save()
+
+    def _merge(self) -> None:
+        """Take the chunks another process sharing the store verified (under the lock: its bitmap is current)."""
+        theirs = self.sidecar.read_bytes() if self.sidecar.is_file() else b""
+        if len(theirs) == len(self._bits):
+            self._bits = bytearray(a | b for a, b in zip(self._bits, theirs, strict=True))
 
     def _save(self) -> None:
         tmp = self.sidecar.with_name(f".{self.sidecar.name}.{os.getpid()}.tmp")
@@ -106,11 +128,16 @@ class ChunkStore:
         if hashlib.sha256(data).hexdigest() != self.manifest.chunks[index]:
             raise ChunkRefused(index, source)
         try:
-            with self.part.open("r+b") as f:
-                f.seek(index * self.manifest.chunk_size)
-                f.write(data)
-            self._bits[index // 8] |= 1 << (index % 8)
-            self._save()
+            with self._locked():
+                if self.final.is_file():  # another process sharing the store finished the whole file
+                    self._all()
+                    return
+                with self.part.open("r+b") as f:
+                    f.seek(index * self.manifest.chunk_size)
+                    f.write(data)
+                self._merge()
+                self._bits[index // 8] |= 1 << (index % 8)
+                self._save()
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise no_space(self.folder, self.manifest.size - self.bytes_held()) from None
@@ -143,22 +170,25 @@ class ChunkStore:
 
     def finish(self) -> Path:
         """Check the whole file against the manifest's sha256 and move it into place as `<sha256>.gguf`."""
-        if self.final.is_file():
+        with self._locked():
+            if self.final.is_file():  # this process's or another's sharing the store
+                self._all()
+                return self.final
+            self._merge()
+            if not self.complete:
+                raise UnverifiedRead(f"the model is not whole yet: "
+                                     f"{len(self.missing(range(self.manifest.n_chunks)))} chunks missing")
+            h = hashlib.sha256()
+            with self.part.open("rb") as f:
+                while data := f.read(1 << 22):
+                    h.update(data)
+                os.fsync(f.fileno())
+            if h.hexdigest() != self.manifest.sha256:  # every chunk verified: only a bug or a disk fault gets here
+                raise SessionError(f"the model's chunks all verified but the whole file has sha256 {h.hexdigest()}, "
+                                   f"not the manifest's {self.manifest.sha256}")
+            os.replace(self.part, self.final)
+            self.sidecar.unlink(missing_ok=True)
             return self.final
-        if not self.complete:
-            raise UnverifiedRead(f"the model is not whole yet: {len(self.missing(range(self.manifest.n_chunks)))} "
-                                 f"chunks missing")
-        h = hashlib.sha256()
-        with self.part.open("rb") as f:
-            while data := f.read(1 << 22):
-                h.update(data)
-            os.fsync(f.fileno())
-        if h.hexdigest() != self.manifest.sha256:  # every chunk verified: only a bug or a disk fault gets here
-            raise SessionError(f"the model's chunks all verified but the whole file has sha256 {h.hexdigest()}, "
-                               f"not the manifest's {self.manifest.sha256}")
-        os.replace(self.part, self.final)
-        self.sidecar.unlink(missing_ok=True)
-        return self.final
 
 
 def model_manifest(root: Path, model: Path, progress: Callable[[int, int], None] | None = None) -> ModelManifest:

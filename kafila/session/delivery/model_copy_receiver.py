@@ -7,7 +7,9 @@ holds, verifying the finished copy) runs on a task of its own, never in the cont
 re-plans do not wait for it. A copy chunk that arrives while a stage is being received is dropped there
 (transfer.receive_stage's `aside`), as is one this member did not ask for; the host's next `copy` (at
 each admission) resumes from the `.part` file. Once the whole file verifies the member says so (`copied`)
-and keeps its path: it can take coordination over with it (member.takeover).
+and keeps its path: it can take coordination over with it (member.takeover). When the session has public URLs
+of the model (`kafila host --source`), the copy is fetched from them instead, into the store that holds this
+member's stage chunks already (model_chunks.ChunkStore), and asked of the host only if they cannot bring it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from typing import Any
 from kafila.errors import DiskFullError, KafilaError, ProtocolError
 from kafila.model.stage_cache import StageCache
 from kafila.session.delivery.cache_inventory import InUse
+from kafila.session.delivery.model_chunks import ChunkStore
+from kafila.session.delivery.stage_fetch import fetch_from_urls
 from kafila.session.delivery.stage_files import StageReceiver, megabytes
 from kafila.session.protocol import messages
 from kafila.session.protocol.chunks import COPY_BATCH, COPY_MAGIC, parse_chunk
 from kafila.session.protocol.manifest import StageManifest
+from kafila.session.protocol.model_manifest import ModelSource
 from kafila.session.state import SessionState
 from kafila.session.stoppable import run_stoppable
 
@@ -46,12 +51,34 @@ class ModelCopy:
         self._copy_todo: list[int] = []  # chunks not yet asked for, in order
         self._copy_asked: set[int] = set()  # the batch asked for and not yet all here
 
-    def offer(self, manifest: StageManifest) -> None:
-        """The host offers a copy of the model (again at each admission until it is held)."""
+    def offer(self, manifest: StageManifest, source: ModelSource | None = None) -> None:
+        """The host offers a copy of the model (again at each admission until it is held); with the session's public
+        URLs of it (`source`), the copy comes from them, and from the host only if they cannot bring it all."""
         self._copy = None  # a copy under way starts over: chunks in flight for it are dropped
         if self._copy_task is not None:
             self._copy_task.cancel()
-        self._copy_task = self.spawn(self._start_copy(manifest))
+        from_urls = source is not None and source.manifest.sha256 == manifest.sha256
+        self._copy_task = self.spawn(self._copy_from_urls(manifest, source) if from_urls and source
+                                     else self._start_copy(manifest))
+
+    async def _copy_from_urls(self, manifest: StageManifest, source: ModelSource) -> None:
+        """Every chunk of the model from the public URLs into the store that holds this member's stage chunks
+        already, each checked against the host's manifest; what they cannot bring comes from the host."""
+        try:
+            store = ChunkStore(self.cache.root / "models", source.manifest)
+            if self.use is not None:
+                for path in (store.part, store.sidecar, store.final):
+                    self.use.add(path)
+            if not store.complete:
+                self.state.log(f"fetching a copy of the model ({megabytes(manifest.size)}) from "
+                               f"{', '.join(source.urls)} in the background, so that the session outlives its host")
+                await fetch_from_urls(store, source.urls, tell=self.state.log)
+            self.model_copy = await run_stoppable(lambda progress: store.finish())
+        except (KafilaError, OSError) as exc:
+            self.state.log(f"{exc}; the copy comes from the host instead")
+            await self._start_copy(manifest)
+            return
+        await self._copied(manifest)
 
     async def _start_copy(self, manifest: StageManifest) -> None:
         """Check what the `.part` already holds and the space for the rest, then ask for the first batch (nothing
@@ -110,10 +137,13 @@ class ModelCopy:
         except (KafilaError, OSError) as exc:
             await self._give_copy_up(str(exc))
             return
-        self.state.log(f"this machine holds a copy of the model ({megabytes(receiver.manifest.size)}): it can take "
+        await self._copied(receiver.manifest)
+
+    async def _copied(self, manifest: StageManifest) -> None:
+        self.state.log(f"this machine holds a copy of the model ({megabytes(manifest.size)}): it can take "
                        f"coordination over if the host is lost")
         with contextlib.suppress(KafilaError):
-            await self.send_host(messages.Copied(receiver.manifest.sha256, None))
+            await self.send_host(messages.Copied(manifest.sha256, None))
 
     async def _give_copy_up(self, why: str) -> None:
         self._copy = None

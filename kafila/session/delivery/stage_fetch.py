@@ -69,20 +69,21 @@ async def fetch_chunks(store: ChunkStore, scheduler: ChunkScheduler, sources: Ma
                 done = set()
                 await asyncio.sleep(timeout)
             for task in done:
-                _settle(store, scheduler, running.pop(task), task, now())
+                await _settle(store, scheduler, running.pop(task), task, now())
     finally:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
 
 
-def _settle(store: ChunkStore, scheduler: ChunkScheduler, r: Request, task: asyncio.Task[bytes], now: float) -> None:
+async def _settle(store: ChunkStore, scheduler: ChunkScheduler, r: Request, task: asyncio.Task[bytes],
+                  now: float) -> None:
     """One finished request: its chunk stored (after its hash) and the scheduler told."""
     exc = task.exception()
     if exc is None:
         data = task.result()
-        try:
-            store.accept(r.chunk, data, r.source)
+        try:  # hashed and written off the loop: a copy fetched while the ring serves must not hold its frames up
+            await asyncio.to_thread(store.accept, r.chunk, data, r.source)
         except ChunkRefused:
             scheduler.refused(r.source, r.chunk)
             return
@@ -111,11 +112,10 @@ async def fetch_stage(store: ChunkStore, spec: StageSpec, scheduler: ChunkSchedu
     return needed
 
 
-async def stage_from_urls(store: ChunkStore, spec: StageSpec, urls: Sequence[str], dest: Path,
-                          expected: StageManifest, tell: Callable[[str], None] = log.warning) -> Path:
-    """`spec`'s stage at `dest`, cut from the chunks it needs fetched from `urls` into `store` and checked against
-    the host's stage manifest; SessionError as soon as the URLs cannot bring a chunk (the host sends the stage
-    then). The cut is written beside `dest` and moved into place whole, so a `dest` present is a checked stage."""
+async def fetch_from_urls(store: ChunkStore, urls: Sequence[str], tell: Callable[[str], None] = log.warning,
+                          spec: StageSpec | None = None) -> None:
+    """The chunks `spec`'s cut reads (None: every chunk of the model) from `urls` into `store`; SessionError as soon
+    as the URLs cannot bring one (the host sends the rest then)."""
     scheduler = ChunkScheduler()
     async with contextlib.AsyncExitStack() as stack:
         sources: dict[str, ChunkSource] = {}
@@ -123,7 +123,19 @@ async def stage_from_urls(store: ChunkStore, spec: StageSpec, urls: Sequence[str
             source = await stack.enter_async_context(UrlSource(url, store.manifest))
             sources[source.name] = source
             scheduler.add_source(source.name, Kind.URL)
-        await fetch_stage(store, spec, scheduler, sources, tell=tell, patient=False)
+        if spec is not None:
+            await fetch_stage(store, spec, scheduler, sources, tell=tell, patient=False)
+        else:
+            scheduler.want(store.missing(range(store.manifest.n_chunks)))
+            await fetch_chunks(store, scheduler, sources, tell=tell, patient=False)
+
+
+async def stage_from_urls(store: ChunkStore, spec: StageSpec, urls: Sequence[str], dest: Path,
+                          expected: StageManifest, tell: Callable[[str], None] = log.warning) -> Path:
+    """`spec`'s stage at `dest`, cut from the chunks it needs fetched from `urls` into `store` and checked against
+    the host's stage manifest; SessionError as soon as the URLs cannot bring a chunk (the host sends the stage
+    then). The cut is written beside `dest` and moved into place whole, so a `dest` present is a checked stage."""
+    await fetch_from_urls(store, urls, tell, spec)
     part = dest.with_name(f".{dest.name}.{os.getpid()}.cut")
     try:
         await run_stoppable(partial(cut_and_check, store, spec, part, expected))

@@ -120,7 +120,8 @@ class MemberRuntime:
                 digest = await asyncio.to_thread(model_proof, self.opts.model, bytes.fromhex(e.nonce))
                 await self.send_host(messages.Proof(digest))
         elif isinstance(e, messages.Copy):
-            self.copy.offer(e.manifest)
+            assign = self.follower.assignment
+            self.copy.offer(e.manifest, None if assign is None else assign.source)
         elif isinstance(e, mx.End):
             return e.status
         return None

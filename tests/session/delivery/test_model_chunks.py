@@ -90,3 +90,23 @@ def test_every_chunk_makes_the_whole_file(model: Path, tmp_path: Path) -> None:
     final = store.finish()
     assert final.read_bytes() == model.read_bytes() and not store.part.exists() and not store.sidecar.exists()
     assert ChunkStore(tmp_path / "store", manifest).complete  # a later session finds the whole file
+
+
+def test_members_on_one_machine_share_the_store_without_losing_each_others_chunks(model: Path, tmp_path: Path) -> None:
+    """Two stores of one folder (two members of a demo, or of a lab sharing a cache): a second one opened later
+    keeps what the first wrote (it once truncated the `.part`), and each sees the other's verified chunks."""
+    m = model_manifest(tmp_path, model)
+    folder = tmp_path / "models"
+    ada = ChunkStore(folder, m)
+    ada.accept(0, chunk_of(model, m, 0), "url")
+    bo = ChunkStore(folder, m)
+    assert bo.held() == [0] and bo.read(0) == chunk_of(model, m, 0)
+    bo.accept(1, chunk_of(model, m, 1), "url")
+    ada.accept(2, chunk_of(model, m, 2), "url")
+    assert ada.held() == [0, 1, 2]  # bo's chunk, learnt when ada wrote its own
+    for i in range(3, m.n_chunks):
+        (ada if i % 2 else bo).accept(i, chunk_of(model, m, i), "url")
+    assert ada.finish().read_bytes() == model.read_bytes()
+    assert not bo.complete  # ada's last chunks are news to bo ...
+    assert bo.finish() == ada.final and bo.complete  # ... until it finds the file finished
+    assert bo.read(m.n_chunks - 1) == chunk_of(model, m, m.n_chunks - 1)
