@@ -261,6 +261,10 @@ class Coordinator:
     def _on_working(self, sender: str, msg: messages.Working, now: float) -> list[Effect]:
         if msg.epoch == self.epoch:  # the message itself was progress; what it says is for people
             self.doing[sender] = msg.step
+            if msg.held is not None and sender in self.state.delivery:  # its stage's bytes from a public URL
+                total = self.state.delivery[sender][1]
+                self.state.delivery[sender] = (min(msg.held, total), total)
+                self.state.changed()
         return []
 
     def _on_chat_evt(self, sender: str, msg: messages.ChatEvt, now: float) -> list[Effect]:

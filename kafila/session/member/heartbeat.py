@@ -19,9 +19,10 @@ EVERY_S = 1.0  # well inside any stall limit a host sets (default SessionSetting
 
 @contextlib.asynccontextmanager
 async def working(send: Callable[[messages.Control], Awaitable[None]], epoch: int,
-                  step: str | Callable[[], str | None], every_s: float = EVERY_S) -> AsyncIterator[None]:
+                  step: str | Callable[[], str | None], every_s: float = EVERY_S,
+                  held: Callable[[], int] | None = None) -> AsyncIterator[None]:
     """While the block runs, send `working` messages naming `step` (a callable: its current value; None sends
-    nothing, e.g. while stage bytes arrive, which the host sees moving itself)."""
+    nothing, e.g. while stage bytes arrive, which the host sees moving itself), and what `held` says."""
     now = step if callable(step) else (lambda: step)
 
     async def beat() -> None:
@@ -29,7 +30,7 @@ async def working(send: Callable[[messages.Control], Awaitable[None]], epoch: in
             current = now()
             if current is not None:
                 with contextlib.suppress(NetworkError):  # a lost host is the control loop's to see
-                    await send(messages.Working(epoch, current))
+                    await send(messages.Working(epoch, current, None if held is None else held()))
             await asyncio.sleep(every_s)
 
     task = asyncio.create_task(beat())

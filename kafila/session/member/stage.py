@@ -166,7 +166,7 @@ class Stages:
             self.state.log(f"fetching the model's chunks for blocks [{spec.start}, {spec.end}) from "
                            f"{', '.join(source.urls)}")
             try:
-                async with working(self.send_host, msg.epoch, step):
+                async with working(self.send_host, msg.epoch, step, held=lambda: held):
                     await stage_from_urls(store, spec, source.urls, dest, msg.stage, tell=self.state.log)
             except SessionError as exc:  # the URLs cannot bring it all: the host sends what is still missing
                 self.state.log(f"{exc}; the stage comes from the host instead")

@@ -22,8 +22,8 @@ that may be null; fields this build does not know are ignored):
                               member fetches its stage's chunks there, checked, and cuts it; the host sends
                               what they cannot bring)
     need      member → host   epoch, chunks [indices the member still lacks] (empty: it has the stage)
-    working   member → host   epoch, step (e.g. "receiving its stage", "loading its stage"): still busy
-                              with a step the host cannot watch (each second; kafila.session.member.heartbeat)
+    working   member → host   epoch, step (e.g. "loading its stage"), held|null (bytes of its stage from a URL):
+                              still busy with a step the host cannot watch (each second; member.heartbeat)
     loaded    member → host   epoch (stage received, verified and loaded into llama.cpp)
     connect   host → member   epoch (every stage is loaded: open the ring edges now)
     ready     member → host   epoch, edge {predicted, actual, ready_ms|null, error|null, rtt_ms|null}|null
@@ -113,8 +113,7 @@ from kafila.session.settings import SessionSettings
 
 # 2: fingerprints in assign and roster; prove/proof. 3: stats' circuit_gap_s; copy, copy_need, copied. 4: measuring,
 # measured. 5: assign's settings (kafila.session.settings). 6: roster's mandates; stats and chat_evt from the head
-# only. 7: settings' chat_template; chat_evt {"tool_format"}. 8: fork (a request's n choices). 9: assign's source,
-# settings' sources (public URLs of the model)
+# only. 7: settings' chat_template; chat_evt {"tool_format"}. 8: fork (n choices). 9: source(s), working's held
 CONTROL_VERSION = 9
 
 MEASURING_KEY = "measuring"  # announced (true) by a member whose measurements follow in a 'measured' message
@@ -195,6 +194,7 @@ class Working(Control):
     T = "working"
     epoch: int
     step: str
+    held: int | None = None  # bytes of its stage it holds, when they come from elsewhere than the host
 
 
 class Loaded(_Epoch):
@@ -367,7 +367,7 @@ SCHEMA: dict[str, tuple[type[Control], dict[str, Check]]] = {
                         "cut_local": boolean, "fingerprints": map_of(SHA256),
                         "source": null_or(lambda v, where: ModelSource.from_dict(v))}),
     "need": (Need, {"epoch": EPOCH, "chunks": list_of(integer(0, MAX_INDEX))}),
-    "working": (Working, {"epoch": EPOCH, "step": NAME}),
+    "working": (Working, {"epoch": EPOCH, "step": NAME, "held": null_or(integer(0, 1 << 50))}),
     "loaded": (Loaded, {"epoch": EPOCH}),
     "connect": (Connect, {"epoch": EPOCH}),
     "ready": (Ready, {"epoch": EPOCH, "edge": null_or(_EDGE)}),

@@ -155,3 +155,17 @@ def test_a_member_silent_past_the_stall_limit_is_lost() -> None:
     effects = m.timer(70.0)
     assert fx.Close("bo") in effects
     assert "bo made no progress for 60 s while receiving its stage" in [t for _, t in m.state.events]
+
+
+def test_a_stage_fetched_from_a_url_shows_its_bytes_on_the_coordinator() -> None:
+    """The coordinator sees none of those bytes move: the member's `working` says how many it holds."""
+    m = machine(["ada"])
+    [cut] = [e for e in m.start(0.0) if isinstance(e, fx.Cut)]
+    m.state.delivery["ada"] = (0, 5_000)  # as the runtime sets it when it assigns the stage
+    m.delivered(cut.epoch, 1.0)
+    m.handle("ada", messages.Working(cut.epoch, "fetching its stage from a public URL", 2_000), 2.0)
+    assert m.state.delivery["ada"] == (2_000, 5_000)
+    m.handle("ada", messages.Working(cut.epoch, "fetching its stage from a public URL", 9_000), 3.0)
+    assert m.state.delivery["ada"] == (5_000, 5_000)  # never past the stage
+    m.handle("ada", messages.Working(cut.epoch - 1, "an old epoch's", 1), 4.0)
+    assert m.state.delivery["ada"] == (5_000, 5_000)
