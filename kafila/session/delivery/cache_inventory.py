@@ -1,4 +1,5 @@
-"""What the user cache directory holds (cut stages, delivered stages, probes, demo logs), and pruning it.
+"""What the user cache directory holds (cut stages, delivered stages, model copies and chunks, probes, demo logs),
+and pruning it.
 
 A running host or member lists the files it uses in `<cache>/in-use/<pid>-<token>.json` (`InUse`: one list
 per session, as a process may run two, a host and its own member), so pruning never removes a stage a
@@ -30,6 +31,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     "probe cut": ("probe-stages-*/*.gguf",),  # left by a probe that was killed (kafila.engine.probe.SCRATCH_PREFIX)
     "log": ("demo-logs/*",),
     "bench model": ("models/random-*.gguf",),  # kafila.model.random_gguf: made again when needed
+    # a whole verified model: the copy for failover, from the host (copies/) or from public URLs (models/)
+    "copy": ("copies/*.gguf", "copies/*.part", "models/[0-9a-f]*.gguf"),
+    # a model's verified chunks fetched from public URLs (kafila.session.delivery.model_chunks): a sparse file
+    "chunks": ("models/[0-9a-f]*.part",),
 }
 
 
@@ -83,8 +88,9 @@ def inventory(root: Path) -> list[Entry]:
             for path in root.glob(pattern):
                 with contextlib.suppress(OSError):  # a file another process just removed
                     st = path.stat()
-                    if path.is_file():
-                        entries.append(Entry(kind, path, st.st_size, st.st_mtime, path.resolve() in used))
+                    if path.is_file():  # chunks are a sparse file: what counts is what it holds on disk
+                        size = min(st.st_size, st.st_blocks * 512) if kind == "chunks" else st.st_size
+                        entries.append(Entry(kind, path, size, st.st_mtime, path.resolve() in used))
     return sorted(entries, key=lambda e: e.mtime)
 
 
@@ -93,6 +99,9 @@ def _remove(entry: Entry) -> bool:
         entry.path.unlink()
     except FileNotFoundError:
         return False
+    if entry.kind == "chunks":  # its bitmap and lock file go with it (kafila.session.delivery.model_chunks)
+        for beside in (entry.path.with_suffix(".have"), entry.path.with_name(f".{entry.path.stem}.lock")):
+            beside.unlink(missing_ok=True)
     if entry.kind == "stage":
         with contextlib.suppress(OSError):  # the model's folder, once its last stage is gone
             entry.path.parent.rmdir()

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kafila.model.random_gguf import TEST_SHAPE, write_random_gguf
 from kafila.session.delivery.cache_inventory import InUse, enforce_cap, in_use, inventory, prune
+from kafila.session.delivery.model_chunks import ChunkStore, model_manifest
 
 pytestmark = pytest.mark.fast
 
@@ -86,3 +88,25 @@ def test_cap_removes_least_recently_used_first_and_skips_files_in_use(tmp_path: 
     assert gone == [files["log"], files["old_stage"], files["delivered"]]
     assert sum(e.size for e in inventory(tmp_path)) <= 5000
     assert files["part"].is_file()
+
+
+def test_model_copies_and_chunks_from_urls_are_listed_at_what_they_hold_and_pruned_whole(tmp_path: Path) -> None:
+    model = write_random_gguf(tmp_path / "m.gguf", TEST_SHAPE, 6, tokenizer=False)
+    manifest = model_manifest(tmp_path, model)
+    store = ChunkStore(tmp_path / "cache" / "models", manifest)
+    with model.open("rb") as f:
+        for i in (0, 7, 20):
+            start, end = manifest.span(i)
+            f.seek(start)
+            store.accept(i, f.read(end - start), "a URL")
+    copy = _file(tmp_path / "cache", f"copies/{'c' * 64}.gguf", 3000, DAY)
+    listed = {e.path: e for e in inventory(tmp_path / "cache")}
+    assert listed[copy].kind == "copy" and listed[store.part].kind == "chunks"
+    # the sparse file counts the three chunks it holds, not the model's 35 MB
+    assert 3 * manifest.chunk_size <= listed[store.part].size < 6 * manifest.chunk_size < manifest.size
+    assert store.sidecar not in listed  # the bitmap is part of the chunks, not an entry of its own
+    with InUse(tmp_path / "cache") as use:  # a member fetching into the store
+        use.add(store.part)
+        assert {e.path for e in prune(tmp_path / "cache")} == {copy}
+    assert {e.path for e in prune(tmp_path / "cache")} == {store.part}
+    assert not list((tmp_path / "cache" / "models").iterdir())  # its bitmap and lock file went with it
