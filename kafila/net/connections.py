@@ -91,7 +91,9 @@ class Connections:
             else:
                 search.on_lost(size, generation, now)
         conn.mtu_outcomes.clear()
-        if search.raised and conn._loss._pto_count >= search.config.black_hole_ptos:  # aioquic internal, 1.7.2
+        if search.raised and (conn._loss._pto_count >= search.config.black_hole_ptos  # aioquic internal, 1.7.2
+                              or conn.big_lost >= search.config.black_hole_losses):
+            conn.big_lost = 0
             log.info("path to %s no longer carries %d-byte datagrams: back to %d", conn.peer.short_id,
                      search.size, search.config.base)
             search.on_black_hole(now)

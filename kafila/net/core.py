@@ -8,10 +8,10 @@ QUIC. Datagrams are told apart by their first byte (kafila.net.wire). Its parts:
 hands out (kafila.net.events), its QUIC connections' bookkeeping (kafila.net.connections) and the
 rendezvous's health (kafila.net.rdvhealth).
 
-Each QUIC connection talks to a *virtual* peer address; the core decides per datagram whether
-it goes straight to the peer (once a punch proved the path both ways) or through the
-rendezvous relay, so an edge is usable over the relay at once and moves to the direct path
-without QUIC noticing; packets from either path reach the same connection.
+Each QUIC connection talks to a *virtual* peer address; the core decides per datagram whether it goes
+straight to the peer (once a punch, MAC'd with the pair's own key, proved the path both ways and a
+connection validated it: kafila.net.directpath) or through the rendezvous relay, so an edge is usable
+over the relay at once and moves to the direct path without QUIC noticing.
 
 Limits against a flood of Initials (issue #13 item 5, issue #34 item 8): an Initial creates a
 connection only when it comes from a listed peer and carries the token of a Retry this core sent
@@ -41,12 +41,13 @@ from kafila.errors import ProtocolError, SessionError
 from kafila.net import events as ev
 from kafila.net import stun, wire
 from kafila.net.connections import Connections
+from kafila.net.directpath import DirectPaths
 from kafila.net.pmtu import DEFAULT_CEILING, PmtuConfig, PmtuSearch
 from kafila.net.punch import RELAY_PATH, PunchConfig, Puncher, PunchState
 from kafila.net.quic import Identity, PinnedQuicConnection, configuration
 from kafila.net.rdvhealth import RendezvousHealth
 from kafila.net.retry import RetryTokens
-from kafila.net.trust import VerifiedMember
+from kafila.net.trust import VerifiedMember, pair_punch_key
 
 log = logging.getLogger("kafila.net")
 
@@ -95,10 +96,10 @@ class EndpointCore:
         self.config = config or CoreConfig()
         self.punch_config = punch or PunchConfig()
         self.rendezvous: Addr | None = None
-        self.punch_key: bytes | None = None  # set once we are in a session
+        self.punch_key: bytes | None = None  # the session's salt of every pair's punch key, once we are in one
         self.peers: dict[bytes, VerifiedMember] = {}  # verified members, kept by the membership layer
         self._punchers: dict[bytes, Puncher] = {}
-        self._reported: dict[bytes, PunchState] = {}  # the punch state last told to the caller, per peer
+        self._paths = DirectPaths(self.config.allow_direct)  # punches propose direct paths; connections validate
         self._conns = Connections()
         self._retry = RetryTokens()  # Initials come back with one before they take a handshake slot
         self._out: list[tuple[bytes, Addr]] = []
@@ -147,6 +148,7 @@ class EndpointCore:
         times = [t for t in (self._next_ping, self._next_rejoin, *self._rdv.timers()) if t is not None]
         times += [t for c in self._conns.ids if (t := c.get_timer()) is not None]
         times += [t for p in self._punchers.values() if (t := p.next_wakeup()) is not None]
+        times += [t for p in self._punchers.values() if (t := self._paths.next_wakeup(p)) is not None]
         times += [t for s in self._conns.pmtu.values() if (t := s.next_wakeup()) is not None]
         return min(times, default=None)
 
@@ -228,40 +230,30 @@ class EndpointCore:
 
     def path_to(self, member_id: bytes) -> str:
         """'direct' when packets to this member go straight to it, else 'relay'."""
-        p = self._punchers.get(member_id)
-        return "direct" if self.config.allow_direct and p is not None and p.state == PunchState.DIRECT else "relay"
+        return "direct" if self._paths.route(self._punchers.get(member_id)) is not None else "relay"
 
     def punch_outcome(self, member_id: bytes) -> tuple[bool, float | None]:
-        """(settled, when the direct path was proven): settled once punching has an outcome or never began."""
+        """(settled, when the direct path was validated): settled once punching has an outcome or never began."""
         p = self._punchers.get(member_id)
         if not self.config.allow_direct or p is None:
             return True, None
-        return p.settled or p.state == PunchState.IDLE, p.direct_at
+        return self._paths.outcome(p)
 
     def mtu_search(self, conn: PinnedQuicConnection) -> PmtuSearch | None:
         """The connection's path MTU search (None before its handshake, or with the search off)."""
         return self._conns.pmtu.get(conn)
 
-    # ---- the rendezvous's health --------------------------------------------------------------
-
     def _lose_rendezvous(self, now: float) -> None:
-        """The rendezvous is silent: every connection it relays is dead, so end each with the reason now.
-
-        Without this a relayed edge would end by QUIC's idle timeout, saying nothing of why.
-        """
+        """The rendezvous is silent: end every connection it relays now, with the reason (not by QUIC's idle timeout,
+        which says nothing of why)."""
         assert self.rendezvous is not None
-        silent = self._rdv.silent_for(now)
-        ip, port = self.rendezvous
-        reason = f"its relay, the rendezvous at {ip}:{port}, is lost (nothing heard from it for {silent:.0f} s)"
         relayed = [c for c in self._conns.ids if self.path_to(c.peer.member_id) == "relay"]
+        lost = self._rdv.lose(self.rendezvous, len(relayed), now)
         for conn in relayed:
-            conn.close(error_code=0x100, reason_phrase=reason[:200])  # the peer never hears it: no relay
+            conn.close(error_code=0x100, reason_phrase=lost.reason[:200])  # the peer never hears it: no relay
             self._conns.forget(conn)
-            self._events.append(ev.ConnectionEnded(conn, reason))
-        self._rdv.lost = ev.RendezvousLost(self.rendezvous, silent, reason, len(relayed))
-        log.warning("the rendezvous %s:%d is silent for %.0f s: %d relayed connection(s) closed; direct ones go on",
-                    ip, port, silent, len(relayed))
-        self._events.append(self._rdv.lost)
+            self._events.append(ev.ConnectionEnded(conn, lost.reason))
+        self._events.append(lost)
 
     @property
     def connections(self) -> list[PinnedQuicConnection]:
@@ -300,8 +292,14 @@ class EndpointCore:
             if peer is None or self.punch_key is None:
                 self._events.append(ev.PeerUnknown(member_id))
                 return None
+            try:  # the pair's own key: a third member of the session can make no frame of ours or theirs
+                key = pair_punch_key(self.punch_key, self.member_id, self.identity.punch_private, member_id,
+                                     peer.punch_public)
+            except ValueError as exc:
+                log.warning("no direct path to %s: %s", peer.short_id, exc)
+                return None
             cands = [a for a in (peer.mapped, peer.local, peer.observed) if a is not None]
-            p = Puncher(self.member_id, member_id, self.punch_key, cands, self.punch_config)
+            p = Puncher(self.member_id, member_id, key, cands, self.punch_config)
             self._punchers[member_id] = p
         return p
 
@@ -313,18 +311,23 @@ class EndpointCore:
             self._run_puncher(p, p.on_frame(frame, addr, now), now)
 
     def _run_puncher(self, p: Puncher, out: list[tuple[bytes, Addr]], now: float) -> None:
-        """Route a puncher's datagrams and report a change of its state."""
+        """Route a puncher's datagrams, challenge the direct path it proposes, report a change of the path."""
         for data, dst in out:
             if dst == RELAY_PATH:
                 self._relay_to(data, p.peer)
             else:
                 self._out.append((data, dst))
-        before = self._reported.get(p.peer, PunchState.IDLE)
-        if p.state != before:
-            self._reported[p.peer] = p.state
-            log.info("path to %s: %s -> %s %s", p.peer.hex()[:8], before.value, p.state.value, p.direct or "")
-            self._events.append(ev.PathChanged(p.peer, before, p.state, p.direct))
-            if PunchState.DIRECT in (before, p.state):
+        if (proposed := self._paths.due(p, now)) is not None:  # on every established connection: one answers
+            for conn in [c for c in self._conns.established if c.peer.member_id == p.peer]:
+                if (challenge := conn.path_challenge(proposed, now)) is not None:
+                    self._out.append((challenge, proposed))
+        self._report(p, now)
+
+    def _report(self, p: Puncher, now: float) -> None:
+        """Tell the caller the path changed (DIRECT once a connection validated the punch's address)."""
+        if (change := self._paths.change(p)) is not None:
+            self._events.append(change)
+            if PunchState.DIRECT in (change.before, change.after):
                 self._conns.new_path(p.peer, self._ceiling(p.peer), now)
 
     def _relay_to(self, payload: bytes, peer: bytes) -> None:
@@ -339,17 +342,19 @@ class EndpointCore:
 
     def _ceiling(self, member_id: bytes) -> int:
         """The largest datagram worth probing toward a peer: its direct route's, or the relay's envelope."""
-        p = self._punchers.get(member_id)
-        if self.path_to(member_id) != "direct" or p is None or p.direct is None or self.config.route_limit is None:
+        direct = self._paths.route(self._punchers.get(member_id))
+        if direct is None or self.config.route_limit is None:
             return DEFAULT_CEILING  # with the relay's 9-byte envelope still within wire.MAX_DATAGRAM
-        return self.config.route_limit(p.direct) or DEFAULT_CEILING
+        return self.config.route_limit(direct) or DEFAULT_CEILING
 
-    def _send_to_peer(self, member_id: bytes, data: bytes) -> None:
+    def _send_to_peer(self, member_id: bytes, data: bytes, established: bool = False) -> None:
         p = self._punchers.get(member_id)
-        if self.config.allow_direct and p is not None and p.state == PunchState.DIRECT and p.direct is not None:
-            self._out.append((data, p.direct))
-        else:
-            self._relay_to(data, member_id)
+        if (direct := self._paths.route(p)) is not None:
+            self._out.append((data, direct))
+            return
+        self._relay_to(data, member_id)
+        if not established and p is not None and (proposed := self._paths.proposed(p)) is not None:
+            self._out.append((data, proposed))  # a handshake has no keys to validate with: both ways, in case
 
     # ---- QUIC -----------------------------------------------------------------------------
 
@@ -371,6 +376,10 @@ class EndpointCore:
         if conn.peer.member_id != member_id:
             return  # a connection id belonging to another peer: never cross edges
         conn.receive_datagram(data, vaddr(member_id), now)
+        if conn.validated_paths:  # the peer answered a challenge: that address becomes the route, if still proposed
+            if (p := self._punchers.get(member_id)) is not None and self._paths.confirm(p, conn.validated_paths, now):
+                self._report(p, now)
+            conn.validated_paths.clear()
         self._take_events(conn)
         self._conns.dirty.add(conn)
 
@@ -422,13 +431,15 @@ class EndpointCore:
         if conn not in self._conns:
             return  # already forgotten
         self._take_events(conn)
-        search = self._conns.path_mtu(conn, self.config.pmtu, lambda: self._ceiling(conn.peer.member_id), now)
+        # not while a direct path awaits its validation: the search would start on the relay, then start over
+        search = None if self._paths.pending(self._punchers.get(conn.peer.member_id)) else \
+            self._conns.path_mtu(conn, self.config.pmtu, lambda: self._ceiling(conn.peer.member_id), now)
         for data, _addr in conn.datagrams_to_send(now):
-            self._send_to_peer(conn.peer.member_id, data)
+            self._send_to_peer(conn.peer.member_id, data, conn in self._conns.established)
         if search is not None and (size := search.probe_due(now)) is not None:
             probe = conn.mtu_probe(size, search.generation, now)
             if probe is not None:
-                self._send_to_peer(conn.peer.member_id, probe)
+                self._send_to_peer(conn.peer.member_id, probe, True)
             else:  # could not be built: counts as a failed try, so the search never waits on it forever
                 search.on_lost(size, search.generation, now)
         self._take_events(conn)  # sending can end the connection (a close that went out)

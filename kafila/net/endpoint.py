@@ -350,6 +350,7 @@ class PeerEndpoint(LinkOwner):
             rtt_ms=None if self.nat_report.rtt_ms is None else round(self.nat_report.rtt_ms, 2),
             measurements=measurements or {},
             issued_at=now_wall(),
+            punch_public=self.identity.punch_public,
         )
         sealed = ann.seal(self.code)
         await self.rdv.announce(sealed)

@@ -2,7 +2,7 @@
 
 The rendezvous only stores and lists; every entry is checked here against the join code's
 announce key (kafila.net.trust), so a hostile rendezvous can neither add a member nor swap a
-fingerprint. A member whose fingerprint changes mid-session is refused outright.
+fingerprint. A member whose fingerprint or punch key changes mid-session is refused outright.
 """
 
 from __future__ import annotations
@@ -73,5 +73,7 @@ def merge_peers(peers: dict[bytes, VerifiedMember], ml: MemberList) -> None:
         old = peers.get(v.member_id)
         if old is not None and old.fingerprint != v.fingerprint:
             raise SessionError(f"member {v.short_id} changed its certificate fingerprint mid-session: refused")
+        if old is not None and old.punch_public != v.punch_public:
+            raise SessionError(f"member {v.short_id} changed its punch key mid-session: refused")
     for v in ml.verified:
         peers[v.member_id] = v

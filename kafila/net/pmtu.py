@@ -18,8 +18,10 @@ it is under `step` bytes (RFC 8899 §5.3.2 leaves the search method open). The f
 ceiling, since most paths carry their route's size: one round trip settles the common case.
 
 A new path (the edge moved between the relay and a direct path) starts again from the base. A black hole (the
-connection's loss timer fired `black_hole_ptos` times in a row at a raised size: the path shrank, or a probe
-was acknowledged by luck) falls back to the base at once and searches again after `raise_s`. A search that
+connection's loss timer fired `black_hole_ptos` times in a row at a raised size, or `black_hole_losses` datagrams
+over the base were lost with none acknowledged between: the path shrank, or a probe was acknowledged by luck;
+the second catches a path that still carries small datagrams, whose acknowledgements keep the loss timer
+from firing) falls back to the base at once and searches again after `raise_s`. A search that
 ended below the largest size is retried after `raise_s` too (RFC 8899 PMTU_RAISE_TIMER).
 
 Transitions:
@@ -57,13 +59,14 @@ class PmtuConfig:
     max_probes: int = 3  # RFC 8899 MAX_PROBES: losses in a row before a size counts as too big
     raise_s: float = 600.0  # RFC 8899 PMTU_RAISE_TIMER: search again this long after settling below the ceiling
     black_hole_ptos: int = 3  # loss timeouts in a row at a raised size that mean the path no longer carries it
+    black_hole_losses: int = 12  # datagrams over the base lost in a row (none acknowledged between): the same
 
     def __post_init__(self) -> None:
         if not BASE <= self.base <= self.maximum <= LIMIT:
             raise ValueError(f"path MTU bounds must satisfy {BASE} <= base <= maximum <= {LIMIT}, "
                              f"got {self.base}..{self.maximum}")
-        if self.step < 1 or self.max_probes < 1 or self.black_hole_ptos < 1:
-            raise ValueError("step, max_probes and black_hole_ptos must be at least 1")
+        if min(self.step, self.max_probes, self.black_hole_ptos, self.black_hole_losses) < 1:
+            raise ValueError("step, max_probes, black_hole_ptos and black_hole_losses must be at least 1")
 
 
 class PmtuState(Enum):

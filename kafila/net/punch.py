@@ -8,6 +8,12 @@ whose mapping toward us is not the one anybody announced). Addresses punches cam
 candidates too. The first PUNCH_ACK heard proves both directions work: that address becomes the
 direct path. A PUNCH_GO sent through the relay tells the peer to start at the same moment.
 
+Sender authentication (issue #56 item 1): the MAC key is the pair's own (kafila.net.trust.pair_punch_key:
+X25519 between the two members' announced keys), so a third member of the session can make no frame
+"from" either of them. The announced candidates are always tried; addresses learned from verified
+punches fill the remaining slots, newest kept, and never evict an announced one. A direct path is only
+a proposal to the core: it moves a QUIC connection there after the connection's own path validation.
+
 The relay path is used meanwhile, so nobody waits for this to finish. Once direct, a PUNCH every
 `keepalive_s` keeps the NAT mappings open; if no ACK comes back for `lost_after_s`, the path
 falls back to the relay.
@@ -76,11 +82,11 @@ class Puncher:
     def __init__(
         self, me: bytes, peer: bytes, key: bytes, candidates: list[Addr], config: PunchConfig | None = None
     ) -> None:
-        self.me, self.peer, self.key = me, peer, key
+        self.me, self.peer, self.key = me, peer, key  # key: the pair's (trust.pair_punch_key), not the session's
         self.config = config or PunchConfig()
-        self.candidates: list[Addr] = []
-        for c in candidates:
-            self._add(c)
+        # the announced addresses (sealed announcement, rendezvous-seen): tried always, never evicted
+        self.announced: list[Addr] = list(dict.fromkeys(candidates))[: self.config.max_candidates]
+        self._learned: dict[Addr, None] = {}  # addresses verified punches came from, oldest first
         self.state = PunchState.IDLE
         self.direct: Addr | None = None
         self.started_at: float | None = None
@@ -95,9 +101,19 @@ class Puncher:
         self._peer_high: int | None = None  # the newest stamp heard from the peer
         self._peer_seen: set[int] = set()  # stamps heard within the replay window
 
-    def _add(self, addr: Addr) -> None:
-        if addr not in self.candidates and len(self.candidates) < self.config.max_candidates:
-            self.candidates.append(addr)
+    @property
+    def candidates(self) -> list[Addr]:
+        """Every address punched: the announced ones, then those learned from verified punches."""
+        return self.announced + list(self._learned)
+
+    def _learn(self, addr: Addr) -> None:
+        """A verified punch came from addr: keep it among the newest learned (the announced ones stay)."""
+        if addr in self.announced:
+            return
+        self._learned.pop(addr, None)
+        self._learned[addr] = None
+        while self._learned and len(self.announced) + len(self._learned) > self.config.max_candidates:
+            del self._learned[next(iter(self._learned))]
 
     def _frame(self, kind: int, now: float, dst: Addr, echo: bytes | None = None) -> tuple[bytes, Addr]:
         """A MAC'd frame to dst; a PUNCH's nonce is remembered so that only its ACK, from dst, counts."""
@@ -166,7 +182,7 @@ class Puncher:
             self.start(now)
         elif p.kind == wire.PUNCH and src != RELAY_PATH:
             self._heard_from_peer = True
-            self._add(src)
+            self._learn(src)
             out.append(self._frame(wire.PUNCH_ACK, now, src, echo=p.nonce))
             if self.state != PunchState.DIRECT:
                 # punch straight back: the peer's NAT is open toward us now, so its ACK comes in one

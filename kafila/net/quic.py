@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING
 from aioquic import tls as quic_tls
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet import QuicFrameType, QuicPacketType
-from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.x509.oid import NameOID
 
 from kafila.errors import NetworkError, ProtocolError
+from kafila.net.quic_probes import PathProbes
 
 if TYPE_CHECKING:
     from kafila.net.trust import VerifiedMember
@@ -65,9 +65,12 @@ def fingerprint(cert: x509.Certificate) -> bytes:
 
 
 class Identity:
-    """An ephemeral self-signed certificate and its key."""
+    """An ephemeral self-signed certificate and its key, and the X25519 key pair of its punch frames."""
 
     def __init__(self, name: str = "kafila-member") -> None:
+        self.punch_private = X25519PrivateKey.generate()  # kafila.net.trust.pair_punch_key
+        self.punch_public = self.punch_private.public_key().public_bytes(serialization.Encoding.Raw,
+                                                                         serialization.PublicFormat.Raw)
         self.key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:60] or "kafila")])
         now = datetime.datetime.now(datetime.UTC)
@@ -101,8 +104,8 @@ def configuration(identity: Identity, is_client: bool, idle_timeout_s: float) ->
     )
 
 
-class PinnedQuicConnection(QuicConnection):
-    """A QuicConnection that knows which fingerprint its peer must present."""
+class PinnedQuicConnection(PathProbes):
+    """A QuicConnection that knows which fingerprint its peer must present (probes: kafila.net.quic_probes)."""
 
     def __init__(self, *, peer: VerifiedMember, configuration: QuicConfiguration, **kw: object) -> None:
         super().__init__(configuration=configuration, **kw)  # type: ignore[arg-type]
@@ -114,8 +117,6 @@ class PinnedQuicConnection(QuicConnection):
         self._ack_delay = 0.0
         self._ack_every = 1
         self._unacked = 0  # ack-eliciting datagrams received since the last acknowledgement, when postponing
-        # Outcomes of path MTU probes, (size, generation, acknowledged), for the core's PmtuSearch to take.
-        self.mtu_outcomes: list[tuple[int, int, bool]] = []
 
     def _initialize(self, peer_cid: bytes) -> None:
         # A Retry starts the handshake again (RFC 9002 §6.3: loss recovery and congestion state reset), but
@@ -129,9 +130,9 @@ class PinnedQuicConnection(QuicConnection):
             # internal flag is it. Checked with aioquic 1.7.2 (pinned in requirements.txt).
             self.tls._request_client_certificate = True
 
-    # ---- path MTU probes (kafila.net.pmtu decides the sizes; these build and apply them) ----------------
-    # aioquic has no public API to probe a path or change a live connection's datagram size: the methods
-    # below use internal attributes of aioquic 1.7.2 (pinned in requirements.txt), in this one place.
+    # ---- path MTU (kafila.net.pmtu decides the sizes; quic_probes builds the probes) ----------------------
+    # aioquic has no public API to change a live connection's datagram size: internal attributes of aioquic
+    # 1.7.2 (pinned in requirements.txt).
 
     @property
     def datagram_size(self) -> int:
@@ -174,38 +175,6 @@ class PinnedQuicConnection(QuicConnection):
         if self._unacked and space is not None:
             space.ack_at = now
         self._unacked = 0
-
-    def mtu_probe(self, size: int, generation: int, now: float) -> bytes | None:
-        """One datagram of exactly `size` bytes: a 1-RTT packet holding a PING and padding (RFC 9000 §14.4).
-
-        Its acknowledgement or loss lands in `mtu_outcomes`. The packet is not counted in flight, so its loss
-        (the expected answer for a size the path cannot carry) is no congestion signal; it is ack-eliciting,
-        so the loss timer covers it. None before the 1-RTT keys exist.
-        """
-        crypto = self._cryptos.get(quic_tls.Epoch.ONE_RTT)
-        if crypto is None or not crypto.send.is_valid() or not self._handshake_complete or self._version is None:
-            return None
-        builder = QuicPacketBuilder(host_cid=self.host_cid, is_client=self._is_client, max_datagram_size=size,
-                                    packet_number=self._packet_number, peer_cid=self._peer_cid.cid,
-                                    version=self._version, spin_bit=self._spin_bit)
-        builder.start_packet(QuicPacketType.ONE_RTT, crypto)
-        builder.start_frame(QuicFrameType.PING, capacity=1, handler=self._on_mtu_probe,
-                            handler_args=(size, generation))
-        builder._datagram_needs_padding = True  # PADDING frames fill the packet up to `size`
-        datagrams, packets = builder.flush()
-        if len(datagrams) != 1 or len(datagrams[0]) != size:
-            return None  # cannot happen with a valid size; never send a probe of the wrong size
-        packet = packets[0]
-        packet.in_flight = False
-        packet.sent_time = now
-        self._packet_number = builder.packet_number
-        self._loss.on_packet_sent(packet=packet, space=self._spaces[quic_tls.Epoch.ONE_RTT])
-        # what on_packet_sent does for packets in flight: the loss timer counts from the newest ack-eliciting one
-        self._loss._time_of_last_sent_ack_eliciting_packet = now
-        return datagrams[0]
-
-    def _on_mtu_probe(self, delivery: QuicDeliveryState, size: int, generation: int) -> None:
-        self.mtu_outcomes.append((size, generation, delivery == QuicDeliveryState.ACKED))
 
     def pin_error(self) -> str | None:
         """None when the peer's certificate matches the pin, else why not."""

@@ -62,3 +62,13 @@ class RendezvousHealth:
         """How long nothing has come from it."""
         assert self.heard_at is not None
         return now - self.heard_at
+
+    def lose(self, rendezvous: Addr, relayed: int, now: float) -> RendezvousLost:
+        """It is lost now, closing the `relayed` connections it carried: the event, with the reason they end."""
+        silent = self.silent_for(now)
+        ip, port = rendezvous
+        reason = f"its relay, the rendezvous at {ip}:{port}, is lost (nothing heard from it for {silent:.0f} s)"
+        self.lost = RendezvousLost(rendezvous, silent, reason, relayed)
+        log.warning("the rendezvous %s:%d is silent for %.0f s: %d relayed connection(s) closed; direct ones go on",
+                    ip, port, silent, relayed)
+        return self.lost

@@ -13,9 +13,14 @@ From the secret, HKDF-SHA256 (salt "kafila-v1", info = purpose + session id) der
   fingerprint, addresses, NAT class, measurements, the time it was made). A member that does not
   know the secret cannot make one; the rendezvous can neither read one nor change one (e.g. swap a
   fingerprint) without the tag failing.
-* ``punch_key``: MACs on punch frames, so only members can steer a peer's direct path.
+* ``punch_key``: not a MAC key by itself (every member holds it): the salt of each pair's punch key.
+  Each member announces an X25519 public key (kafila.net.quic.Identity makes the pair); two members
+  A and B MAC their punch frames with HKDF(X25519(a, B), salt punch_key, info both ids and keys),
+  which A and B can derive and a third member cannot (``pair_punch_key``): so nobody, member or
+  not, can steer the direct path between two others (issue #56 item 1).
 
-Every QUIC edge then pins the peer's certificate fingerprint taken from a verified announcement.
+Every QUIC edge then pins the peer's certificate fingerprint taken from a verified announcement;
+a member's punch key is pinned with it (kafila.net.members).
 
 A sealed announcement, as the rendezvous stores and lists it (base64, opaque to it)::
 
@@ -44,6 +49,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -128,8 +134,25 @@ class JoinCode:
 
     @property
     def punch_key(self) -> bytes:
-        """HMAC key for punch frames."""
+        """The session's salt for every pair's punch key (pair_punch_key); never a MAC key itself."""
         return _hkdf(self.secret, "punch", self.session_id, 32)
+
+
+PUNCH_PUBLIC_LEN = 32  # a raw X25519 public key
+
+
+def pair_punch_key(session_key: bytes, me: bytes, mine: X25519PrivateKey, peer: bytes, theirs: bytes) -> bytes:
+    """The punch MAC key of the pair (me, peer): the same from either end, underivable by a third member.
+
+    ValueError for a public key that is malformed or of low order (an all-zero shared secret).
+    """
+    if len(theirs) != PUNCH_PUBLIC_LEN:
+        raise ValueError(f"a punch public key is {PUNCH_PUBLIC_LEN} bytes, not {len(theirs)}")
+    shared = mine.exchange(X25519PublicKey.from_public_bytes(theirs))  # raises ValueError on an all-zero result
+    ours = mine.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    lo, hi = sorted([(me, ours), (peer, theirs)])
+    info = b"kafila-punch-pair|" + lo[0] + lo[1] + hi[0] + hi[1]
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=session_key, info=info).derive(shared)
 
 
 def punch_mac(key: bytes, kind: int, sender: bytes, receiver: bytes, stamp: int, nonce: bytes) -> bytes:
@@ -152,6 +175,7 @@ class Announcement:
     rtt_ms: float | None
     measurements: dict[str, Any]
     issued_at: float
+    punch_public: bytes = b""  # the member's X25519 public key: its punch frames' pair keys come from it
 
     def body(self) -> bytes:
         """Canonical JSON bytes (what is sealed)."""
@@ -161,6 +185,7 @@ class Announcement:
             "member": self.member_id.hex(),
             "name": self.name,
             "fp": self.fingerprint.hex(),
+            "pk": self.punch_public.hex(),
             "nat": self.nat_class,
             "mapped": list(self.mapped) if self.mapped else None,
             "local": list(self.local) if self.local else None,
@@ -200,6 +225,7 @@ class VerifiedMember:
     rtt_ms: float | None
     measurements: dict[str, Any]
     issued_at: float = 0.0  # when the member made its announcement (its wall clock)
+    punch_public: bytes = b""  # its X25519 public key (pair_punch_key); pinned with the fingerprint
 
     @property
     def short_id(self) -> str:
@@ -262,12 +288,15 @@ def _parse_body(raw: bytes, observed: tuple[str, int] | None) -> tuple[VerifiedM
             rtt_ms=float(d["rtt_ms"]) if d["rtt_ms"] is not None else None,
             measurements=dict(d["m"]),
             issued_at=issued_at,
+            punch_public=bytes.fromhex(d["pk"]),
         )
         session = d["session"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ProtocolError(f"announcement body is malformed: {exc}") from None
     if len(vm.fingerprint) != 32:
         raise ProtocolError("announcement fingerprint must be 32 bytes")
+    if len(vm.punch_public) != PUNCH_PUBLIC_LEN:
+        raise ProtocolError(f"announcement punch key must be {PUNCH_PUBLIC_LEN} bytes")
     return vm, session
 
 

@@ -86,7 +86,7 @@ class Net:
                 if o is not m:
                     m.core.peers[o.core.member_id] = VerifiedMember(
                         o.core.member_id, o.name, o.core.identity.fingerprint, NatClass.PERMISSIVE, o.addr, None,
-                        o.addr, 1.0, {})
+                        o.addr, 1.0, {}, punch_public=o.core.identity.punch_public)
         if self.code is None:
             self._at_once(next(iter(self.members.values())), self._create())
         for m in self.members.values():

@@ -26,7 +26,8 @@ class ListingClient(RendezvousClient):
 
 
 def sealed(code: JoinCode, mid: bytes, t: float) -> str:
-    ann = Announcement(code.session_id, mid, "ana", b"f" * 32, "ordinary", ("100.64.0.11", 4000), None, 1.5, {}, t)
+    ann = Announcement(code.session_id, mid, "ana", b"f" * 32, "ordinary", ("100.64.0.11", 4000), None, 1.5, {}, t,
+                       b"p" * 32)
     return ann.seal(code)
 
 
@@ -64,6 +65,10 @@ async def test_a_changed_fingerprint_or_a_member_listed_twice_is_refused_and_not
     with pytest.raises(SessionError, match="changed its certificate fingerprint mid-session"):
         merge_peers(peers, swapped)
     assert peers == {mid: first}  # the whole list refused: not even the new member b recorded
+    # its punch key is pinned the same way: a new one would give whoever announced it the member's punch frames
+    with pytest.raises(SessionError, match="changed its punch key mid-session"):
+        merge_peers(peers, MemberList((replace(first, punch_public=b"q" * 32),), ()))
+    assert peers == {mid: first}
     with pytest.raises(SessionError, match="listed one member twice"):
         merge_peers(peers, MemberList((replace(first, member_id=b"c" * 8),) * 2, ()))
     assert peers == {mid: first}

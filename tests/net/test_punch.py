@@ -208,3 +208,24 @@ def test_a_stale_punch_never_heard_before_is_refused_but_reordering_within_the_w
     assert a.on_frame(newer, B_ADDR, 10.2) != []  # older, but inside the window and not seen: accepted
     assert a.on_frame(old, ELSEWHERE, 10.3) == []  # 10 s older than the newest heard: stale
     assert ELSEWHERE not in a.candidates
+
+
+def test_learned_candidates_keep_the_newest_and_never_evict_the_announced() -> None:
+    """Addresses learned from verified punches fill the slots the announced ones leave, newest kept: a peer whose
+    mapping keeps changing is still punched at its latest, and its announced addresses are always tried."""
+    announced = [("100.64.0.11", 1000), ("10.1.0.2", 1000)]
+    b = Puncher(B_ID, A_ID, KEY, announced, PunchConfig())
+    a = Puncher(A_ID, B_ID, KEY, [("100.64.0.12", 2000)], PunchConfig())
+    a.start(0.0)
+    t = 0.0
+    for port in range(30000, 30011):  # eleven verified punches, each from a fresh mapping of a's NAT
+        t += PunchConfig().interval_s  # a's next scheduled PUNCH
+        data = next(d for d, dst in a.poll(t) if dst != RELAY_PATH)
+        frame = wire.decode(data)
+        assert isinstance(frame, wire.Punch)
+        b.on_frame(frame, ("100.64.0.11", port), t)
+    assert b.candidates[:2] == announced and len(b.candidates) == PunchConfig().max_candidates
+    assert ("100.64.0.11", 30010) in b.candidates  # the newest mapping, punched although the slots were full
+    assert ("100.64.0.11", 30000) not in b.candidates  # the oldest learned gave way
+    punched = {dst for _, dst in b.poll(t + 1.0)}
+    assert set(announced) <= punched and ("100.64.0.11", 30010) in punched

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kafila.errors import ProtocolError, SessionError
 from kafila.net import trust
+from kafila.net.quic import Identity
 from kafila.net.trust import MAX_ANNOUNCEMENT_AGE_S, Announcement, JoinCode, now_wall, open_announcement
 
 pytestmark = pytest.mark.fast
@@ -24,7 +25,8 @@ T0 = 1_764_500_000.0  # a fixed "now" for the tests of age
 def ann(code: JoinCode, mid: bytes = b"m" * 8, fp: bytes = b"f" * 32, name: str = "alice",
         t: float | None = None) -> Announcement:
     return Announcement(code.session_id, mid, name, fp, "ordinary", ("100.64.0.11", 4000),
-                        ("10.1.0.2", 4000), 1.5, {"bw": 1e9, "gpu": "RTX 4090"}, now_wall() if t is None else t)
+                        ("10.1.0.2", 4000), 1.5, {"bw": 1e9, "gpu": "RTX 4090"}, now_wall() if t is None else t,
+                        b"p" * 32)
 
 
 def test_code_round_trip_and_forgiving_parse() -> None:
@@ -43,6 +45,25 @@ def test_keys_are_independent_of_each_other() -> None:
     assert len({code.join_public[:16], code.announce_key[:16], code.punch_key[:16]}) == 3
     other = JoinCode("k7q2m9xd", "4f8tzr2w9mhcqp3b")
     assert other.announce_key != code.announce_key
+
+
+
+def test_a_pairs_punch_key_is_the_same_from_both_ends_and_no_one_elses() -> None:
+    """Alice and bob derive one key; mallory, holding the code and her own key pair, derives another with each of
+    them and cannot derive theirs (issue #56 item 1); another session's salt gives another key."""
+    code = JoinCode("k7q2m9xd", "4f8tzr2w9mhcqp3a")
+    ids = {n: n.encode().ljust(8, b"-") for n in ("alice", "bob", "mallory")}
+    keys = {n: Identity(n) for n in ids}
+
+    def pair(me: str, peer: str, salt: bytes = code.punch_key) -> bytes:
+        return trust.pair_punch_key(salt, ids[me], keys[me].punch_private, ids[peer], keys[peer].punch_public)
+
+    assert pair("alice", "bob") == pair("bob", "alice")
+    assert len({pair("alice", "bob"), pair("mallory", "bob"), pair("mallory", "alice"), code.punch_key}) == 4
+    assert pair("alice", "bob", JoinCode("k7q2m9xd", "4f8tzr2w9mhcqp3b").punch_key) != pair("alice", "bob")
+    for bad in (b"", b"\x01" * 31, bytes(32)):  # malformed, and a low-order point (an all-zero shared secret)
+        with pytest.raises(ValueError):
+            trust.pair_punch_key(code.punch_key, ids["alice"], keys["alice"].punch_private, ids["bob"], bad)
 
 
 def test_verified_announcement() -> None:
@@ -64,7 +85,7 @@ def test_the_rendezvous_reads_nothing_but_ciphertext() -> None:
                         b"ordinary", code.session_id.encode(), (b"m" * 8).hex().encode()):
         assert secret_part not in blob
     # names of different lengths give sealed announcements of one size: padded to 128 bytes
-    assert {len(ann(code, name="a" * n).seal(code)) for n in range(1, 60)} == {len(sealed)}
+    assert {len(ann(code, name="a" * n).seal(code)) for n in range(1, 25)} == {len(sealed)}
     assert len(sealed) <= 1300  # what the rendezvous accepts for one announcement
     assert a.seal(code) != sealed  # a fresh nonce each time: equal announcements do not look equal
 
@@ -125,8 +146,8 @@ def seal_raw(code: JoinCode, body: bytes) -> str:
 def test_a_members_malformed_body_is_a_protocol_error() -> None:
     code = JoinCode("k7q2m9xd", "0123456789abcdef")
     body = json.loads(ann(code).body())
-    for change in ({"t": "NaN"}, {"t": None}, {"fp": "ab"}, {"nat": "weird"}, {"v": 1}):
-        with pytest.raises(ProtocolError, match=r"malformed|fingerprint"):
+    for change in ({"t": "NaN"}, {"t": None}, {"fp": "ab"}, {"nat": "weird"}, {"v": 1}, {"pk": "cd" * 31}):
+        with pytest.raises(ProtocolError, match=r"malformed|fingerprint|punch key"):
             open_announcement(seal_raw(code, json.dumps({**body, **change}).encode()), code, b"m" * 8)
     with pytest.raises(ProtocolError, match="malformed"):
         open_announcement(seal_raw(code, b"[1, 2]"), code, b"m" * 8)  # was an AttributeError
@@ -136,7 +157,8 @@ def test_a_members_malformed_body_is_a_protocol_error() -> None:
 VALID = {
     "v": st.just(2), "session": st.just("k7q2m9xd"), "member": st.just((b"m" * 8).hex()),
     "name": st.text(max_size=8) | st.text(min_size=60, max_size=80),
-    "fp": st.sampled_from(["ab" * 32, "00" * 32]), "nat": st.sampled_from(["permissive", "ordinary", "restrictive"]),
+    "fp": st.sampled_from(["ab" * 32, "00" * 32]), "pk": st.sampled_from(["cd" * 32]),
+    "nat": st.sampled_from(["permissive", "ordinary", "restrictive"]),
     "mapped": st.none() | st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535)).map(list),
     "local": st.none() | st.just(["10.0.0.1", 4]), "rtt_ms": st.none() | st.floats(0, 1e4),
     "m": st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
@@ -146,6 +168,7 @@ FUZZED = {
     "v": st.sampled_from([1, "2", 2.5, None]), "session": st.sampled_from(["abcdefgh", "x", 8]),
     "member": st.text(max_size=20) | st.sampled_from([(b"x" * 8).hex(), (b"m" * 9).hex()]),
     "name": st.integers() | st.none(), "fp": st.sampled_from(["zz", "", "ab" * 31, "ab" * 33]),
+    "pk": st.sampled_from(["zz", "", "cd" * 31, "cd" * 33]) | st.none(),
     "nat": st.text(max_size=10),
     "mapped": st.lists(st.integers() | st.text(max_size=8), max_size=3) | st.just(["x", 70000]),
     "local": st.integers() | st.just(["10.0.0.1"]), "rtt_ms": st.sampled_from(["x", "", []]),
@@ -183,6 +206,7 @@ def test_fuzz_sealed_bodies_from_a_member(case: tuple[dict[str, object] | bytes,
         return
     assert isinstance(body, dict) and (body["v"], body["session"], body["member"]) == (2, "k7q2m9xd", "6d" * 8)
     assert vm.member_id == b"m" * 8 and vm.fingerprint == bytes.fromhex(str(body["fp"])) and len(vm.fingerprint) == 32
+    assert vm.punch_public == bytes.fromhex(str(body["pk"])) and len(vm.punch_public) == 32
     assert vm.name == str(body["name"])[:64]  # a name is cut to 64 characters
     assert vm.nat_class.value == body["nat"] and vm.rtt_ms == body["rtt_ms"]
     assert vm.measurements == (body["m"] if isinstance(body["m"], dict) else {})  # "" is read as no measurements
@@ -199,7 +223,7 @@ def test_fuzz_sealed_bodies_from_a_member(case: tuple[dict[str, object] | bytes,
 def test_round_trip_of_any_announcement_that_fits(name: str, measurements: dict[str, object], t: float) -> None:
     code = JoinCode("k7q2m9xd", "0123456789abcdef")
     a = Announcement(code.session_id, b"m" * 8, name, b"f" * 32, "ordinary", None, ("10.0.0.1", 4), None,
-                     measurements, t)
+                     measurements, t, b"p" * 32)
     try:
         sealed = a.seal(code)
     except SessionError as exc:  # too big for one datagram: refused when made, never sent
