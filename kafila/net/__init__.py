@@ -50,8 +50,10 @@ Inside, each module has one job; the lower ones never import the upper ones:
     events.py     what the core tells its caller (next_event): one frozen dataclass per kind
     connections.py  the core's QUIC connections: ids, pending handshakes, path MTU, aioquic's events
     rdvhealth.py  whether the rendezvous still answers: probed after silence, lost, back
-    punch.py      the punch state machine toward one peer (freshness, replay window)
+    punch.py      the punch state machine toward one peer (pair-keyed MACs, freshness, replay window, candidates)
+    directpath.py which proposed direct path carries a peer's packets: only one a connection validated
     quic.py       identities, pinned TLS configuration, the Link message stream
+    quic_probes.py  one-off 1-RTT packets: path MTU probes, PATH_CHALLENGEs for proposed direct paths
     nat.py, stun.py, wire.py, frames.py, trust.py   probing, codecs, join codes and MACs
     mandate.py    a coordinator's credential: a join code made from the host's certificate, mandates to successors
 """

@@ -244,8 +244,7 @@ class EndpointCore:
         return self._conns.pmtu.get(conn)
 
     def _lose_rendezvous(self, now: float) -> None:
-        """The rendezvous is silent: end every connection it relays now, with the reason (not by QUIC's idle timeout,
-        which says nothing of why)."""
+        """The rendezvous is silent: end every connection it relays now, with why (QUIC's idle timeout would not)."""
         assert self.rendezvous is not None
         relayed = [c for c in self._conns.ids if self.path_to(c.peer.member_id) == "relay"]
         lost = self._rdv.lose(self.rendezvous, len(relayed), now)
@@ -313,15 +312,15 @@ class EndpointCore:
     def _run_puncher(self, p: Puncher, out: list[tuple[bytes, Addr]], now: float) -> None:
         """Route a puncher's datagrams, challenge the direct path it proposes, report a change of the path."""
         for data, dst in out:
-            if dst == RELAY_PATH:
-                self._relay_to(data, p.peer)
-            else:
-                self._out.append((data, dst))
-        if (proposed := self._paths.due(p, now)) is not None:  # on every established connection: one answers
-            for conn in [c for c in self._conns.established if c.peer.member_id == p.peer]:
-                if (challenge := conn.path_challenge(proposed, now)) is not None:
-                    self._out.append((challenge, proposed))
+            self._relay_to(data, p.peer) if dst == RELAY_PATH else self._out.append((data, dst))
+        self._challenge(p, now)
         self._report(p, now)
+
+    def _challenge(self, p: Puncher, now: float) -> None:
+        """Challenge the direct address the punch proposes, when due, on every established connection to the peer."""
+        conns = [c for c in self._conns.established if c.peer.member_id == p.peer]
+        if (proposed := self._paths.due(p, now, ready=bool(conns))) is not None:
+            self._out += [(c, proposed) for conn in conns if (c := conn.path_challenge(proposed, now)) is not None]
 
     def _report(self, p: Puncher, now: float) -> None:
         """Tell the caller the path changed (DIRECT once a connection validated the punch's address)."""
@@ -333,9 +332,8 @@ class EndpointCore:
     def _relay_to(self, payload: bytes, peer: bytes) -> None:
         if self.rendezvous is None:
             return
-        if 1 + wire.ID_LEN + len(payload) > wire.MAX_DATAGRAM:
-            # built for a direct path that has just gone: the relay's frames cannot carry it, as a
-            # path drops what it cannot carry (QUIC sends its data again at the relay's size)
+        if 1 + wire.ID_LEN + len(payload) > wire.MAX_DATAGRAM:  # built for a direct path that has just gone:
+            # dropped, as a path drops what it cannot carry (QUIC sends its data again at the relay's size)
             log.debug("a %d-byte datagram does not fit the relay's envelope: dropped", len(payload))
             return
         self._out.append((wire.encode_relay(wire.RELAY, peer, payload), self.rendezvous))
@@ -431,9 +429,11 @@ class EndpointCore:
         if conn not in self._conns:
             return  # already forgotten
         self._take_events(conn)
-        # not while a direct path awaits its validation: the search would start on the relay, then start over
-        search = None if self._paths.pending(self._punchers.get(conn.peer.member_id)) else \
-            self._conns.path_mtu(conn, self.config.pmtu, lambda: self._ceiling(conn.peer.member_id), now)
+        search = None  # not while a direct path awaits its validation: it would start on the relay, then over
+        if (p := self._punchers.get(conn.peer.member_id)) is None or not self._paths.pending(p):
+            search = self._conns.path_mtu(conn, self.config.pmtu, lambda: self._ceiling(conn.peer.member_id), now)
+        else:  # e.g. its handshake just completed: the first connection able to validate the address
+            self._challenge(p, now)
         for data, _addr in conn.datagrams_to_send(now):
             self._send_to_peer(conn.peer.member_id, data, conn in self._conns.established)
         if search is not None and (size := search.probe_due(now)) is not None:

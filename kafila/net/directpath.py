@@ -24,9 +24,10 @@ class DirectPaths:
     """Per peer: the proposed direct address a connection validated (and when), and what the caller was told."""
 
     allow_direct: bool = True
-    retry_s: float = 0.2  # a lost challenge is sent again this much later
+    retry_s: float = 0.2  # an unanswered challenge is sent again this much later, doubling each time...
+    max_retry_s: float = 5.0  # ...up to this (an address that never answers costs a 1,200-byte datagram per 5 s)
     _proven: dict[bytes, tuple[Addr, float]] = field(default_factory=dict)
-    _next: dict[bytes, float] = field(default_factory=dict)  # when the next challenge goes out
+    _next: dict[bytes, tuple[float, float]] = field(default_factory=dict)  # when the next challenge goes, the gap
     _reported: dict[bytes, PunchState] = field(default_factory=dict)  # the path state last told, per peer
 
     def proposed(self, p: Puncher) -> Addr | None:
@@ -50,21 +51,24 @@ class DirectPaths:
         at = self._proven[p.peer][1] if direct is not None else None
         return p.state in (PunchState.IDLE, PunchState.RELAY) or direct is not None, at
 
-    def due(self, p: Puncher, now: float) -> Addr | None:
-        """The address to challenge now, if a challenge is due (the next one is then scheduled)."""
+    def due(self, p: Puncher, now: float, ready: bool = True) -> Addr | None:
+        """The address to challenge now, if a challenge is due and the caller is `ready` to send one (a connection
+        to the peer is established); the next one is then scheduled, later each time."""
         proposed = self.proposed(p)
         if proposed is None:
             self._proven.pop(p.peer, None)  # the punch fell back: a new proposal is validated afresh
             self._next.pop(p.peer, None)
             return None
-        if self.route(p) is not None or now < self._next.get(p.peer, now):
+        at, gap = self._next.get(p.peer, (now, self.retry_s / 2))
+        if not ready or self.route(p) is not None or now < at:
             return None
-        self._next[p.peer] = now + self.retry_s
+        gap = min(2 * gap, self.max_retry_s)
+        self._next[p.peer] = (now + gap, gap)
         return proposed
 
     def next_wakeup(self, p: Puncher) -> float | None:
         """When due() next says yes, while the proposed address waits for its validation."""
-        return self._next.get(p.peer) if self.pending(p) else None
+        return self._next[p.peer][0] if self.pending(p) and p.peer in self._next else None
 
     def confirm(self, p: Puncher, answered: list[Addr], now: float) -> bool:
         """A connection's challenges to these addresses were answered: True when that makes the proposed one the
