@@ -5,10 +5,11 @@ counted); per creator's network (an IPv4 /24, an IPv6 /48) `max_sessions_per_net
 of networks (an IPv4 /16, an IPv6 /32) `max_sessions_per_block` and `max_block_bytes`. A session is in use
 once two sites (an IPv4 /24, an IPv6 /64) have joined it: two ports or two addresses of one network, which
 a single party has at hand, make none. When the table is full (sessions or bytes), a session not in use
-is dropped for a new one or a larger one: first one no second address joined, then one no second site
-joined, the idlest first. So a flood of creates and joins, even from many real addresses, cannot lock a
-new host out unless it holds addresses in many networks and blocks. A session no second address joined
-expires after `unjoined_session_ttl_s` (a group behind one NAT joins from two ports of it: it stays).
+is dropped for a new one or a larger one: one of the network holding the most sessions
+(rendezvous.evict), its idlest one no second address joined first. So a flood of creates and joins, even
+from many real addresses, cannot lock a new host out unless it holds addresses in many networks and blocks.
+A session no second address joined expires after `unjoined_session_ttl_s` (a group behind one NAT joins
+from two ports of it: it stays).
 
 Expiry looks only at what is due: every member and session has one entry in a heap of the times it
 could next expire, checked when that time comes and pushed again for later if it did not. A scan of a
@@ -20,10 +21,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter
 
 from kafila.errors import RendezvousBusy
 from kafila.net.trust import SESSION_ID_LEN, random_b32
+from rendezvous.evict import Evictable
 from rendezvous.limits import Addr, Limits, block_key, net_key, site_key
 from rendezvous.state import MEMBER_BYTES, SESSION_BYTES, Member, Session, announcement_bytes
 
@@ -38,13 +40,9 @@ class SessionTable:
         self.sessions: dict[str, Session] = {}
         self.by_addr: dict[Addr, tuple[str, bytes]] = {}
         self.size = 0  # bytes the sessions hold, as counted (Session.size)
-        self._per_net: Counter[str] = Counter()  # live sessions per creator's network
         self._per_block: Counter[str] = Counter()  # and per creator's block
         self._block_size: Counter[str] = Counter()  # bytes per creator's block
-        # sessions that may be dropped for room, idlest first: no second address joined (they go first), and
-        # no second site joined (the first's included)
-        self._unjoined: OrderedDict[str, None] = OrderedDict()
-        self._one_site: OrderedDict[str, None] = OrderedDict()
+        self._evictable = Evictable()  # live sessions per creator's network, and those that may be dropped for room
         # (when it could expire, entry number, session id, the member or None for the session itself); a
         # session's entry is the one numbered in _session_entry (an earlier one, replaced, is skipped)
         self._due: list[tuple[float, int, str, Member | None]] = []
@@ -55,7 +53,7 @@ class SessionTable:
         """A new session (under `asked`, its id before a restart, when given) created from address `ip`;
         RendezvousBusy when its network or block has its share, or the table is full of sessions in use."""
         owner, block = net_key(ip), block_key(ip)
-        if self._per_net[owner] >= self.limits.max_sessions_per_net:
+        if self._evictable.live[owner] >= self.limits.max_sessions_per_net:
             raise RendezvousBusy("too many sessions from this network; end one or try later", "full")
         if self._per_block[block] >= self.limits.max_sessions_per_block or \
                 self._block_size[block] + SESSION_BYTES > self.limits.max_block_bytes:
@@ -65,11 +63,10 @@ class SessionTable:
         while sid in self.sessions:
             sid = random_b32(SESSION_ID_LEN)
         s = self.sessions[sid] = Session(sid, join_pub, now, now, owner, block)
-        self._per_net[owner] += 1
+        self._evictable.add(sid, owner)
         self._per_block[block] += 1
         self.size += s.size
         self._block_size[block] += s.size
-        self._unjoined[sid] = self._one_site[sid] = None
         self._check_at(self._session_due(s)[0], s)
         return s
 
@@ -82,11 +79,11 @@ class SessionTable:
         if len(s.join_addrs) < 2:  # a second address: it no longer expires unjoined
             s.join_addrs.add(src)
             if len(s.join_addrs) == 2:
-                self._unjoined.pop(s.session_id, None)
+                self._evictable.second_address(s.session_id, s.owner)
         if len(s.join_sites) < 2:  # a second site makes it a session in use, never dropped for room
             s.join_sites.add(site_key(src[0]))
             if len(s.join_sites) == 2:
-                self._one_site.pop(s.session_id, None)
+                self._evictable.in_use(s.session_id, s.owner)
         self.place(s, m, src, local, now)
 
     def announce(self, s: Session, m: Member, ann: str, now: float) -> None:
@@ -112,9 +109,7 @@ class SessionTable:
     def touch(self, s: Session, now: float) -> None:
         """Something happened in `s` (the idlest session not in use goes first)."""
         s.last_active = now
-        for idlest in (self._unjoined, self._one_site):
-            if s.session_id in idlest:
-                idlest.move_to_end(s.session_id)
+        self._evictable.touch(s.session_id, s.owner)
 
     def remove(self, sid: str, mid: bytes) -> None:
         """Member `mid` leaves session `sid`."""
@@ -136,11 +131,10 @@ class SessionTable:
             m = s.members.pop(mid)
             if self.by_addr.get(m.addr) == (sid, mid):
                 del self.by_addr[m.addr]
-        self._unjoined.pop(sid, None)
-        self._one_site.pop(sid, None)
+        self._evictable.gone(sid, s.owner)
         self._session_entry.pop(sid, None)
         self.size -= s.size
-        for counter, key, n in ((self._per_net, s.owner, 1), (self._per_block, s.block, 1),
+        for counter, key, n in ((self._per_block, s.block, 1),
                                 (self._block_size, s.block, s.size)):
             counter[key] -= n
             if counter[key] <= 0:
@@ -156,11 +150,11 @@ class SessionTable:
         self._make_room(more, keep=s.session_id)
 
     def _make_room(self, more: int, sessions: int = 0, keep: str | None = None) -> None:
-        """Drop sessions not in use (never `keep`), idlest first, until `sessions` more sessions and `more` bytes
-        fit; RendezvousBusy when they cannot."""
+        """Drop sessions not in use (never `keep`), in rendezvous.evict's order, until `sessions` more sessions and
+        `more` bytes fit; RendezvousBusy when they cannot."""
         lim = self.limits
         while len(self.sessions) + sessions > lim.max_sessions or self.size + more > lim.max_table_bytes:
-            victim = next((sid for idlest in (self._unjoined, self._one_site) for sid in idlest if sid != keep), None)
+            victim = next((sid for sid in self._evictable.candidates() if sid != keep), None)
             if victim is None:
                 raise RendezvousBusy("the rendezvous is full (too many sessions); try later", "full")
             self.drop(victim)

@@ -4,6 +4,7 @@ block of networks, and the table bounded by the bytes it holds, announcements co
 from __future__ import annotations
 
 import gc
+import itertools
 import tracemalloc
 
 import pytest
@@ -62,6 +63,41 @@ def test_sessions_joined_from_two_ports_of_one_address_do_not_lock_a_new_host_ou
         sid = create(c, (f"172.16.{i}.1", 5), now=1.0)
         hosts += sid is not None and join(c, sid, b"m" * 8, (f"172.17.{i}.1", 5), now=1.0) is not None
     assert hosts == 300 and legit in c.sessions and len(c.sessions) == 200
+
+
+def test_a_new_hosts_session_outlives_a_flood_that_makes_its_own_again() -> None:
+    # before: the idlest session no second address joined went first, anywhere: with the flood's sessions all
+    # joined from two ports, that was the new host's own, waiting for its members, as soon as the flood made
+    # another (tests/net/test_flood_pins.py saw the host's own join refused: unknown_session)
+    c = RendezvousCore([A], Limits(max_sessions=64))
+    rid = itertools.count(10)
+
+    def flood_makes_one(k: int, now: float) -> str | None:
+        ip = f"10.1.2.{k % 32 + 1}"
+        made = ask(c, create_body(), (ip, 1), now, next(rid))
+        if not made["ok"]:
+            return None
+        for port in (2, 3):  # joined from two more ports of its address: once, a session in use
+            assert ask(c, join_for(made["session"], bytes([k, port]) * 4), (ip, port), now, next(rid))["ok"]
+        return str(made["session"])
+
+    assert all(flood_makes_one(k, 0.0) for k in range(64)) and len(c.sessions) == 64
+    host = create(c, ("203.0.113.1", 5), now=1.0)
+    assert host is not None and join(c, host, b"h" * 8, ("203.0.113.1", 5), now=1.0)
+    assert flood_makes_one(64, 1.5)  # the flood makes another, as its network's share allows again
+    assert join(c, host, b"m" * 8, ("198.51.100.9", 5), now=2.0)  # a member from another site: in use
+    assert host in c.sessions and len(c.sessions) == 64
+
+
+def test_the_network_holding_the_most_sessions_gives_one_up() -> None:
+    # before: the idlest went first, whichever network held it: here the four networks' one each
+    c = RendezvousCore([A], Limits(max_sessions=10))
+    few = [create(c, (f"10.8.{i}.1", 1)) for i in range(4)]  # one each of four networks
+    many = [create(c, (f"10.9.9.{i}", 1), now=0.5) for i in range(1, 7)]  # six of one network, made after them
+    assert all(many) and all(few)
+    for i in range(3):
+        assert create(c, (f"172.16.{i}.1", 1), now=1.0)
+    assert set(few) <= set(c.sessions) and sum(sid in c.sessions for sid in many) == 3
 
 
 def test_a_session_in_use_needs_two_sites() -> None:
