@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -19,7 +20,14 @@ def free_port_pair(ip: str = "127.0.0.1", alt_ip: str | None = "127.0.0.2") -> i
 
 @pytest.fixture
 def rendezvous_proc() -> Iterator[tuple[tuple[str, int], subprocess.Popen[str]]]:
-    """`python kafila.py rendezvous` on 127.0.0.1:P (and 127.0.0.2 as its second address).
+    """`python kafila.py rendezvous` on 127.0.0.1:P (and 127.0.0.2 as its second address): running_rendezvous."""
+    with running_rendezvous() as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_rendezvous(*args: str) -> Iterator[tuple[tuple[str, int], subprocess.Popen[str]]]:
+    """`python kafila.py rendezvous ARGS` on 127.0.0.1:P (and 127.0.0.2 as its second address), killed at the end.
 
     Its output is read by a thread (Proc), so the wait for 'listening' has a deadline a blocking
     readline could not keep, and its stats lines never fill the pipe. A port taken between being
@@ -28,7 +36,7 @@ def rendezvous_proc() -> Iterator[tuple[tuple[str, int], subprocess.Popen[str]]]
     for _ in range(PORT_TRIES):
         port = free_port_pair()
         proc = Proc("rendezvous", ["rendezvous", "--host", "127.0.0.1", "--port", str(port), "--alt-ip", "127.0.0.2",
-                                   "--stats-every", "1"], dict(os.environ))
+                                   "--stats-every", "1", *args], dict(os.environ))
         if proc.wait_for_either(LISTENING_RE, 60):
             break
         if proc.popen.poll() is None:
