@@ -4,6 +4,7 @@ and pings, as fast as one process can; and a new host and member timed opening a
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import secrets
 import socket
@@ -24,12 +25,15 @@ Addr = tuple[str, int]
 class Flood:
     """Who floods: `ports` sockets on each of `sources`; joins from any address's socket, or (`own_ports`) each
     session joined from two other ports of the address that created it (which once made it a session in use), the
-    creating port asking for a new one whenever its address's are all so joined."""
+    creating port asking for a new one whenever its address's are all so joined. With a `window`, each socket has
+    at most that many requests unanswered (for a second): as fast as the rendezvous answers, without overflowing
+    its socket's buffer, whose losses would time a retry, not the table; without one, as fast as it can send."""
 
     sources: list[str]
     ports: int = 1
     own_ports: bool = False
     seconds: float = 20.0
+    window: int | None = None
 
 
 def run_flood(flood: Flood, rdv: Addr, conn: Connection) -> None:
@@ -50,6 +54,8 @@ def run_flood(flood: Flood, rdv: Addr, conn: Connection) -> None:
     sent = answered = full = 0
     end = time.monotonic() + flood.seconds
     rid = 0
+    unanswered = [0] * len(socks)  # requests each socket sent since its last reply (bounded by the window)
+    heard = [0.0] * len(socks)  # when each socket last had a reply, or gave up waiting for one
 
     def send(i: int, body: dict[str, object]) -> None:
         nonlocal rid, sent
@@ -58,8 +64,17 @@ def run_flood(flood: Flood, rdv: Addr, conn: Connection) -> None:
         try:
             socks[i].sendto(wire.encode_control(wire.REQUEST, rid, body), rdv)
             sent += 1
+            unanswered[i] += 1
         except BlockingIOError:
             pass
+
+    def held_back(i: int, now: float) -> bool:
+        if flood.window is None or unanswered[i] < flood.window:
+            return False
+        if now - heard[i] < 1.0:
+            return True
+        unanswered[i], heard[i] = 0, now  # a second without a reply: what it waited for was lost
+        return False
 
     pinned_by: dict[str, set[int]] = {}  # own_ports: the sockets each session was joined from
 
@@ -78,8 +93,10 @@ def run_flood(flood: Flood, rdv: Addr, conn: Connection) -> None:
         own = by_address[i // flood.ports]
         return i % flood.ports == 0 and all(len(pinned_by[sid]) >= 2 for sid in own)
 
-    while time.monotonic() < end:
+    while (now := time.monotonic()) < end:
         for i in range(len(socks)):
+            if held_back(i, now):
+                continue
             if i not in cookies:
                 send(i, registration.cookie_body())
                 continue
@@ -100,6 +117,7 @@ def run_flood(flood: Flood, rdv: Addr, conn: Connection) -> None:
                     break
                 frame = wire.decode(data)
                 answered += 1
+                unanswered[i], heard[i] = max(0, unanswered[i] - 1), now
                 op, body = asked.pop((i, frame.request_id), ("", {}))
                 if frame.body.get("ok") is True and op == "create":
                     sessions.append(str(frame.body["session"]))
@@ -143,9 +161,10 @@ def end_flood(flooder: mp.process.BaseProcess, figures: Connection, flood: Flood
             flooder.kill()
 
 
-async def new_host_and_member(rdv: Addr, host_ip: str, member_ip: str) -> tuple[float, float]:
-    """A new host opens a session from host_ip and a member joins it from member_ip: the seconds each took, from
-    the host's start; AssertionError naming the refusal when the rendezvous refuses either."""
+async def new_host_and_member(rdv: Addr, host_ip: str, member_ip: str,
+                              member_after_s: float = 0.0) -> tuple[float, float]:
+    """A new host opens a session from host_ip and, `member_after_s` later, a member joins it from member_ip: the
+    seconds the host's took, and the member's; AssertionError naming the refusal when the rendezvous refuses either."""
     t0 = time.monotonic()
     async with PeerEndpoint(bind=(host_ip, 0), name="host") as host, \
             PeerEndpoint(bind=(member_ip, 0), name="member") as member:
@@ -155,6 +174,8 @@ async def new_host_and_member(rdv: Addr, host_ip: str, member_ip: str) -> tuple[
             took = time.monotonic() - t0
             raise AssertionError(f"the new host was refused after {took:.2f} s: {exc.code}: {exc}") from None
         created = time.monotonic() - t0
+        await asyncio.sleep(member_after_s)
+        t0 = time.monotonic()
         try:
             await member.join_session(rdv, str(code))
         except RendezvousError as exc:
