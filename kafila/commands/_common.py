@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kafila.net.rate import LinkRate
 
 
 def draft_arg(p: argparse.ArgumentParser) -> None:
@@ -108,3 +112,24 @@ def byte_progress(description: str) -> Iterator[Callable[[int, int], None]]:
             bar.update(task, completed=done, total=total)
 
         yield update
+
+
+def link_rate_arg(p: argparse.ArgumentParser) -> None:
+    """`--link-rate UP[/DOWN]`: EMULATION of this machine's connection (join, host, demo)."""
+    p.add_argument("--link-rate", default=None, metavar="MBIT[/MBIT]",
+                   help="EMULATION: cap what this machine sends (and receives) at this many Mbit/s, one number "
+                        "for both ways or UP/DOWN (a home connection)")
+
+
+def read_link_rate(text: str | None) -> LinkRate | None:
+    """The parsed `--link-rate`, or None; SessionError naming the flag."""
+    from kafila.errors import SessionError
+    from kafila.net.rate import LinkRate
+
+    if text is None:
+        return None
+    try:
+        return LinkRate.parse(text)
+    except ValueError as exc:
+        raise SessionError(str(exc)) from None
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kafila.commands._common import chat_template_arg, read_chat_template, speculate_arg
+from kafila.commands._common import chat_template_arg, read_chat_template, read_link_rate, speculate_arg
 
 HELP = "run a whole session on this machine (rendezvous, host, 3 emulated members) and chat through the ring"
 
@@ -20,6 +20,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", default=None, help="EMULATION: memory cap in GB of each member, comma-separated")
     p.add_argument("--link-delay", default=None, metavar="MS[,MS,...]",
                    help="EMULATION: one-way delay in ms of every datagram a member sends, one for all or one each")
+    p.add_argument("--link-rate", default=None, metavar="MBIT[/MBIT]",
+                   help="EMULATION: each member's connection in Mbit/s, one number for both ways or UP/DOWN")
     p.add_argument("--concurrency", type=int, default=4, help="concurrent requests to admit (default 4)")
     p.add_argument("--context", type=int, default=2048, help="context per request in tokens (default 2048)")
     p.add_argument("--api-port", type=int, default=8711, help="the chat API port (default 8711; 0: any free one)")
@@ -62,7 +64,8 @@ def _members(args: argparse.Namespace) -> tuple:
             raise KafilaError(f"--other-build names a member of this demo ({', '.join(names[:len(throttles)])})")
         if not is_built(other):
             raise KafilaError("the second llama.cpp build is not there: run `make llama-variant` first")
-    return tuple(DemoMember(n, t, m, other if n == args.other_build else None, d)
+    read_link_rate(args.link_rate)  # a bad value is refused here, before anything starts
+    return tuple(DemoMember(n, t, m, other if n == args.other_build else None, d, link_rate=args.link_rate or "")
                  for n, t, m, d in zip(names, throttles, mems, delays, strict=False))
 
 

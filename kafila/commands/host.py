@@ -8,9 +8,11 @@ import socket
 from kafila.commands._common import (
     chat_template_arg,
     draft_arg,
+    link_rate_arg,
     positive_int,
     positive_seconds,
     read_chat_template,
+    read_link_rate,
     speculate_arg,
 )
 
@@ -53,6 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "members fetch their stages there, every chunk checked against this host's sha256s, and this "
                         "host sends only what it cannot (a model from the Hugging Face cache offers its URL itself)")
     p.add_argument("--no-replan", action="store_true", help="end the session when a member is lost")
+    link_rate_arg(p)
     p.add_argument("--no-copy", action="store_true",
                    help="give no member a copy of the model (by default, when no other member holds it, one gets a "
                         "copy on disk, so that the session outlives this machine)")
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         model=Path(args.model) if args.model else None, rendezvous=parse_addr(args.rendezvous),
         members=args.members, wait_s=args.wait, settings=settings,
         api_port=None if args.api_port < 0 else args.api_port, coordinate_only=args.coordinate_only, name=args.name,
-        threads=args.threads, draft=Path(args.draft) if args.draft else None,
+        threads=args.threads, draft=Path(args.draft) if args.draft else None, link_rate=read_link_rate(args.link_rate),
     )
     return run_printing(lambda state: run_host(opts, state))
 

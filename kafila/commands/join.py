@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
-from kafila.commands._common import draft_arg
+from kafila.commands._common import draft_arg, link_rate_arg, read_link_rate
 
 if TYPE_CHECKING:
     from kafila.net.trust import JoinCode
@@ -36,6 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", type=float, default=None, metavar="GB", help="EMULATION: report at most this memory")
     p.add_argument("--link-delay", type=float, default=0.0, metavar="MS",
                    help="EMULATION: send every datagram this many ms late (a member far away: its links see the RTT)")
+    link_rate_arg(p)
 
 
 def read_join_code(given: str | None, stdin: TextIO | None = None, environ: Mapping[str, str] | None = None,
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from kafila.session.emulation import parse_schedule
 
     schedule = parse_schedule(args.throttle_schedule) if args.throttle_schedule else ()
+    link_rate = read_link_rate(args.link_rate)
     from kafila.session.member.join import run_member
     from kafila.session.options import MemberOptions, parse_addr
     from kafila.session.terminal.printer import run_printing
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     opts = MemberOptions(
         code=str(code), rendezvous=parse_addr(args.rendezvous), name=args.name,
         api_port=None if args.api_port < 0 else args.api_port, memory_gb=args.memory, link_delay_ms=args.link_delay,
+        link_rate=link_rate,
         throttle=schedule[0][1] if schedule else args.throttle, throttle_schedule=schedule,
         threads=args.threads, model=Path(args.model) if args.model else None,
         trace_path=Path(trace) if trace else None, draft=Path(args.draft) if args.draft else None,

@@ -59,6 +59,9 @@ class LinkRate:
 
     up_mbit: float
     down_mbit: float
+    # one queue per direction for every endpoint given this LinkRate: a host's coordinator and its own member
+    # share one machine's uplink, as they would share a home connection
+    _queues: dict[str, RateQueue] = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @classmethod
     def parse(cls, text: str) -> LinkRate:
@@ -74,10 +77,10 @@ class LinkRate:
         return cls(up, down)
 
     def uplink(self) -> RateQueue:
-        return RateQueue(self.up_mbit * MBIT)
+        return self._queues.setdefault("up", RateQueue(self.up_mbit * MBIT))
 
     def downlink(self) -> RateQueue:
-        return RateQueue(self.down_mbit * MBIT)
+        return self._queues.setdefault("down", RateQueue(self.down_mbit * MBIT))
 
     def label(self) -> str:
         """How it shows wherever it shows: marked as emulated."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafila.errors import SessionError
+from kafila.net.rate import LinkRate
 from kafila.session.settings import SessionSettings
 
 DEFAULT_RENDEZVOUS = ("127.0.0.1", 3478)
@@ -40,6 +41,7 @@ class MemberOptions:
     throttle_schedule: tuple[tuple[float, float], ...] = ()
     memory_gb: float | None = None  # emulated memory cap
     link_delay_ms: float = 0.0  # emulated one-way delay of every datagram this member sends (a far member)
+    link_rate: LinkRate | None = None  # emulated uplink and downlink of this machine (`--link-rate`)
     cache_dir: Path | None = None
     join_timeout_s: float = 60.0
     link_idle_timeout_s: float = 5.0  # a silent peer is declared lost after this long
@@ -70,3 +72,4 @@ class HostOptions:
     allow_direct: bool = True
     label: str | None = None  # the model's name to show (None: from its file; a copy's file is named by its hash)
     draft: Path | None = None  # the host's own machine's draft model (MemberOptions.draft)
+    link_rate: LinkRate | None = None  # emulated uplink and downlink of this machine, shared by its own member

@@ -106,3 +106,11 @@ async def test_without_a_rate_nothing_is_held_or_dropped() -> None:
     assert [d[:2] for d, _ in arrived] == [i.to_bytes(2, "big") for i in range(300)]
     sender.close()
     receiver.close()
+
+
+def test_one_machines_endpoints_share_its_connection() -> None:
+    """A host's coordinator and its own member get one LinkRate: one uplink and one downlink between them."""
+    rate = LinkRate.parse("40/160")
+    assert rate.uplink() is rate.uplink() and rate.downlink() is rate.downlink()
+    assert rate.uplink() is not rate.downlink() and rate.downlink().rate == 160 * MBIT
+    assert LinkRate.parse("40/160") == rate  # the queues are not part of its value

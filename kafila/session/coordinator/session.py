@@ -57,7 +57,8 @@ async def open_session(ep: PeerEndpoint, rendezvous: Addr) -> tuple[JoinCode, Cr
 async def _serve_host(opts: HostOptions, state: SessionState, model: Path, info: ModelInfo, cache: StageCache,
                       use: InUse, own_member: OwnMember | None) -> int:
     async with PeerEndpoint(bind=opts.bind, name="host", idle_timeout_s=opts.link_idle_timeout_s,
-                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous) as ep:
+                            allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous,
+                            link_rate=opts.link_rate) as ep:
         await ep.probe_nat(opts.rendezvous)
         code, credential = await open_session(ep, opts.rendezvous)
         state.code = str(code)

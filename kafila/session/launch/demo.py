@@ -48,6 +48,7 @@ class DemoMember:
     llama_path: Path | None = None  # a second llama-cpp-python build to run on (kafila.engine.variant)
     link_delay_ms: float = 0.0  # every datagram it sends leaves this much later (a member far away)
     throttle_schedule: str = ""  # its slow-down changing while it serves, as `kafila join --throttle-schedule`
+    link_rate: str = ""  # its connection's emulated rate, as `kafila join --link-rate` takes it
 
 
 DEFAULT_MEMBERS = (DemoMember("ada", 1.0), DemoMember("bo", 2.0), DemoMember("cy", 4.0))
@@ -204,6 +205,8 @@ async def run_demo(opts: DemoOptions, state: SessionState) -> int:
                             argv += ["--memory", str(m.memory_gb)]
                         if m.link_delay_ms:
                             argv += ["--link-delay", str(m.link_delay_ms)]
+                        if m.link_rate:
+                            argv += ["--link-rate", m.link_rate]
                         if m.throttle_schedule:
                             argv += ["--throttle-schedule", m.throttle_schedule]
                         if opts.draft is not None:

@@ -21,6 +21,8 @@ async def run_host(opts: HostOptions, state: SessionState) -> int:
     async def own_member(code: str) -> None:
         await _own_member(opts, code, state)
 
+    if opts.link_rate is not None and opts.coordinate_only:  # else its own member says it
+        state.log(f"this machine's connection: {opts.link_rate.label()}")
     return await coordinate_session(opts, state, own_member)
 
 
@@ -33,7 +35,8 @@ async def _own_member(opts: HostOptions, code: str, host_state: SessionState) ->
     relay_events(mine, host_state, f"{opts.name} (this machine): ")
     member_opts = MemberOptions(code=code, rendezvous=opts.rendezvous, name=opts.name, api_port=None,
                                 cache_dir=opts.cache_dir, link_idle_timeout_s=opts.link_idle_timeout_s,
-                                allow_direct=opts.allow_direct, threads=opts.threads, draft=opts.draft)
+                                allow_direct=opts.allow_direct, threads=opts.threads, draft=opts.draft,
+                                link_rate=opts.link_rate)  # one machine: its member shares the host's connection
     try:
         await run_member(member_opts, mine)
     except KafilaError as exc:

@@ -44,7 +44,9 @@ async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCa
         state.log(f"holding the model {opts.model.name} (sha256 {claim['model_sha256']})")
     async with PeerEndpoint(bind=opts.bind, name=opts.name, idle_timeout_s=opts.link_idle_timeout_s,
                             allow_direct=opts.allow_direct, on_rendezvous=state.set_rendezvous,
-                            link_delay_s=opts.link_delay_ms / 1e3) as ep:
+                            link_delay_s=opts.link_delay_ms / 1e3, link_rate=opts.link_rate) as ep:
+        if opts.link_rate is not None:
+            state.log(f"this machine's connection: {opts.link_rate.label()}")
         report = await ep.probe_nat(opts.rendezvous)
         await ep.join_session(opts.rendezvous, opts.code)
         # joined before measuring: the host knows this member has arrived, and waits for its measurements

@@ -101,7 +101,7 @@ async def coordinate(opts: MemberOptions, model: Path, assign: Assign, roster: R
     info = await asyncio.to_thread(describe_model, model)  # off the loop: the member's links are read on it
     async with PeerEndpoint(bind=opts.bind, identity=identity, name=opts.name,
                             idle_timeout_s=opts.link_idle_timeout_s, allow_direct=opts.allow_direct,
-                            link_delay_s=opts.link_delay_ms / 1e3) as ep:
+                            link_delay_s=opts.link_delay_ms / 1e3, link_rate=opts.link_rate) as ep:
         await ep.probe_nat(opts.rendezvous)
         await ep.join_session(opts.rendezvous, opts.code)
         credential = mandated(roster, opts.name)
