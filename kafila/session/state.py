@@ -37,7 +37,8 @@ class MemberView:
     rtt_ms: float | None = None
     nat: str | None = None
     nat_evidence: dict[str, Any] = field(default_factory=dict)
-    emulated: dict[str, float] = field(default_factory=dict)  # {"throttle": 4, "memory_gb": 2}: emulation only
+    # {"throttle": 4, "memory_gb": 2, "link_mbit": [40, 160]}: emulation only
+    emulated: dict[str, float | list[float]] = field(default_factory=dict)
     probe_samples: list[float] = field(default_factory=list)  # bytes/s of each probe call, for a sparkline
     # prefill per call of `prow` rows: pdisp + n·pblk + bytes/pbw (empty: not measured); the machine's short id
     prefill: dict[str, float] = field(default_factory=dict)

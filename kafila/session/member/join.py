@@ -36,7 +36,9 @@ async def run_member(opts: MemberOptions, state: SessionState) -> int:
 
 
 async def _serve_member(opts: MemberOptions, state: SessionState, cache: StageCache, use: InUse) -> int:
-    emulation = Emulation(opts.throttle, opts.memory_gb, opts.link_delay_ms)
+    rate = opts.link_rate
+    emulation = Emulation(opts.throttle, opts.memory_gb, opts.link_delay_ms, rate.up_mbit if rate else 0.0,
+                          rate.down_mbit if rate else 0.0)
     claim: dict[str, str] = {}
     if opts.model is not None:
         state.set_phase("measuring", f"hashing {opts.model} (once per file: the hash is cached)")

@@ -27,21 +27,32 @@ def wire_protocol() -> str:
 
 @dataclass(frozen=True)
 class Emulation:
-    """Slow-down and memory cap applied to a member on one machine; labelled 'emulated' everywhere."""
+    """Slow-down, memory cap, link delay and link rate applied to a member on one machine; labelled 'emulated'
+    everywhere."""
 
     throttle: float = 1.0
     memory_gb: float | None = None
     link_delay_ms: float = 0.0
+    link_up_mbit: float = 0.0  # its connection's emulated rates (`--link-rate`); 0: not limited
+    link_down_mbit: float = 0.0
 
-    def as_dict(self) -> dict[str, float]:
-        d: dict[str, float] = {}
+    def as_dict(self) -> dict[str, float | list[float]]:
+        d: dict[str, float | list[float]] = {}
         if self.throttle != 1.0:
             d["throttle"] = self.throttle
         if self.memory_gb is not None:
             d["memory_gb"] = self.memory_gb
         if self.link_delay_ms:
             d["link_delay_ms"] = self.link_delay_ms
+        if self.link_up_mbit:  # up and down, 3 significant digits: the announcement's datagram is nearly full
+            d["link_mbit"] = [_mbit(self.link_up_mbit), _mbit(self.link_down_mbit)]
         return d
+
+
+def _mbit(x: float) -> float:
+    """A rate to 3 significant digits, and without a '.0' when whole (100000.0 -> 100000)."""
+    r = float(f"{x:.3g}")
+    return int(r) if r.is_integer() else r
 
 
 def machine_id() -> str:

@@ -10,6 +10,13 @@ from rich.table import Table
 from kafila.session.state import SessionState
 
 
+def _figure(v: Any) -> str:
+    """An emulated figure as announced: a number, or up/down (link_mbit)."""
+    if isinstance(v, list):
+        return "/".join(_figure(x) for x in v)
+    return f"{v:g}" if isinstance(v, int | float) else str(v)
+
+
 def plan_summary(state: SessionState) -> Table:
     """The admitted ring: order (head first), ranges, predicted stage times, the bottleneck, the baselines."""
     plan = state.plan or {}
@@ -22,7 +29,7 @@ def plan_summary(state: SessionState) -> Table:
         t = plan["stage_seconds"][name]
         mark = " ◀ bottleneck" if abs(t - bottleneck) < 1e-12 else ""
         emu = state.members.get(name)
-        emulated = ", ".join(f"{k} {v:g}" for k, v in (emu.emulated if emu else {}).items()) or "—"
+        emulated = ", ".join(f"{k} {_figure(v)}" for k, v in (emu.emulated if emu else {}).items()) or "—"
         table.add_row(name, f"[{start}, {end})", f"{t * 1e3:.2f}{mark}", f"{plan['memory_bytes'][name] / 1e6:.0f} MB",
                       emulated)
     lines = [f"bottleneck {bottleneck * 1e3:.2f} ms, utilisation {plan.get('utilisation', 0):.0%}"]

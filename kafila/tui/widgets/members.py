@@ -26,6 +26,11 @@ def emulation_text(view: MemberView) -> Text:
         bits.append(f"÷{view.emulated['throttle']:g} bw")  # bandwidth divided by the throttle
     if view.emulated.get("memory_gb") is not None:
         bits.append(f"≤{view.emulated['memory_gb']:g} GB")
+    if view.emulated.get("link_delay_ms"):
+        bits.append(f"+{view.emulated['link_delay_ms']:g} ms")  # every datagram it sends, that much later
+    link = view.emulated.get("link_mbit")
+    if isinstance(link, list) and len(link) == 2 and all(isinstance(x, int | float) for x in link):  # up, down
+        bits.append(f"link {link[0]:g}" + ("" if link[0] == link[1] else f"/{link[1]:g}") + " Mbit/s")
     return Text("EMULATED " + " ".join(bits), style=f"bold {EMULATED}")
 
 

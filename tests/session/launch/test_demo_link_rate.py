@@ -1,5 +1,6 @@
 """EMULATION: `kafila demo --link-rate MBIT` caps each member's connection: a stage takes at least its size over
-the rate to arrive, every member's log says its connection is emulated, and the reply is still llama.cpp's own."""
+the rate to arrive, every member's log and the demo's JSON say its connection is emulated, and the reply is still
+llama.cpp's own."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ MBIT = 40  # 5 MB/s: SmolLM2's stages of 27-45 MB take 5-9 s
 def test_a_demo_on_slow_connections_delivers_at_their_rate(tmp_path: Path, smollm: Path) -> None:
     doc = demo_json(tmp_path, PROMPT, TOKENS, "--link-rate", str(MBIT))
     assert doc["text"] == llama_cpp_reply(smollm, PROMPT, TOKENS, 2048)
-    for name in doc["members"]:
+    for name, member in doc["members"].items():
+        assert member["emulated"]["link_mbit"] == [MBIT, MBIT], member  # the demo's JSON labels it emulated
         log = (tmp_path / "demo-logs" / f"{name}.log").read_text()
         assert f"this machine's connection: {MBIT} Mbit/s (emulated)" in log, log
         start = re.search(r"^(\d\d:\d\d:\d\d) measuring this machine", log, re.M)

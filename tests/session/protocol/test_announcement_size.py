@@ -1,7 +1,7 @@
 """A member's announcement fits its one datagram in the largest case a user can make: a 32-character name, a
-GPU, emulated slow-down and memory, its own model file, and probe figures whose 17-digit forms are longest.
-Before, such an announcement reached 917 bytes of the 900 allowed, and the member could not join. So does a
-coordinator's, with the longest mandate chain a successor announces (kafila.net.mandate)."""
+GPU, emulated slow-down, memory, link delay and link rate, its own model file, and probe figures whose 17-digit
+forms are longest. Before, such an announcement reached 917 bytes of the 900 allowed, and the member could not
+join. So does a coordinator's, with the longest mandate chain a successor announces (kafila.net.mandate)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def test_the_largest_announcement_fits_its_datagram() -> None:
     probe = replace(sample_probe(), dispatch_s=longest, block_s=longest, unembed_s=longest,
                     prefill_dispatch_s=longest, prefill_block_s=longest, prefill_attn_s=longest,
                     device="NVIDIA GeForce RTX 4090", expert_rates=(("Q4_0", 3.3e8), ("MXFP4", 1.7e8)))
-    m = {**measurements(probe, Emulation(throttle=2.5, memory_gb=3.75)), "role": "member",
+    m = {**measurements(probe, Emulation(throttle=2.5, memory_gb=3.75, link_delay_ms=999.25,
+                                                    link_up_mbit=12345.675, link_down_mbit=99999.125)),
+         "role": "member",
          MODEL_KEY: "c" * 64}
     ann = Announcement("k7q2m9xd", b"m" * 8, "x" * 32, b"f" * 32, "ordinary", ("203.0.113.200", 40000),
                        ("192.168.100.200", 40001), 123.45, m, 1.8e9)
