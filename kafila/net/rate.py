@@ -13,6 +13,7 @@ burst + rate * T (`passed` counts them; the tests check this bound on real socke
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -35,6 +36,10 @@ class RateQueue:
         if not self.rate > 0 or self.burst < 0 or self.max_wait_s < 0:
             raise ValueError(f"a link rate must be positive, got {self.rate} bytes/s")
 
+    def admits(self, n: int, now: float) -> bool:
+        """Whether a datagram of `n` bytes offered at `now` would be given a departure (nothing is counted)."""
+        return max(self._free_at, now - self.burst / self.rate) + n / self.rate - now <= self.max_wait_s
+
     def depart(self, n: int, now: float) -> float | None:
         """When a datagram of `n` bytes offered at `now` leaves (>= now), or None when it is dropped.
 
@@ -49,6 +54,22 @@ class RateQueue:
         self._free_at = drained
         self.passed += n
         return leave
+
+
+async def paced(queue: RateQueue, n: int) -> None:
+    """EMULATION: return once `n` bytes of a stream (an HTTP download) have passed `queue`, sharing it with the
+    datagrams: a stream's bytes wait for room in pieces the queue takes, never dropped (TCP would resend them)."""
+    loop = asyncio.get_running_loop()
+    piece = max(1, int(queue.rate * queue.max_wait_s / 2))  # a piece always fits an empty queue's wait
+    while n > 0:
+        take = min(n, piece)
+        now = loop.time()
+        leave = queue.depart(take, now) if queue.admits(take, now) else None
+        if leave is None:  # the queue is full of datagrams: wait for half of it to drain
+            await asyncio.sleep(queue.max_wait_s / 2)
+            continue
+        n -= take
+        await asyncio.sleep(max(0.0, leave - loop.time()))
 
 
 MAX_MBIT = 100_000.0  # 100 Gbit/s: past any link a member has

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafila.net.rate import MBIT, LinkRate, RateQueue
+from kafila.net.rate import MBIT, LinkRate, RateQueue, paced
 from kafila.net.udp import UdpSocket
 
 pytestmark = pytest.mark.fast
@@ -114,3 +114,21 @@ def test_one_machines_endpoints_share_its_connection() -> None:
     assert rate.uplink() is rate.uplink() and rate.downlink() is rate.downlink()
     assert rate.uplink() is not rate.downlink() and rate.downlink().rate == 160 * MBIT
     assert LinkRate.parse("40/160") == rate  # the queues are not part of its value
+
+
+async def test_a_stream_waits_for_the_link_and_shares_it_with_datagrams() -> None:
+    """EMULATION: an HTTP download's bytes pass the downlink paced, never dropped, even when a piece of it is more
+    than the queue may hold (a slow link) and when datagrams fill the queue first."""
+    loop = asyncio.get_running_loop()
+    slow = RateQueue(20_000, burst=0)  # 160 kbit/s: 64 kB would wait 3 s, past the queue's 0.1 s
+    t0 = loop.time()
+    await paced(slow, 10_000)
+    assert slow.passed == 10_000 and slow.dropped == 0
+    assert loop.time() - t0 >= (10_000 - slow.burst) / slow.rate
+    link = RateQueue(1e6, burst=0)
+    while link.depart(1200, loop.time()) is not None:  # datagrams fill its 0.1 s queue
+        pass
+    t0 = loop.time()
+    await paced(link, 200_000)
+    assert link.dropped == 1200 and link.passed >= 200_000
+    assert loop.time() - t0 >= (link.passed - 1200) / link.rate - 0.01  # after the datagrams, at the rate

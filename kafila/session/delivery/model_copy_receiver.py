@@ -23,6 +23,7 @@ from typing import Any
 
 from kafila.errors import DiskFullError, KafilaError, ProtocolError
 from kafila.model.stage_cache import StageCache
+from kafila.net.rate import RateQueue
 from kafila.session.delivery.cache_inventory import InUse
 from kafila.session.delivery.model_chunks import ChunkStore
 from kafila.session.delivery.stage_fetch import fetch_from_urls
@@ -43,8 +44,10 @@ class ModelCopy:
 
     def __init__(self, me: str, state: SessionState, cache: StageCache, use: InUse | None,
                  send_host: Callable[[messages.Control], Awaitable[None]],
-                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]],
+                 downlink: RateQueue | None = None) -> None:
         self.me, self.state, self.cache, self.use, self.send_host, self.spawn = me, state, cache, use, send_host, spawn
+        self.downlink = downlink  # EMULATION: the member's emulated downlink, which downloads from URLs pass
         self.model_copy: Path | None = None  # a verified copy of the model the host gave
         self._copy: StageReceiver | None = None  # the copy being received (None: none, or it is whole)
         self._copy_task: asyncio.Task[None] | None = None  # its start or its final check, off the control loop
@@ -72,7 +75,7 @@ class ModelCopy:
             if not store.complete:
                 self.state.log(f"fetching a copy of the model ({megabytes(manifest.size)}) from "
                                f"{', '.join(source.urls)} in the background, so that the session outlives its host")
-                await fetch_from_urls(store, source.urls, tell=self.state.log)
+                await fetch_from_urls(store, source.urls, tell=self.state.log, downlink=self.downlink)
             self.model_copy = await run_stoppable(lambda progress: store.finish())
         except (KafilaError, OSError) as exc:
             self.state.log(f"{exc}; the copy comes from the host instead")

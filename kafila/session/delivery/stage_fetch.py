@@ -21,6 +21,7 @@ from typing import Protocol
 
 from kafila.errors import NetworkError, SessionError
 from kafila.model.cut import StageSpec
+from kafila.net.rate import RateQueue
 from kafila.session.delivery.chunk_scheduler import ChunkScheduler, Kind, Request
 from kafila.session.delivery.model_chunks import ChunkRefused, ChunkStore
 from kafila.session.delivery.stage_chunks import cut_and_check, header_wanted, read_header, stage_chunks
@@ -113,14 +114,15 @@ async def fetch_stage(store: ChunkStore, spec: StageSpec, scheduler: ChunkSchedu
 
 
 async def fetch_from_urls(store: ChunkStore, urls: Sequence[str], tell: Callable[[str], None] = log.warning,
-                          spec: StageSpec | None = None) -> None:
+                          spec: StageSpec | None = None, downlink: RateQueue | None = None) -> None:
     """The chunks `spec`'s cut reads (None: every chunk of the model) from `urls` into `store`; SessionError as soon
-    as the URLs cannot bring one (the host sends the rest then)."""
+    as the URLs cannot bring one (the host sends the rest then). `downlink` (EMULATION): the member's emulated
+    downlink, which the downloads pass."""
     scheduler = ChunkScheduler()
     async with contextlib.AsyncExitStack() as stack:
         sources: dict[str, ChunkSource] = {}
         for url in urls:
-            source = await stack.enter_async_context(UrlSource(url, store.manifest))
+            source = await stack.enter_async_context(UrlSource(url, store.manifest, downlink=downlink))
             sources[source.name] = source
             scheduler.add_source(source.name, Kind.URL)
         if spec is not None:
@@ -131,11 +133,12 @@ async def fetch_from_urls(store: ChunkStore, urls: Sequence[str], tell: Callable
 
 
 async def stage_from_urls(store: ChunkStore, spec: StageSpec, urls: Sequence[str], dest: Path,
-                          expected: StageManifest, tell: Callable[[str], None] = log.warning) -> Path:
+                          expected: StageManifest, tell: Callable[[str], None] = log.warning,
+                          downlink: RateQueue | None = None) -> Path:
     """`spec`'s stage at `dest`, cut from the chunks it needs fetched from `urls` into `store` and checked against
     the host's stage manifest; SessionError as soon as the URLs cannot bring a chunk (the host sends the stage
     then). The cut is written beside `dest` and moved into place whole, so a `dest` present is a checked stage."""
-    await fetch_from_urls(store, urls, tell, spec)
+    await fetch_from_urls(store, urls, tell, spec, downlink)
     part = dest.with_name(f".{dest.name}.{os.getpid()}.cut")
     try:
         await run_stoppable(partial(cut_and_check, store, spec, part, expected))

@@ -6,7 +6,8 @@ The URL is trusted for nothing: before its first chunk is used the file behind i
 (check(): the size it reports and the first chunk's sha256 against the host's model manifest), and
 every chunk it sends is verified by the ChunkStore like any other source's. A transfer that stalls
 (no byte for `stall_s`) or breaks is asked again from the first byte that has not arrived, after a
-back-off that doubles while nothing arrives, up to `attempts` tries in a row.
+back-off that doubles while nothing arrives, up to `attempts` tries in a row. Under an emulated link rate
+(`--link-rate`) the bytes are read no faster than the member's downlink lets them through.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from kafila.errors import NetworkError, SessionError
+from kafila.net.rate import RateQueue, paced
 from kafila.session.protocol.model_manifest import ModelManifest
 
 if TYPE_CHECKING:
@@ -46,8 +48,10 @@ class UrlLimits:
 class UrlSource:
     """Chunks of the model from `url`; use as `async with UrlSource(...) as src`, then `await src.check()`."""
 
-    def __init__(self, url: str, manifest: ModelManifest, limits: UrlLimits = UrlLimits()) -> None:
+    def __init__(self, url: str, manifest: ModelManifest, limits: UrlLimits = UrlLimits(),
+                 downlink: RateQueue | None = None) -> None:
         self.url, self.manifest, self.limits = url, manifest, limits
+        self.downlink = downlink  # EMULATION (`--link-rate`): the member's downlink, which its datagrams share
         self.name = f"URL {url}"
         self.bytes_received = 0  # every byte that arrived, retried ranges included
         self.retries = 0
@@ -120,6 +124,8 @@ class UrlSource:
                     raise NetworkError(f"the transfer ended after {want - (wanted_end - len(into))} of {want} bytes")
                 into += piece
                 self.bytes_received += len(piece)
+                if self.downlink is not None:  # read no faster than the emulated link: TCP's window then slows it
+                    await paced(self.downlink, len(piece))
 
     def _wrong_size(self, size: int) -> str:
         return (f"{self.url} serves another file: {size} bytes, where the host's model has {self.manifest.size} "

@@ -47,7 +47,8 @@ class MemberRuntime:
         self.follower = Follower(opts.name, state)
         self.stages = Stages(ep, opts, state, cache, use, self.throttle, self.send_host)
         self.ring = RingService(opts, state, api, self.send_host)
-        self.copy = ModelCopy(opts.name, state, cache, use, self.send_host, self._spawn)
+        self.copy = ModelCopy(opts.name, state, cache, use, self.send_host, self._spawn,
+                              opts.link_rate.downlink() if opts.link_rate else None)
         self._tg: asyncio.TaskGroup | None = None  # the running member's tasks: a serving task's error ends it
         self._pending: list[messages.Control] = []  # the coordinator's messages read while a stage arrived
         self._gone: set[bytes] = set()  # coordinators lost so far (their endpoints' member ids)

@@ -167,7 +167,8 @@ class Stages:
                            f"{', '.join(source.urls)}")
             try:
                 async with working(self.send_host, msg.epoch, step, held=lambda: held):
-                    await stage_from_urls(store, spec, source.urls, dest, msg.stage, tell=self.state.log)
+                    await stage_from_urls(store, spec, source.urls, dest, msg.stage, tell=self.state.log,
+                                          downlink=self.opts.link_rate.downlink() if self.opts.link_rate else None)
             except SessionError as exc:  # the URLs cannot bring it all: the host sends what is still missing
                 self.state.log(f"{exc}; the stage comes from the host instead")
                 return await self.receive_stage(msg, control, pending)

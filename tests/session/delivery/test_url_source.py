@@ -9,6 +9,7 @@ import pytest
 
 from kafila.errors import NetworkError
 from kafila.model.random_gguf import TEST_SHAPE, write_random_gguf
+from kafila.net.rate import RateQueue
 from kafila.session.delivery.model_chunks import ChunkRefused, ChunkStore, model_manifest
 from kafila.session.delivery.url_source import UrlLimits, UrlRefused, UrlSource
 from tests.session.delivery.range_server import Behaviour, range_server
@@ -103,3 +104,17 @@ async def test_failing_requests_are_retried_with_back_off_then_given_up(models: 
         behaviour.fail = 100
         with pytest.raises(NetworkError, match=r"gave no bytes of chunk 2 in 6 tries in a row \(last: HTTP 503\)"):
             await src.fetch(2)
+
+
+async def test_an_emulated_downlink_paces_what_a_url_sends(models: tuple[Path, Path], tmp_path: Path) -> None:
+    """EMULATION `--link-rate`: the chunks arrive no faster than the member's downlink, which counts them."""
+    model = models[0]
+    manifest = model_manifest(tmp_path, model)
+    downlink = RateQueue(8e6)  # 64 Mbit/s
+    async with range_server(Behaviour(model)) as server, \
+            UrlSource(f"{server.url}/model.gguf", manifest, downlink=downlink) as src:
+        t0 = time.monotonic()
+        got = b"".join([await src.fetch(i) for i in range(3)])
+        took = time.monotonic() - t0
+    assert got == model.read_bytes()[:len(got)] and downlink.passed == len(got) > 2e6
+    assert took >= (len(got) - downlink.burst) / downlink.rate, took  # 3 MB at 8 MB/s: 0.39 s at the least
