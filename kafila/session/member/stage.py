@@ -199,6 +199,7 @@ class Stages:
         receiver.check_space()  # before asking for anything: a full disk is said at once, not after minutes
         await self.send_host(messages.Need(assign.epoch, tuple(missing)))
         total = manifest.size
+        self.state.log(f"asking the host for {receiver.bytes_missing / 1e6:.1f} MB of stage {manifest.sha256[:12]}")
         self.state.delivery[me] = (total - receiver.bytes_missing, total)
         self.state.changed()
 

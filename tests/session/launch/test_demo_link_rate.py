@@ -27,9 +27,10 @@ def test_a_demo_on_slow_connections_delivers_at_their_rate(tmp_path: Path, smoll
         assert member["emulated"]["link_mbit"] == [MBIT, MBIT], member  # the demo's JSON labels it emulated
         log = (tmp_path / "demo-logs" / f"{name}.log").read_text()
         assert f"this machine's connection: {MBIT} Mbit/s (emulated)" in log, log
-        start = re.search(r"^(\d\d:\d\d:\d\d) measuring this machine", log, re.M)
+        start = re.search(r"^(\d\d:\d\d:\d\d) asking the host for [\d.]+ MB of stage", log, re.M)
         done = re.search(r"^(\d\d:\d\d:\d\d) stage \w+ verified \(([\d.]+) MB\)", log, re.M)
         assert start and done, log
         took = (datetime.strptime(done[1], "%H:%M:%S") - datetime.strptime(start[1], "%H:%M:%S")).seconds
-        # the stage cannot have come faster than the emulated downlink (the log's clock has whole seconds)
+        # the stage cannot have come faster than the emulated downlink (the log's clock has whole seconds); on
+        # loopback without it, it comes in a second or two
         assert took >= float(done[2]) * 1e6 / (MBIT * 1e6 / 8) - 1, (name, took, done[0])
