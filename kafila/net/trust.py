@@ -24,8 +24,8 @@ a member's punch key is pinned with it (kafila.net.members).
 
 A sealed announcement, as the rendezvous stores and lists it (base64, opaque to it)::
 
-    0x02 | nonce (12 random bytes) | ChaCha20-Poly1305(announce_key, nonce, body padded with
-    spaces to a multiple of 128 bytes, associated data "kafila-announce-v2|" + session id)
+    0x03 | nonce (12 random bytes) | ChaCha20-Poly1305(announce_key, nonce, body deflated and padded
+    with zeros to a multiple of 128 bytes, associated data "kafila-announce-v2|" + session id)
 
 The body is canonical JSON; ``t`` (when it was made, wall clock) lets a reader refuse one older
 than a session can live (MAX_ANNOUNCEMENT_AGE_S) or older than one already seen from the member.
@@ -43,6 +43,7 @@ import math
 import re
 import secrets
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +63,12 @@ _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32: no i, l, o, 
 _CONFUSABLE = str.maketrans({"i": "1", "l": "1", "o": "0"})
 SESSION_ID_LEN = 8
 SECRET_LEN = 16  # 16 x 5 bits = 80 bits the rendezvous never sees
-MAX_ANNOUNCEMENT = 900  # bytes of JSON body; sealed and in base64 (1240 characters) it fits one control datagram
-ANNOUNCE_VERSION = 2
+# Bytes of the body as sealed (its JSON deflated: hex keys and fingerprints take half their characters, so the
+# largest announcement, ~950 bytes of JSON, seals in ~600); sealed and in base64 (1240 characters) it fits one
+# control datagram
+MAX_ANNOUNCEMENT = 900
+MAX_ANNOUNCEMENT_JSON = 4096  # a body inflating past this is refused, not inflated further
+ANNOUNCE_VERSION = 3  # 3: the body deflated (zlib)
 ANNOUNCE_PAD = 128  # bodies are padded to a multiple of this: the rendezvous learns sizes only this coarsely
 _NONCE_LEN, _TAG_LEN = 12, 16
 # A session lives at most 24 h at the rendezvous; the extra hour forgives clocks that differ.
@@ -194,14 +199,23 @@ class Announcement:
             "t": round(self.issued_at, 3),
         }
         raw = json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
-        if len(raw) > MAX_ANNOUNCEMENT:
-            raise SessionError(f"announcement is {len(raw)} bytes; keep measurements under {MAX_ANNOUNCEMENT}")
+        if len(raw) > MAX_ANNOUNCEMENT_JSON:
+            raise SessionError(f"announcement is {len(raw)} bytes; keep measurements under {MAX_ANNOUNCEMENT_JSON}")
         return raw
+
+    def packed(self) -> bytes:
+        """The body deflated: what is padded and sealed."""
+        packed = zlib.compress(self.body(), 9)
+        if len(packed) > MAX_ANNOUNCEMENT:
+            raise SessionError(f"announcement is {len(packed)} bytes deflated; keep measurements under "
+                               f"{MAX_ANNOUNCEMENT}")
+        return packed
 
     def seal(self, code: JoinCode) -> str:
         """The body, padded and encrypted under the join code, in base64: what travels through the rendezvous."""
-        raw = self.body()
-        padded = raw.ljust(min(-(-len(raw) // ANNOUNCE_PAD) * ANNOUNCE_PAD, MAX_ANNOUNCEMENT))  # JSON allows spaces
+        raw = self.packed()
+        # zeros after the deflated stream's end are ignored by the reader
+        padded = raw.ljust(min(-(-len(raw) // ANNOUNCE_PAD) * ANNOUNCE_PAD, MAX_ANNOUNCEMENT), b"\0")
         nonce = secrets.token_bytes(_NONCE_LEN)
         sealed = ChaCha20Poly1305(code.announce_key).encrypt(nonce, padded, _aad(code))
         return base64.b64encode(bytes([ANNOUNCE_VERSION]) + nonce + sealed).decode()
@@ -255,7 +269,7 @@ def open_announcement(
             f"{who} was refused: its announcement does not carry this join code's MAC "
             "(an outsider, or a rendezvous that altered it)"
         ) from None
-    vm, session = _parse_body(raw, observed)
+    vm, session = _parse_body(_inflate(raw), observed)
     if session != code.session_id:
         raise SessionError(f"{who} announced itself for another session")
     if vm.member_id != claimed_member:
@@ -269,11 +283,24 @@ def open_announcement(
     return vm
 
 
+def _inflate(padded: bytes) -> bytes:
+    """The JSON body of an opened announcement; ProtocolError if it is not one deflated stream of at most
+    MAX_ANNOUNCEMENT_JSON bytes followed by zeros."""
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(padded, MAX_ANNOUNCEMENT_JSON)
+    except zlib.error as exc:
+        raise ProtocolError(f"announcement body is not deflated: {exc}") from None
+    if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data.strip(b"\0"):
+        raise ProtocolError("announcement body is too large or not one deflated stream")
+    return raw
+
+
 def _parse_body(raw: bytes, observed: tuple[str, int] | None) -> tuple[VerifiedMember, object]:
     try:
         d = json.loads(raw)
         if not isinstance(d, dict) or d.get("v") != ANNOUNCE_VERSION:
-            raise ValueError("not a version 2 announcement object")
+            raise ValueError(f"not a version {ANNOUNCE_VERSION} announcement object")
         issued_at = float(d["t"])
         if not math.isfinite(issued_at):
             raise ValueError("its time is not a number")
