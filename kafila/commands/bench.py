@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (engine, planner, cost, nat, ring, drift, mixed, scale, wan, grammar) and write a report"
+HELP = ("run a benchmark (engine, planner, cost, nat, ring, drift, mixed, scale, wan, grammar, rendezvous) "
+        "and write a report")
 
 # Benchmark name -> module under kafila.bench with HELP, configure(parser), run(args).
 BENCHES: dict[str, str] = {
@@ -19,6 +20,7 @@ BENCHES: dict[str, str] = {
     "scale": "scale",
     "wan": "wan",
     "grammar": "grammar",
+    "rendezvous": "rendezvous_memory",
 }
 PLOTTED = ("planner", "ring", "scale")  # the reports kafila.bench.plot draws
 
