@@ -94,7 +94,8 @@ class HostRuntime:
         """Coordinate until the session ends; returns its exit status."""
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
-        for job in (self._pump(), self._timer(), self.door.accept_loop()):
+        pump = self._spawn(self._pump())
+        for job in (self._timer(), self.door.accept_loop()):
             self._spawn(job)
         reason = "the host is closing the session"
         try:
@@ -107,6 +108,8 @@ class HostRuntime:
             reason = f"the host ended the session: {exc}"
             raise
         finally:
+            # members leave on the goodbyes: no news to a session that is over (it planned the ring again)
+            pump.cancel()
             for link in [*self.links.values(), *(a.link for a in self.door.measuring.values())]:
                 with contextlib.suppress(KafilaError):
                     link.post(messages.encode(messages.Bye(reason)))
