@@ -36,9 +36,12 @@ class RateQueue:
         if not self.rate > 0 or self.burst < 0 or self.max_wait_s < 0:
             raise ValueError(f"a link rate must be positive, got {self.rate} bytes/s")
 
+    def _drained(self, n: int, now: float) -> float:
+        return max(self._free_at, now - self.burst / self.rate) + n / self.rate
+
     def admits(self, n: int, now: float) -> bool:
         """Whether a datagram of `n` bytes offered at `now` would be given a departure (nothing is counted)."""
-        return max(self._free_at, now - self.burst / self.rate) + n / self.rate - now <= self.max_wait_s
+        return self._drained(n, now) - now <= self.max_wait_s
 
     def depart(self, n: int, now: float) -> float | None:
         """When a datagram of `n` bytes offered at `now` leaves (>= now), or None when it is dropped.
@@ -46,7 +49,7 @@ class RateQueue:
         `_free_at` is the virtual time at which every byte accepted so far has drained at `rate`; an idle
         link's credit is capped at `burst` bytes (it is never earlier than now - burst / rate). The datagram
         leaves once its own bytes have drained: then the bucket held tokens for them."""
-        drained = max(self._free_at, now - self.burst / self.rate) + n / self.rate
+        drained = self._drained(n, now)
         leave = max(now, drained)
         if leave - now > self.max_wait_s:
             self.dropped += n

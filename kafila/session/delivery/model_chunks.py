@@ -60,6 +60,11 @@ class ChunkStore:
                     f.truncate(manifest.size)  # sparse until chunks land
                 self._save()
 
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The files a session using the store needs kept (kafila.session.delivery.cache_inventory.InUse)."""
+        return self.part, self.sidecar, self.final
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Held while the files change: members on one machine share the store (a demo's, a lab's cache)."""

@@ -60,9 +60,10 @@ class ModelCopy:
         self._copy = None  # a copy under way starts over: chunks in flight for it are dropped
         if self._copy_task is not None:
             self._copy_task.cancel()
-        from_urls = source is not None and source.manifest.sha256 == manifest.sha256
-        self._copy_task = self.spawn(self._copy_from_urls(manifest, source) if from_urls and source
-                                     else self._start_copy(manifest))
+        if source is not None and source.manifest.sha256 == manifest.sha256:
+            self._copy_task = self.spawn(self._copy_from_urls(manifest, source))
+        else:
+            self._copy_task = self.spawn(self._start_copy(manifest))
 
     async def _copy_from_urls(self, manifest: StageManifest, source: ModelSource) -> None:
         """Every chunk of the model from the public URLs into the store that holds this member's stage chunks
@@ -70,7 +71,7 @@ class ModelCopy:
         try:
             store = ChunkStore(self.cache.root / "models", source.manifest)
             if self.use is not None:
-                for path in (store.part, store.sidecar, store.final):
+                for path in store.files:
                     self.use.add(path)
             if not store.complete:
                 self.state.log(f"fetching a copy of the model ({megabytes(manifest.size)}) from "

@@ -44,7 +44,7 @@ async def offer_source(root: Path, model: Path, urls: Sequence[str],
     """The model's manifest with those of `urls` that serve this very file (None when none does); `tell` hears
     each URL offered or left out, in one line."""
     manifest = await run_stoppable(partial(model_manifest, root, model))
-    good = []
+    good, hub = [], hugging_face_url(model)
     for url in urls:
         try:
             async with UrlSource(url, manifest) as source:
@@ -52,7 +52,7 @@ async def offer_source(root: Path, model: Path, urls: Sequence[str],
         except Exception as exc:  # whatever a URL does wrong, the members do without it
             tell(f"not offering {url} to members: {exc or f'no first chunk in {CHECK_S:g} s'}")
             continue
-        where = " (where the Hugging Face cache says the model came from)" if url == hugging_face_url(model) else ""
+        where = " (where the Hugging Face cache says the model came from)" if url == hub else ""
         tell(f"members fetch their stages from {url}{where}, each chunk checked against this model's sha256s")
         good.append(url)
     return ModelSource(manifest, tuple(good)) if good else None

@@ -153,13 +153,14 @@ class Stages:
         if not dest.is_file():
             store = ChunkStore(self.cache.root / "models", source.manifest)
             if self.use is not None:
-                for path in (store.part, store.sidecar, store.final):
+                for path in store.files:
                     self.use.add(path)
             held = store.bytes_held()
 
             def step() -> str | None:  # the host sees none of these bytes: say when they move
                 nonlocal held
-                moved, held = store.bytes_held() != held, store.bytes_held()
+                now = store.bytes_held()
+                moved, held = now != held, now
                 self.state.delivery[me] = (min(held, msg.stage.size), msg.stage.size)
                 return "fetching its stage from a public URL" if moved else None
 
